@@ -1,0 +1,1 @@
+"""sandgate brokers: secret sources and credential injectors (see issue on credential brokering)."""

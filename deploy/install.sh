@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Set up sandgate on a fresh Debian/Ubuntu machine: system packages, then a venv in .venv.
+#   deploy/install.sh          the gateway
+#   deploy/install.sh --dev    plus what the tests need (pytest, mypy, ruff, ...)
+# Idempotent: re-running installs only what is missing. Needs root for apt (or sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dev=0
+[[ "${1:-}" == "--dev" ]] && dev=1
+
+packages=(curl ca-certificates iproute2 nftables)
+if (( dev )); then packages+=(redis-server wrk); fi
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
+    sudo_cmd=()
+    (( EUID == 0 )) || sudo_cmd=(sudo)
+    echo "installing system packages: ${missing[*]}" >&2
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+find_python() {
+    local want candidates=()
+    want=$(cat .python-version 2>/dev/null || echo 3.13)
+    candidates+=("${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$want"*/bin/python)
+    candidates+=("$(command -v "python$want" || true)" "$(command -v python3.13 || true)"
+                 "$(command -v python3.12 || true)" "$(command -v python3 || true)")
+    for c in "${candidates[@]}"; do
+        [[ -n "$c" && -x "$c" ]] || continue
+        if "$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+            echo "$c"; return 0
+        fi
+    done
+    return 1
+}
+
+if [[ ! -x .venv/bin/python ]]; then
+    python=$(find_python) || { echo "sandgate needs Python 3.12 or newer (python3.12/python3.13 or pyenv)" >&2; exit 1; }
+    echo "creating .venv with $python" >&2
+    "$python" -m venv .venv
+fi
+extras=""
+(( dev )) && extras="[dev]"
+stamp=".venv/.sandgate-installed$extras"
+if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+    .venv/bin/python -c "import sandgate.proxy.cli" || { echo "sandgate failed to install" >&2; exit 1; }
+    touch "$stamp"
+fi

@@ -1,0 +1,223 @@
+"""Load a rules directory into a PolicySet, reporting every problem as file:line: field: problem.
+
+Layout: `base.yaml` (deny rules for every tenant), `presets/*.yaml` (allow rules tenants
+include), `tenants/*.yaml` (one tenant per file). Nothing is partially applied: either the
+whole directory loads, or PolicySetError lists what is wrong and the caller keeps what it had.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .decision import Mode
+from .errors import PolicyLoadError, PolicySetError, SourceLocation, TokenReferenceError
+from .matcher import ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
+from .models import BaseFile, PresetFile, Rule, TenantFile
+from .policyset import PolicySet, SandboxRecord, TenantPolicy
+from .tokens import resolve_token_reference
+from .yamlsource import YamlDocument, load_yaml, validate
+
+__all__ = ["load_policy_dir", "policy_files"]
+
+DEFAULT_ALLOW_PORTS = frozenset({443})
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded[M]:
+    doc: YamlDocument
+    model: M
+
+
+def policy_files(rules_dir: Path) -> list[Path]:
+    """Every file that makes up the policy, in load order (what a reload watches)."""
+    files = [rules_dir / "base.yaml"] if (rules_dir / "base.yaml").is_file() else []
+    for sub in ("presets", "tenants"):
+        folder = rules_dir / sub
+        if folder.is_dir():
+            files += sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    return files
+
+
+def load_policy_dir(rules_dir: Path) -> PolicySet:
+    """Load and compile the whole rules directory, or raise PolicySetError with every problem."""
+    if not rules_dir.is_dir():
+        raise PolicySetError(
+            [PolicyLoadError(SourceLocation(str(rules_dir)), "", "rules directory not found")]
+        )
+    errors: list[PolicyLoadError] = []
+    files = policy_files(rules_dir)
+    base = (
+        _load_one(rules_dir / "base.yaml", BaseFile, errors)
+        if files[:1] == [rules_dir / "base.yaml"]
+        else None
+    )
+    presets: dict[str, _Loaded[PresetFile]] = {}
+    tenant_files: list[_Loaded[TenantFile]] = []
+    for p in files:
+        if p.parent.name == "presets" and (preset := _load_one(p, PresetFile, errors)) is not None:
+            presets[preset.model.preset] = preset
+        elif p.parent.name == "tenants" and (tenant_file := _load_one(p, TenantFile, errors)) is not None:
+            tenant_files.append(tenant_file)
+    docs = [x.doc for x in (base, *presets.values(), *tenant_files) if x is not None]
+    base_deny = _compile_rules(base, "deny", "base", errors) if base else []
+    tenants: dict[str, TenantPolicy] = {}
+    sandboxes: dict[str, SandboxRecord] = {}
+    by_address: dict[str, SandboxRecord] = {}
+    for loaded in tenant_files:
+        tenant = _compile_tenant(loaded, presets, base_deny, errors)
+        if tenant.name in tenants:
+            errors.append(
+                _err(
+                    loaded.doc,
+                    ("tenant",),
+                    f"tenant {tenant.name!r} is defined twice (also in {tenants[tenant.name].source})",
+                )
+            )
+            continue
+        tenants[tenant.name] = tenant
+        _register_sandboxes(loaded, sandboxes, by_address, errors)
+    if errors:
+        raise PolicySetError(errors)
+    return PolicySet(
+        version=_version(docs),
+        tenants=tenants,
+        sandboxes=sandboxes,
+        by_address=by_address,
+        files=tuple(str(p) for p in files),
+    )
+
+
+def _load_one[M: (BaseFile, PresetFile, TenantFile)](
+    path: Path, model: type[M], errors: list[PolicyLoadError]
+) -> _Loaded[M] | None:
+    try:
+        doc = load_yaml(path)
+        return _Loaded(doc, validate(model, doc))
+    except PolicyLoadError as e:
+        errors.append(e)
+        return None
+
+
+def _compile_tenant(
+    loaded: _Loaded[TenantFile],
+    presets: dict[str, _Loaded[PresetFile]],
+    base_deny: list[CompiledRule],
+    errors: list[PolicyLoadError],
+) -> TenantPolicy:
+    t = loaded.model
+    allow = _compile_rules(loaded, "allow", t.tenant, errors)
+    for i, name in enumerate(t.include):
+        preset = presets.get(name)
+        if preset is None:
+            known = ", ".join(sorted(presets)) or "none"
+            errors.append(_err(loaded.doc, ("include", i), f"unknown preset {name!r} (known: {known})"))
+            continue
+        allow += _compile_rules(preset, "allow", f"preset:{name}", errors)
+    deny = base_deny + _compile_rules(loaded, "deny", t.tenant, errors)
+    return TenantPolicy(
+        name=t.tenant,
+        mode=Mode(t.mode),
+        allow=RuleIndex(allow),
+        deny=RuleIndex(deny),
+        source=loaded.doc.file,
+    )
+
+
+def _compile_rules(
+    loaded: _Loaded[TenantFile] | _Loaded[PresetFile] | _Loaded[BaseFile],
+    kind: str,
+    owner: str,
+    errors: list[PolicyLoadError],
+) -> list[CompiledRule]:
+    rules: Sequence[Rule] = getattr(loaded.model, kind)
+    out = []
+    for i, rule in enumerate(rules):
+        where = loaded.doc.locate((kind, i))
+        if kind == "allow":
+            for j, host in enumerate(rule.hosts):
+                if host.startswith("*.") and "." not in host[2:]:
+                    problem = f"{host!r} would allow a whole top-level domain; name the domains instead"
+                    errors.append(_err(loaded.doc, (kind, i, "hosts", j), problem))
+        ports = (
+            frozenset(rule.ports) if rule.ports else (DEFAULT_ALLOW_PORTS if kind == "allow" else ANY_PORT)
+        )
+        out.append(
+            CompiledRule(
+                rule_id=f"{owner}/{kind}/{rule.id or i}",
+                ports=ports,
+                methods=frozenset(rule.methods) if rule.methods is not None else None,
+                paths=compile_path_globs(rule.paths) if rule.paths is not None else None,
+                inspect=rule.needs_inspection,
+                hosts=tuple(rule.hosts),
+                cidrs=tuple(rule.cidrs),
+                origin=f"{where.file}:{where.line}",
+            )
+        )
+    return out
+
+
+def _register_sandboxes(
+    loaded: _Loaded[TenantFile],
+    sandboxes: dict[str, SandboxRecord],
+    by_address: dict[str, SandboxRecord],
+    errors: list[PolicyLoadError],
+) -> None:
+    t = loaded.model
+    base_dir = Path(loaded.doc.file).parent
+    for i, sb in enumerate(t.sandboxes):
+        if sb.id in sandboxes:
+            errors.append(
+                _err(
+                    loaded.doc,
+                    ("sandboxes", i, "id"),
+                    f"sandbox {sb.id!r} is already registered to tenant {sandboxes[sb.id].tenant!r}",
+                )
+            )
+            continue
+        digest = None
+        if sb.token is not None:
+            try:
+                digest = resolve_token_reference(sb.token, base_dir)
+            except TokenReferenceError as e:
+                errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
+                continue
+        addresses = _addresses(loaded.doc, i, sb.addresses, errors)
+        record = SandboxRecord(sb.id, t.tenant, digest, addresses)
+        sandboxes[sb.id] = record
+        for j, addr in enumerate(addresses):
+            if addr in by_address:
+                errors.append(
+                    _err(
+                        loaded.doc,
+                        ("sandboxes", i, "addresses", j),
+                        f"address {addr} already belongs to sandbox {by_address[addr].sandbox!r}",
+                    )
+                )
+            by_address[addr] = record
+
+
+def _addresses(
+    doc: YamlDocument, i: int, raw: Iterable[str], errors: list[PolicyLoadError]
+) -> tuple[str, ...]:
+    out = []
+    for j, text in enumerate(raw):
+        try:
+            out.append(str(ipaddress.ip_address(text)))
+        except ValueError:
+            errors.append(_err(doc, ("sandboxes", i, "addresses", j), f"{text!r} is not an IP address"))
+    return tuple(out)
+
+
+def _err(doc: YamlDocument, loc: tuple[str | int, ...], problem: str) -> PolicyLoadError:
+    return PolicyLoadError(doc.locate(loc), ".".join(str(p) for p in loc), problem)
+
+
+def _version(docs: Iterable[YamlDocument]) -> str:
+    h = hashlib.sha256()
+    for doc in sorted(docs, key=lambda d: d.file):
+        h.update(f"{doc.file}\0{doc.digest}\0".encode())
+    return h.hexdigest()[:12]

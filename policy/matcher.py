@@ -1,0 +1,206 @@
+"""The allowlist matcher: hash lookups and suffix walks, never a scan over tenants or rules.
+
+A tenant's rules are indexed by exact host, by wildcard suffix and by network. Matching a
+host costs one dict lookup plus one per label (the suffix walk); networks use a CidrSet.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from .addresses import CidrSet
+from .reasons import Reason
+
+__all__ = [
+    "ANY_PORT",
+    "UNPARSEABLE_PATH",
+    "CompiledRule",
+    "RuleIndex",
+    "RuleMatch",
+    "compile_path_globs",
+]
+
+ANY_PORT: frozenset[int] = frozenset()
+
+# Stands for a path that cannot be normalised unambiguously (encoded slash, backslash, NUL):
+# it matches no allow glob and every deny glob, so an upstream's reading of it cannot bypass either.
+UNPARSEABLE_PATH = "\x00unparseable"
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    """A rule ready for matching; `ports` empty means any port."""
+
+    rule_id: str
+    ports: frozenset[int]
+    methods: frozenset[str] | None
+    paths: re.Pattern[str] | None
+    inspect: bool
+    hosts: tuple[str, ...] = ()
+    cidrs: tuple[str, ...] = ()
+    # Where the rule was written (`file:line`), for explain and audit.
+    origin: str = ""
+
+    def port_ok(self, port: int) -> bool:
+        return not self.ports or port in self.ports
+
+    def method_ok(self, method: str | None) -> bool:
+        return self.methods is None or method is None or method in self.methods
+
+    def path_ok(self, path: str | None) -> bool:
+        return self.paths is None or path is None or self.paths.fullmatch(path) is not None
+
+    def deny_path_hit(self, path: str | None) -> bool:
+        """For deny rules: an unparseable path counts as a hit."""
+        if self.paths is not None and path == UNPARSEABLE_PATH:
+            return True
+        return self.path_ok(path)
+
+    @property
+    def per_request(self) -> bool:
+        """Whether this rule only decides once method and path are known."""
+        return self.methods is not None or self.paths is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMatch:
+    """The outcome of matching a rule list: the rule that matched, or why none did."""
+
+    rule: CompiledRule | None
+    reason: Reason
+    # The rule that got furthest when none matched, for explain and audit.
+    nearest: CompiledRule | None = None
+
+
+def compile_path_globs(globs: Iterable[str]) -> re.Pattern[str]:
+    """One anchored regex for a list of globs: `*` within a segment, `**` across, `?` one char."""
+    parts = []
+    for glob in globs:
+        out = []
+        i = 0
+        while i < len(glob):
+            if glob.startswith("**", i):
+                out.append(".*")
+                i += 2
+            elif glob[i] == "*":
+                out.append("[^/]*")
+                i += 1
+            elif glob[i] == "?":
+                out.append("[^/]")
+                i += 1
+            else:
+                out.append(re.escape(glob[i]))
+                i += 1
+        parts.append("".join(out))
+    return re.compile("|".join(f"(?:{p})" for p in parts))
+
+
+class RuleIndex:
+    """The rules of one list (a tenant's allow or deny), indexed for lookup by destination."""
+
+    __slots__ = ("_cidr_rules", "_cidrs", "_exact", "_suffix", "rules")
+
+    def __init__(self, rules: Iterable[CompiledRule]) -> None:
+        self.rules = tuple(rules)
+        exact: dict[str, list[CompiledRule]] = {}
+        suffix: dict[str, list[CompiledRule]] = {}
+        cidr_rules: list[tuple[CidrSet, CompiledRule]] = []
+        for rule in self.rules:
+            for host in rule.hosts:
+                if host.startswith("*."):
+                    suffix.setdefault(host[2:], []).append(rule)
+                else:
+                    exact.setdefault(host, []).append(rule)
+            if rule.cidrs:
+                cidr_rules.append((CidrSet(rule.cidrs), rule))
+        self._exact = {k: tuple(v) for k, v in exact.items()}
+        self._suffix = {k: tuple(v) for k, v in suffix.items()}
+        self._cidr_rules = tuple(cidr_rules)
+        self._cidrs = CidrSet(c for r in self.rules for c in r.cidrs)
+
+    def candidates(
+        self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    ) -> Iterator[CompiledRule]:
+        """Rules whose host or network part matches; `ip` is set when the host is an IP literal."""
+        if ip is not None:
+            if ip in self._cidrs:
+                for networks, rule in self._cidr_rules:
+                    if ip in networks:
+                        yield rule
+            return
+        found = self._exact.get(host)
+        if found:
+            yield from found
+        if not self._suffix:
+            return
+        dot = host.find(".")
+        while dot != -1:
+            found = self._suffix.get(host[dot + 1 :])
+            if found:
+                yield from found
+            dot = host.find(".", dot + 1)
+
+    def covers_address(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> bool:
+        """Whether a network rule names this address (and port): it may then be private."""
+        if ip not in self._cidrs:
+            return False
+        return any(ip in nets and rule.port_ok(port) for nets, rule in self._cidr_rules)
+
+    def match(
+        self,
+        host: str,
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None,
+        port: int,
+        method: str | None,
+        path: str | None,
+        *,
+        no_match: Reason,
+    ) -> RuleMatch:
+        """The first rule matching every given part, else the most specific reason it failed.
+
+        `method` and `path` are None before the HTTP layer: a rule that restricts them then
+        matches on host and port alone, and is checked again per request.
+        """
+        best = no_match
+        nearest: CompiledRule | None = None
+        for rule in self.candidates(host, ip):
+            if not rule.port_ok(port):
+                if best is no_match:
+                    best, nearest = Reason.PORT_NOT_ALLOWED, rule
+                continue
+            if not rule.method_ok(method):
+                if best in (no_match, Reason.PORT_NOT_ALLOWED):
+                    best, nearest = Reason.METHOD_NOT_ALLOWED, rule
+                continue
+            if not rule.path_ok(path):
+                best, nearest = Reason.PATH_NOT_ALLOWED, rule
+                continue
+            return RuleMatch(rule, Reason.ALLOWED)
+        return RuleMatch(None, best, nearest)
+
+    def deny_match(
+        self,
+        host: str,
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None,
+        port: int,
+        method: str | None,
+        path: str | None,
+    ) -> CompiledRule | None:
+        """The first deny rule that matches fully; one restricting method or path needs both known."""
+        for rule in self.candidates(host, ip):
+            if rule.per_request and method is None:
+                continue
+            if rule.port_ok(port) and rule.method_ok(method) and rule.deny_path_hit(path):
+                return rule
+        return None
+
+    def needs_inspection(
+        self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None, port: int
+    ) -> bool:
+        """Whether any rule for this destination can only be applied by intercepting TLS."""
+        return any(
+            rule.port_ok(port) and (rule.inspect or rule.per_request) for rule in self.candidates(host, ip)
+        )

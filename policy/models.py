@@ -1,0 +1,184 @@
+"""Policy file models: tenant files, presets and the default-deny base (pydantic, JSON Schema).
+
+Entries are validated at load: a wildcard only as a `*.` prefix, a bare `*` refused,
+non-normalised hosts and networks refused with "use X instead".
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .addresses import parse_network
+from .errors import HostError
+from .hosts import normalise_host
+
+__all__ = [
+    "BaseFile",
+    "Limits",
+    "PresetFile",
+    "Rule",
+    "SandboxEntry",
+    "TenantFile",
+    "tenant_schema",
+]
+
+NAME_PATTERN = r"^[a-z0-9](?:[a-z0-9._-]{0,62})$"
+_METHOD = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
+_PATH_GLOB = re.compile(r"^/[\x21-\x7e]*$")
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def check_host_pattern(value: str) -> str:
+    """Validate `host` or `*.suffix`; refuse what is not already in normal form."""
+    if value in ("*", "*.", ""):
+        raise ValueError(f"{value!r} would match every host; name the hosts to allow")
+    wildcard = value.startswith("*.")
+    bare = value[2:] if wildcard else value
+    if "*" in bare:
+        raise ValueError(f"{value!r}: a wildcard is only allowed as a leading '*.'")
+    try:
+        normal = normalise_host(bare)
+    except HostError as e:
+        raise ValueError(f"{value!r}: {e}") from None
+    if normal != bare:
+        raise ValueError(
+            f"{value!r} is not in normal form: use {('*.' if wildcard else '') + normal!r} instead"
+        )
+    return value
+
+
+class Rule(_Strict):
+    """One allow or deny entry: hosts and/or CIDRs, with optional ports, methods and paths."""
+
+    id: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    hosts: list[str] = Field(default_factory=list, description="exact hosts or '*.suffix'")
+    cidrs: list[str] = Field(default_factory=list, description="networks, e.g. 10.1.2.0/24")
+    ports: list[Port] | None = Field(
+        default=None, description="allowed ports; allow rules default to [443], deny rules to any"
+    )
+    methods: list[str] | None = Field(default=None, description="HTTP methods; needs inspection")
+    paths: list[str] | None = Field(
+        default=None, description="path globs: '*' within a segment, '**' across segments"
+    )
+    inspect: bool | None = Field(
+        default=None,
+        description="intercept TLS to decide per request; defaults to true when methods or paths are set",
+    )
+    comment: str | None = None
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        return [check_host_pattern(h) for h in v]
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        for text in v:
+            try:
+                normal = str(parse_network(text))
+            except HostError as e:
+                raise ValueError(str(e)) from None
+            if normal != text:
+                raise ValueError(f"{text!r} is not in normal form: use {normal!r} instead")
+        return v
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        for m in v:
+            if not _METHOD.match(m):
+                raise ValueError(f"{m!r} is not an upper-case HTTP method")
+        return v
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        for p in v:
+            if not _PATH_GLOB.match(p):
+                raise ValueError(f"{p!r}: a path glob starts with '/' and has no spaces")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> Rule:
+        if not self.hosts and not self.cidrs:
+            raise ValueError("a rule needs 'hosts' or 'cidrs'")
+        if self.inspect is False and (self.methods or self.paths):
+            raise ValueError("'methods' and 'paths' can only be checked with 'inspect: true'")
+        return self
+
+    @property
+    def needs_inspection(self) -> bool:
+        """Whether matching this rule requires intercepting TLS."""
+        if self.inspect is not None:
+            return self.inspect
+        return bool(self.methods or self.paths)
+
+
+class SandboxEntry(_Strict):
+    """A sandbox of this tenant and how it proves who it is."""
+
+    id: Annotated[str, Field(pattern=NAME_PATTERN)]
+    token: str | None = Field(
+        default=None,
+        description=(
+            "proxy token reference: 'env:VAR', 'file:PATH' (not group/world readable) or 'sha256:HEX'"
+        ),
+    )
+    addresses: list[str] = Field(
+        default_factory=list, description="source addresses (transparent mode identity)"
+    )
+
+
+class Limits(_Strict):
+    """Per-sandbox limits."""
+
+    request_body_bytes: Annotated[int, Field(ge=0)] | None = None
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    egress_bytes_per_hour: Annotated[int, Field(ge=0)] | None = None
+
+
+class TenantFile(_Strict):
+    """One tenant: who its sandboxes are and where they may go."""
+
+    tenant: Annotated[str, Field(pattern=NAME_PATTERN)]
+    mode: Literal["enforce", "report"] = "enforce"
+    include: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+        default_factory=list, description="presets from rules/presets/ whose allow rules apply"
+    )
+    sandboxes: list[SandboxEntry] = Field(default_factory=list)
+    allow: list[Rule] = Field(default_factory=list)
+    deny: list[Rule] = Field(default_factory=list)
+    limits: Limits | None = None
+
+
+class PresetFile(_Strict):
+    """A named set of allow rules that tenants include."""
+
+    preset: Annotated[str, Field(pattern=NAME_PATTERN)]
+    description: str | None = None
+    allow: list[Rule] = Field(default_factory=list)
+
+
+class BaseFile(_Strict):
+    """The operator's base: deny rules that hold for every tenant, whatever it allows."""
+
+    description: str | None = None
+    deny: list[Rule] = Field(default_factory=list)
+
+
+def tenant_schema() -> dict[str, object]:
+    """JSON Schema of tenant files, for editors."""
+    return TenantFile.model_json_schema()

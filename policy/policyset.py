@@ -1,0 +1,75 @@
+"""A loaded, immutable policy: every tenant compiled, every sandbox registered.
+
+A PolicySet is built off the hot path and swapped in by one reference assignment, so a
+request sees either the old policy or the new one, never half of each.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .decision import Identity, Mode
+from .matcher import RuleIndex
+from .tokens import digest_token, tokens_equal
+
+__all__ = ["PolicySet", "SandboxRecord", "TenantPolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    """One tenant's compiled rules. Base deny rules are already merged into `deny`."""
+
+    name: str
+    mode: Mode
+    allow: RuleIndex
+    deny: RuleIndex
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRecord:
+    """A registered sandbox: its tenant and the digest of its proxy token."""
+
+    sandbox: str
+    tenant: str
+    token_digest: bytes | None = field(repr=False)
+    addresses: tuple[str, ...] = ()
+
+
+# Compared against when the sandbox id is unknown, so a miss costs the same as a hit.
+_DUMMY_DIGEST = digest_token("sandgate-unknown-sandbox")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """Everything the gateway decides with, at one version."""
+
+    version: str
+    tenants: Mapping[str, TenantPolicy]
+    sandboxes: Mapping[str, SandboxRecord]
+    by_address: Mapping[str, SandboxRecord]
+    files: tuple[str, ...] = ()
+
+    def authenticate(self, sandbox_id: str, token: str) -> Identity | None:
+        """The identity for a sandbox id and proxy token, compared in constant time."""
+        record = self.sandboxes.get(sandbox_id)
+        digest = record.token_digest if record and record.token_digest else _DUMMY_DIGEST
+        ok = tokens_equal(token, digest)
+        if record is None or record.token_digest is None or not ok:
+            return None
+        return Identity(tenant=record.tenant, sandbox=record.sandbox)
+
+    def identify_address(self, address: str) -> Identity | None:
+        """The identity for a source address (transparent mode; the host prevents spoofing)."""
+        try:
+            key = str(ipaddress.ip_address(address))
+        except ValueError:
+            return None
+        record = self.by_address.get(key)
+        return Identity(record.tenant, record.sandbox) if record else None
+
+    def tenant(self, name: str) -> TenantPolicy | None:
+        """A tenant's policy, or None when it is not (or no longer) defined."""
+        return self.tenants.get(name)

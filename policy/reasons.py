@@ -1,0 +1,33 @@
+"""The one enum of reason codes: the `X-Sandgate-Reason` header, the audit `reason`, Rego results."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["Reason"]
+
+
+class Reason(StrEnum):
+    """Why a decision came out as it did. Never reuse a code for another meaning."""
+
+    ALLOWED = "allowed"
+    NO_IDENTITY = "no_identity"
+    HOST_NOT_ALLOWED = "host_not_allowed"
+    HOST_DENIED = "host_denied"
+    PORT_NOT_ALLOWED = "port_not_allowed"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    PATH_NOT_ALLOWED = "path_not_allowed"
+    PRIVATE_ADDRESS = "private_address"
+    DNS_FAILURE = "dns_failure"
+    DNS_DENIED = "dns_denied"
+    SNI_MISMATCH = "sni_mismatch"
+    HOST_MISMATCH = "host_mismatch"
+    PROTOCOL_NOT_ALLOWED = "protocol_not_allowed"
+    POLICY_DENIED = "policy_denied"
+    POLICY_ERROR = "policy_error"
+    CREDENTIAL_HOST_MISMATCH = "credential_host_mismatch"
+    RATE_LIMITED = "rate_limited"
+    BODY_TOO_LARGE = "body_too_large"
+    INTERNAL_ERROR = "internal_error"
+    # A request line or Host the gateway cannot parse into one unambiguous destination.
+    INVALID_REQUEST = "invalid_request"

@@ -1,0 +1,168 @@
+"""YAML files with positions: every value keeps the line and column it came from.
+
+Validation errors from pydantic are mapped back to `file:line:column: field: problem`,
+with a "did you mean" for misspelt keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .errors import PolicyLoadError, SourceLocation
+
+__all__ = ["YamlDocument", "load_yaml", "parse_yaml", "validate"]
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class YamlDocument:
+    """A parsed YAML document and where each of its values starts."""
+
+    file: str
+    data: Any
+    positions: Mapping[Loc, tuple[int, int]]
+    # SHA-256 of the text that was parsed: policy versions hash what was loaded, not what is on disk now.
+    digest: str = ""
+
+    def locate(self, loc: Loc) -> SourceLocation:
+        """The position of `loc`, or of its nearest ancestor that has one."""
+        for end in range(len(loc), -1, -1):
+            pos = self.positions.get(loc[:end])
+            if pos is not None:
+                return SourceLocation(self.file, pos[0], pos[1])
+        return SourceLocation(self.file)
+
+
+def load_yaml(path: Path) -> YamlDocument:
+    """Read and parse one YAML file; errors name the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PolicyLoadError(SourceLocation(str(path)), "", f"cannot read: {e}") from e
+    return parse_yaml(text, str(path))
+
+
+def parse_yaml(text: str, file: str) -> YamlDocument:
+    """Parse YAML text into plain values plus a position map."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        positions: dict[Loc, tuple[int, int]] = {}
+        data = _construct(loader, node, (), positions, file) if node is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = SourceLocation(file, mark.line + 1, mark.column + 1) if mark else SourceLocation(file)
+        raise PolicyLoadError(where, "", f"invalid YAML: {e.problem or e.context}") from e
+    except yaml.YAMLError as e:
+        raise PolicyLoadError(SourceLocation(file), "", f"invalid YAML: {e}") from e
+    finally:
+        loader.dispose()
+    return YamlDocument(file, data, positions, hashlib.sha256(text.encode()).hexdigest())
+
+
+def _construct(
+    loader: yaml.SafeLoader,
+    node: yaml.Node,
+    loc: Loc,
+    positions: dict[Loc, tuple[int, int]],
+    file: str,
+) -> Any:
+    positions[loc] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, str | int):
+                raise PolicyLoadError(
+                    SourceLocation(file, key_node.start_mark.line + 1), "", "keys must be strings"
+                )
+            if key in out:
+                where = SourceLocation(file, key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                raise PolicyLoadError(where, _dotted((*loc, key)), "duplicate key")
+            out[key] = _construct(loader, value_node, (*loc, key), positions, file)
+            # A mapping entry is reported where its key is written, the line a reader looks for.
+            positions[(*loc, key)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(loader, item, (*loc, i), positions, file) for i, item in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
+
+
+def validate[M: BaseModel](model: type[M], doc: YamlDocument) -> M:
+    """Validate a document against a model; raise the first problem with its position."""
+    try:
+        return model.model_validate(doc.data if doc.data is not None else {})
+    except ValidationError as e:
+        errors = [_to_load_error(model, doc, err) for err in e.errors(include_url=False)]
+        raise errors[0] from None
+
+
+def _to_load_error(model: type[BaseModel], doc: YamlDocument, err: Any) -> PolicyLoadError:
+    loc: Loc = tuple(err["loc"])
+    # pydantic puts union member names and validator tags into loc; keep the data path only.
+    path = _data_path(doc, loc)
+    problem = str(err["msg"])
+    if err["type"] == "extra_forbidden":
+        problem = "unknown key" + _suggest(model, path)
+    elif err["type"] == "missing":
+        problem = "required field is missing"
+    elif problem.startswith("Value error, "):
+        problem = problem.removeprefix("Value error, ")
+    return PolicyLoadError(doc.locate(path), _dotted(path), problem)
+
+
+def _data_path(doc: YamlDocument, loc: Loc) -> Loc:
+    out: list[str | int] = []
+    for part in loc:
+        candidate = (*out, part)
+        if candidate in doc.positions or part not in ("function-after", "function-before"):
+            if isinstance(part, str) and "[" in part:
+                continue  # a union tag such as "list[str]"
+            out.append(part)
+    return tuple(out)
+
+
+def _suggest(model: type[BaseModel], path: Loc) -> str:
+    """`: did you mean 'x'?` for a misspelt key, looked up in the model at that path."""
+    if not path or not isinstance(path[-1], str):
+        return ""
+    fields = _fields_at(model, path[:-1])
+    close = difflib.get_close_matches(path[-1], fields, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (expected one of: {', '.join(sorted(fields))})"
+
+
+def _fields_at(model: type[BaseModel], path: Loc) -> list[str]:
+    current: Any = model
+    for part in path:
+        if isinstance(part, int):
+            continue
+        info = current.model_fields.get(part) if hasattr(current, "model_fields") else None
+        if info is None:
+            return []
+        current = _inner_model(info.annotation)
+        if current is None:
+            return []
+    return list(current.model_fields) if hasattr(current, "model_fields") else []
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _dotted(loc: Loc) -> str:
+    return ".".join(str(p) for p in loc)

@@ -1,0 +1,165 @@
+"""The `sandgate` command.
+
+Exit codes: 0 ok, 1 policy test failure or denied explain, 2 usage or invalid input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sandgate.policy.errors import PolicyLoadError, PolicySetError, SandgateError
+from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.models import tenant_schema
+from sandgate.policy.tokens import digest_token, new_token
+
+from .ca import export_ca, init_ca
+from .config import load_config
+from .errors import ConfigError
+from .logsetup import configure_logging
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sandgate", description="Egress gateway for AI-agent code sandboxes.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the gateway")
+    run.add_argument("--config", type=Path, help="gateway config (YAML); default: embedded defaults")
+
+    ca = sub.add_parser("ca", help="the gateway's certificate authority")
+    ca_sub = ca.add_subparsers(dest="ca_command", required=True)
+    for name, help_ in (
+        ("init", "create the CA (key mode 0600)"),
+        ("export", "print the CA certificate (PEM)"),
+    ):
+        c = ca_sub.add_parser(name, help=help_)
+        c.add_argument("--config", type=Path)
+        if name == "init":
+            c.add_argument("--force", action="store_true", help="replace an existing CA")
+
+    tok = sub.add_parser(
+        "token", help="print a new sandbox proxy token (stdout) and its sha256: reference (stderr)"
+    )
+    tok.add_argument("--output", type=Path, help="write the token to this file (mode 0600) instead of stdout")
+
+    pol = sub.add_parser("policy", help="policy files")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+    check = pol_sub.add_parser("check", help="validate a rules directory")
+    check.add_argument("rules_dir", type=Path, nargs="?", default=Path("rules"))
+    check.add_argument("--format", choices=("text", "json"), default="text")
+    pol_sub.add_parser("schema", help="print the JSON Schema of tenant files")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "ca":
+            return _ca(args)
+        if args.command == "token":
+            return _token(args)
+        if args.command == "policy":
+            return _policy(args)
+    except (ConfigError, PolicyLoadError) as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except SandgateError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_USAGE
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .runtime import serve
+
+    config = load_config(args.config)
+    configure_logging(config.log.level, config.log.format)
+    try:
+        return asyncio.run(serve(config))
+    except PolicySetError as e:
+        print(f"sandgate: the policy is invalid, not starting:\n{e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _ca(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.ca_command == "init":
+        cert = init_ca(config.ca_dir, force=args.force)
+        print(cert)
+    else:
+        sys.stdout.write(export_ca(config.ca_dir))
+    return EXIT_OK
+
+
+def _token(args: argparse.Namespace) -> int:
+    import os
+
+    token = new_token()
+    if args.output:
+        fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    else:
+        print(token)
+    print(f"sha256:{digest_token(token).hex()}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _policy(args: argparse.Namespace) -> int:
+    if args.policy_command == "schema":
+        print(json.dumps(tenant_schema(), indent=2))
+        return EXIT_OK
+    try:
+        policy = load_policy_dir(args.rules_dir)
+    except PolicySetError as e:
+        if args.format == "json":
+            print(
+                json.dumps(
+                    {
+                        "ok": False,
+                        "errors": [
+                            {
+                                "file": x.location.file,
+                                "line": x.location.line,
+                                "column": x.location.column,
+                                "field": x.field,
+                                "problem": x.problem,
+                            }
+                            for x in e.errors
+                        ],
+                    },
+                    indent=2,
+                )
+            )
+        else:
+            print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    if args.format == "json":
+        print(
+            json.dumps(
+                {
+                    "ok": True,
+                    "version": policy.version,
+                    "tenants": sorted(policy.tenants),
+                    "files": list(policy.files),
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(f"ok: {len(policy.files)} files, {len(policy.tenants)} tenants, version {policy.version}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

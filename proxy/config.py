@@ -1,0 +1,152 @@
+"""The operator's gateway config (`sandgate run --config FILE`); every field has an embedded default.
+
+With no file: an explicit proxy on 127.0.0.1:8080, rules from ./rules, the system resolver,
+state (CA, audit) under ~/.sandgate. Relative paths are resolved against the config file's
+folder (or the working directory when there is no file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sandgate.policy.addresses import parse_network
+from sandgate.policy.errors import HostError, PolicyLoadError
+from sandgate.policy.yamlsource import load_yaml, validate
+
+from .errors import ConfigError
+
+__all__ = ["AuditConfig", "GatewayConfig", "ListenerConfig", "ResolverConfig", "load_config"]
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenerConfig(_Strict):
+    """One guest-facing listener."""
+
+    mode: Literal["regular"] = "regular"
+    host: str = "127.0.0.1"
+    port: Port = 8080
+
+    @property
+    def spec(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.mode}@{host}:{self.port}"
+
+
+class ResolverConfig(_Strict):
+    """How the gateway resolves names: static hosts first, then nameservers or the system."""
+
+    hosts: dict[str, list[str]] = Field(default_factory=dict, description="static name → addresses")
+    nameservers: list[str] = Field(default_factory=list, description="'ip' or 'ip:port'; empty = system")
+    timeout: Annotated[float, Field(gt=0, le=30)] = 2.0
+    min_ttl: Annotated[float, Field(ge=0)] = 0.0
+    max_ttl: Annotated[float, Field(ge=0)] = 300.0
+    system_ttl: Annotated[float, Field(ge=0)] = 30.0
+    ipv6: bool = True
+
+
+class AddressGuardConfig(_Strict):
+    """The operator's address guard."""
+
+    reachable_by_name: list[str] = Field(
+        default_factory=list,
+        description="private ranges tenants may reach through name rules only (an internal mirror)",
+    )
+    own_addresses: list[str] | Literal["auto"] = Field(
+        default="auto",
+        description="the gateway's own addresses; 'auto' reads the host's interfaces",
+    )
+
+    @field_validator("reachable_by_name")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for text in v:
+            try:
+                parse_network(text)
+            except HostError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+
+class AuditConfig(_Strict):
+    """The audit trail: a rotated JSON-lines file, optionally mirrored to stdout."""
+
+    path: str | None = Field(default=None, description="default: <state_dir>/audit/audit.jsonl")
+    max_bytes: Annotated[int, Field(ge=4096)] = 100 * 1024 * 1024
+    backups: Annotated[int, Field(ge=1, le=1000)] = 10
+    queue_size: Annotated[int, Field(ge=1)] = 10_000
+    max_wait_seconds: Annotated[float, Field(ge=0)] = 5.0
+    fsync: bool = False
+    stdout: bool = False
+
+
+class UpstreamConfig(_Strict):
+    """How the gateway talks to upstream servers."""
+
+    trusted_ca: str | None = Field(default=None, description="PEM bundle trusted for upstream TLS")
+
+
+class LogConfig(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = "console"
+
+
+class ReloadConfig(_Strict):
+    watch: bool = True
+    interval_seconds: Annotated[float, Field(gt=0)] = 1.0
+
+
+class GatewayConfig(_Strict):
+    """The whole gateway config."""
+
+    listeners: list[ListenerConfig] = Field(default_factory=lambda: [ListenerConfig()], min_length=1)
+    rules_dir: str = "rules"
+    state_dir: str = "~/.sandgate"
+    resolver: ResolverConfig = Field(default_factory=ResolverConfig)
+    address_guard: AddressGuardConfig = Field(default_factory=AddressGuardConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    reload: ReloadConfig = Field(default_factory=ReloadConfig)
+    # Filled in by load_config: the folder relative paths are resolved against.
+    base_dir: str = Field(default=".", exclude=True)
+
+    def path(self, value: str) -> Path:
+        """A config path made absolute (with ~ expanded)."""
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (Path(self.base_dir) / p).resolve()
+
+    @property
+    def rules_path(self) -> Path:
+        return self.path(self.rules_dir)
+
+    @property
+    def state_path(self) -> Path:
+        return self.path(self.state_dir)
+
+    @property
+    def ca_dir(self) -> Path:
+        return self.state_path / "ca"
+
+    @property
+    def audit_path(self) -> Path:
+        return self.path(self.audit.path) if self.audit.path else self.state_path / "audit" / "audit.jsonl"
+
+
+def load_config(path: Path | None) -> GatewayConfig:
+    """The config from a file, or the embedded defaults; raises ConfigError with file:line."""
+    if path is None:
+        return GatewayConfig(base_dir=str(Path.cwd()))
+    try:
+        doc = load_yaml(path)
+        config = validate(GatewayConfig, doc)
+    except PolicyLoadError as e:
+        raise ConfigError(str(e)) from None
+    return config.model_copy(update={"base_dir": str(path.resolve().parent)})

@@ -1,0 +1,49 @@
+"""State shared by sandgate's addons: the policy in force, per-connection facts, services."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sandgate.policy.decision import Decision, Identity
+from sandgate.policy.guard import AddressGuard
+from sandgate.policy.policyset import PolicySet
+from sandgate.policy.reasons import Reason
+from sandgate.policy.resolver import Resolver
+
+from .audit import AuditLog
+
+__all__ = ["ConnectionState", "GatewayContext"]
+
+
+@dataclass(slots=True)
+class ConnectionState:
+    """What the gateway has established about one client connection."""
+
+    listener: str
+    client: str
+    identity: Identity | None = None
+    # Set once a CONNECT (or transparent connection) is approved: the tunnel's destination.
+    tunnel_host: str | None = None
+    tunnel_port: int | None = None
+    tunnel_decision: Decision | None = None
+    passthrough: bool = False
+    sni: str | None = None
+    # Set when a later layer denies: no upstream connection may be opened after this.
+    denied: Reason | None = None
+    # Addresses this connection may dial, and the name each was approved for (upstream SNI).
+    approved: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    @property
+    def in_tunnel(self) -> bool:
+        return self.tunnel_host is not None
+
+
+class GatewayContext:
+    """The policy in force and the services addons call. `policy` is swapped whole on reload."""
+
+    def __init__(self, policy: PolicySet, resolver: Resolver, guard: AddressGuard, audit: AuditLog) -> None:
+        self.policy = policy
+        self.resolver = resolver
+        self.guard = guard
+        self.audit = audit
+        self.connections: dict[str, ConnectionState] = {}

@@ -1,0 +1,25 @@
+"""Faults of the proxy layer. A denial is not an exception; these are.
+
+SandgateError                 (sandgate.policy.errors)
+ └── ProxyError
+      ├── CAError      the gateway's CA is missing, unreadable, inconsistent or not private
+      └── ConfigError  gateway options or files that cannot be turned into a running proxy
+"""
+
+from __future__ import annotations
+
+from sandgate.policy.errors import SandgateError
+
+__all__ = ["CAError", "ConfigError", "ProxyError", "SandgateError"]
+
+
+class ProxyError(SandgateError):
+    """A fault in the proxy layer: CA, options, start-up."""
+
+
+class CAError(ProxyError):
+    """The gateway's certificate authority is missing, unreadable, inconsistent or exposed."""
+
+
+class ConfigError(ProxyError):
+    """Gateway configuration that cannot be turned into a running proxy."""

@@ -1,0 +1,319 @@
+"""Addon: decide at every layer, pin the checked address, and let nothing else out.
+
+- CONNECT: decide on the target; a denied host gets 403 and no upstream connection; an
+  allowed one is pinned to the address the gateway resolved and checked.
+- TLS ClientHello: the SNI must name the approved host (`sni_mismatch`); hosts that need no
+  inspection are passed through untouched, the rest intercepted with the gateway's CA.
+- Every HTTP request: Host must name the connection's approved host (`host_mismatch`), then
+  method and path; absolute-form proxy requests are decided (and resolved) one by one.
+- server_connect is the chokepoint: an upstream connection opens only to an address this
+  client connection was approved for, and never after a later layer denied.
+Every hook is guarded: an exception denies with `internal_error`, never lets traffic through.
+"""
+
+from __future__ import annotations
+
+import structlog
+from mitmproxy import http, tcp
+from mitmproxy.proxy import server_hooks
+from mitmproxy.tls import ClientHelloData
+
+from sandgate.policy.decide import decide, literal_ip
+from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
+from sandgate.policy.errors import HostError
+from sandgate.policy.hosts import normalise_host, normalise_path, split_authority
+from sandgate.policy.matcher import UNPARSEABLE_PATH
+from sandgate.policy.reasons import Reason
+
+from .context import ConnectionState, GatewayContext
+from .identify import IDENTITY_KEY
+from .records import DecisionContext, decision_record
+from .respond import denied_response
+
+__all__ = ["Gate"]
+
+log = structlog.get_logger("sandgate.gate")
+
+PENDING_KEY = "sandgate.pending"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class Gate:
+    """Decides at CONNECT, ClientHello and per request; guards every upstream connection."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    # -- CONNECT -----------------------------------------------------------------------------
+
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None:
+            return
+        dctx = self._context(flow, Phase.CONNECT)
+        try:
+            state = self._state(flow)
+            try:
+                host = normalise_host(flow.request.host)
+            except HostError as e:
+                await self._deny_flow(flow, dctx, self._fault(Reason.INVALID_REQUEST, str(e)))
+                return
+            dctx.host, dctx.port = host, flow.request.port
+            request = EgressRequest(Phase.CONNECT, host, flow.request.port)
+            decision = await self._decide(dctx.identity, request)
+            if not decision.allowed or decision.address is None:
+                await self._deny_flow(flow, dctx, decision)
+                return
+            if not await self._record(dctx, decision):
+                await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
+                return
+            state.tunnel_host, state.tunnel_port = host, flow.request.port
+            state.tunnel_decision = decision
+            state.approved[(decision.address, flow.request.port)] = host
+            # Dial exactly the address that was checked: mitmproxy never resolves the name.
+            flow.request.data.host = decision.address
+        except Exception:
+            log.exception("hook_failed", hook="http_connect")
+            await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "hook failed"))
+
+    # -- TLS ClientHello ---------------------------------------------------------------------
+
+    async def tls_clienthello(self, data: ClientHelloData) -> None:
+        client = data.context.client
+        state = self.ctx.connections.get(client.id)
+        try:
+            if state is None or not state.in_tunnel or state.tunnel_decision is None:
+                # TLS straight at the proxy port, or a connection we know nothing about.
+                self._block(state, Reason.PROTOCOL_NOT_ALLOWED)
+                data.ignore_connection = True
+                return
+            raw_sni = data.client_hello.sni
+            dctx = DecisionContext(
+                phase=Phase.TLS,
+                listener=state.listener,
+                client=state.client,
+                host=state.tunnel_host,
+                port=state.tunnel_port,
+                sni=raw_sni,
+                identity=state.identity,
+            )
+            decision = state.tunnel_decision
+            if not _sni_matches(raw_sni, state.tunnel_host):
+                decision = Decision(
+                    reason=Reason.SNI_MISMATCH,
+                    policy_version=decision.policy_version,
+                    mode=decision.mode,
+                    address=decision.address,
+                )
+            queued = await self._record(dctx, decision)
+            if not decision.allowed or not queued:
+                self._block(state, decision.reason if queued else Reason.INTERNAL_ERROR)
+                data.ignore_connection = True
+                return
+            state.sni = raw_sni
+            state.passthrough = not decision.inspect
+            data.ignore_connection = state.passthrough
+        except Exception:
+            log.exception("hook_failed", hook="tls_clienthello")
+            self._block(state, Reason.INTERNAL_ERROR)
+            data.ignore_connection = True
+
+    # -- raw TCP in a tunnel -----------------------------------------------------------------
+
+    async def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        # Passed-through TLS never gets here; plaintext that is not HTTP is not allowed (yet).
+        state = self.ctx.connections.get(flow.client_conn.id)
+        try:
+            dctx = DecisionContext(
+                phase=Phase.CONNECT,
+                listener=state.listener if state else "-",
+                client=state.client if state else "-",
+                host=state.tunnel_host if state else None,
+                port=state.tunnel_port if state else None,
+                identity=state.identity if state else None,
+            )
+            version = self.ctx.policy.version
+            await self._record(dctx, Decision(reason=Reason.PROTOCOL_NOT_ALLOWED, policy_version=version))
+        except Exception:
+            log.exception("hook_failed", hook="tcp_start")
+        finally:
+            self._block(state, Reason.PROTOCOL_NOT_ALLOWED)
+            flow.kill()
+
+    # -- HTTP requests -----------------------------------------------------------------------
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None:
+            return
+        dctx = self._context(flow, Phase.REQUEST)
+        try:
+            state = self._state(flow)
+            dctx.method = flow.request.method
+            dctx.path = flow.request.path
+            target = self._request_target(flow, state)
+            if isinstance(target, Decision):
+                await self._deny_flow(flow, dctx, target)
+                return
+            host, port, address = target
+            dctx.host, dctx.port, dctx.sni = host, port, state.sni
+            request = EgressRequest(
+                Phase.REQUEST,
+                host,
+                port,
+                scheme=flow.request.scheme,
+                method=flow.request.method,
+                path=_match_path(flow.request.path),
+            )
+            decision = await self._decide(dctx.identity, request, address=address)
+            if not decision.allowed or decision.address is None:
+                await self._deny_flow(flow, dctx, decision)
+                return
+            if not state.in_tunnel:
+                state.approved[(decision.address, port)] = host
+                flow.request.data.host = decision.address
+            flow.metadata[PENDING_KEY] = (dctx, decision)
+        except Exception:
+            log.exception("hook_failed", hook="requestheaders")
+            await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "hook failed"))
+
+    def _request_target(
+        self, flow: http.HTTPFlow, state: ConnectionState
+    ) -> tuple[str, int, str | None] | Decision:
+        """(host, port, pinned address) the request goes to, or the denial when Host lies."""
+        default_port = DEFAULT_PORTS.get(flow.request.scheme, 80)
+        host_header = flow.request.host_header
+        if state.in_tunnel:
+            assert state.tunnel_host is not None and state.tunnel_port is not None
+            host, port = state.tunnel_host, state.tunnel_port
+            address = state.tunnel_decision.address if state.tunnel_decision else None
+        else:
+            try:
+                host, port = normalise_host(flow.request.host), flow.request.port
+            except HostError as e:
+                return self._fault(Reason.INVALID_REQUEST, str(e))
+            address = None
+        if host_header is None:
+            return self._fault(Reason.HOST_MISMATCH, "no Host header")
+        try:
+            claimed_host, claimed_port = split_authority(host_header, default_port)
+        except HostError as e:
+            return self._fault(Reason.HOST_MISMATCH, str(e))
+        port_ok = claimed_port == port or (":" not in host_header.rsplit("]", 1)[-1])
+        if claimed_host != host or not port_ok:
+            return self._fault(Reason.HOST_MISMATCH, "Host does not name the approved destination")
+        return host, port, address
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        await self._complete(flow, None)
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        await self._complete(flow, flow.error.msg if flow.error else "error")
+
+    async def _complete(self, flow: http.HTTPFlow, error: str | None) -> None:
+        pending = flow.metadata.pop(PENDING_KEY, None)
+        if pending is None:
+            return
+        dctx, decision = pending
+        try:
+            record = decision_record(
+                dctx,
+                decision,
+                status=flow.response.status_code if flow.response else None,
+                bytes_up=len(flow.request.raw_content or b""),
+                bytes_down=len(flow.response.raw_content or b"") if flow.response else None,
+                error=error,
+            )
+            await self.ctx.audit.emit(record)
+        except Exception:
+            log.exception("hook_failed", hook="response", decision_id=dctx.decision_id)
+
+    # -- the chokepoint ----------------------------------------------------------------------
+
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        try:
+            state = self.ctx.connections.get(data.client.id)
+            address = data.server.address
+            if state is None or address is None:
+                data.server.error = "sandgate: no approved destination"
+                return
+            if state.denied is not None:
+                data.server.error = f"sandgate: {state.denied.value}"
+                return
+            approved_host = state.approved.get((str(address[0]), int(address[1])))
+            if approved_host is None:
+                data.server.error = "sandgate: destination not approved"
+                return
+            if data.server.sni is None or data.server.sni == address[0]:
+                data.server.sni = approved_host
+        except Exception:
+            log.exception("hook_failed", hook="server_connect")
+            data.server.error = "sandgate: internal error"
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _decide(
+        self, identity: Identity | None, request: EgressRequest, address: str | None = None
+    ) -> Decision:
+        return await decide(
+            self.ctx.policy, identity, request, self.ctx.resolver, self.ctx.guard, address=address
+        )
+
+    def _state(self, flow: http.HTTPFlow) -> ConnectionState:
+        state = self.ctx.connections.get(flow.client_conn.id)
+        if state is None:
+            raise RuntimeError("no state for client connection")
+        return state
+
+    def _context(self, flow: http.HTTPFlow, phase: Phase) -> DecisionContext:
+        state = self.ctx.connections.get(flow.client_conn.id)
+        identity = flow.metadata.get(IDENTITY_KEY)
+        return DecisionContext(
+            phase=phase,
+            listener=state.listener if state else "-",
+            client=state.client if state else "-",
+            host=state.tunnel_host if state and state.in_tunnel else flow.request.host,
+            port=state.tunnel_port if state and state.in_tunnel else flow.request.port,
+            identity=identity if isinstance(identity, Identity) else None,
+        )
+
+    def _fault(self, reason: Reason, detail: str) -> Decision:
+        return Decision(allowed=False, reason=reason, policy_version=self.ctx.policy.version, detail=detail)
+
+    async def _record(self, dctx: DecisionContext, decision: Decision) -> bool:
+        return await self.ctx.audit.emit(decision_record(dctx, decision))
+
+    async def _deny_flow(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> None:
+        queued = await self._record(dctx, decision)
+        reason = decision.reason if queued else Reason.INTERNAL_ERROR
+        flow.response = denied_response(reason, dctx.host, dctx.decision_id)
+        state = self.ctx.connections.get(flow.client_conn.id)
+        if flow.request.method == "CONNECT" and state is not None:
+            state.denied = reason
+
+    def _block(self, state: ConnectionState | None, reason: Reason) -> None:
+        if state is not None:
+            state.denied = reason
+
+
+def _sni_matches(sni: str | None, host: str | None) -> bool:
+    """An absent SNI is accepted (the address is pinned anyway); a present one must name the host.
+
+    A tunnel to an IP literal was allowed by a network rule for that address: any SNI will do.
+    """
+    if sni is None:
+        return True
+    if host is None:
+        return False
+    if literal_ip(host) is not None:
+        return True
+    try:
+        return normalise_host(sni) == host
+    except HostError:
+        return False
+
+
+def _match_path(path: str) -> str:
+    """The normalised path for glob matching, or a marker that no allow glob can match."""
+    try:
+        return normalise_path(path)
+    except HostError:
+        return UNPARSEABLE_PATH

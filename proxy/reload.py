@@ -1,0 +1,121 @@
+"""Policy reload: on SIGHUP or a change on disk, load the rules off the event loop and swap.
+
+A failed load keeps the policy in force; the error is logged and audited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import structlog
+
+from sandgate.policy.errors import PolicyLoadError, PolicySetError
+from sandgate.policy.loader import load_policy_dir, policy_files
+
+from .context import GatewayContext
+from .records import new_decision_id
+
+__all__ = ["PolicyReloader"]
+
+log = structlog.get_logger("sandgate.reload")
+
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+def _fingerprint(rules_dir: Path) -> Fingerprint:
+    out = []
+    for p in policy_files(rules_dir):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+class PolicyReloader:
+    """Reloads the rules directory into the gateway context; one reload at a time."""
+
+    def __init__(self, ctx: GatewayContext, rules_dir: Path, *, watch: bool, interval: float) -> None:
+        self.ctx = ctx
+        self.rules_dir = rules_dir
+        self.watch = watch
+        self.interval = interval
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._fingerprint: Fingerprint = ()
+        self.failures = 0
+
+    async def start(self) -> None:
+        self._fingerprint = await asyncio.to_thread(_fingerprint, self.rules_dir)
+        if self.watch:
+            self._task = asyncio.create_task(self._watch(), name="sandgate-policy-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def reload(self, trigger: str) -> bool:
+        """Load and swap; True when the new policy is in force."""
+        async with self._lock:
+            old = self.ctx.policy.version
+            try:
+                policy = await asyncio.to_thread(load_policy_dir, self.rules_dir)
+            except PolicyLoadError as e:
+                self.failures += 1
+                errors = e.errors if isinstance(e, PolicySetError) else (e,)
+                log.error(
+                    "policy.reload_failed",
+                    trigger=trigger,
+                    kept_version=old,
+                    errors=[str(x) for x in errors],
+                )
+                await self.ctx.audit.emit(self._record(trigger, "error", old, old, [str(x) for x in errors]))
+                return False
+            except Exception as e:
+                self.failures += 1
+                log.exception("policy.reload_failed", trigger=trigger, kept_version=old)
+                await self.ctx.audit.emit(self._record(trigger, "error", old, old, [type(e).__name__]))
+                return False
+            self.ctx.policy = policy
+            log.info(
+                "policy.reloaded",
+                trigger=trigger,
+                old_version=old,
+                version=policy.version,
+                tenants=len(policy.tenants),
+            )
+            await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, []))
+            return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                current = await asyncio.to_thread(_fingerprint, self.rules_dir)
+                if current != self._fingerprint:
+                    self._fingerprint = current
+                    await self.reload("file_change")
+            except Exception:
+                log.exception("policy.watch_failed")
+
+    @staticmethod
+    def _record(trigger: str, result: str, old: str, new: str, errors: list[str]) -> dict[str, object]:
+        from datetime import UTC, datetime
+
+        return {
+            "event": "policy_reload",
+            "v": 1,
+            "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "decision_id": new_decision_id(),
+            "trigger": trigger,
+            "result": result,
+            "old_version": old,
+            "policy_version": new,
+            "errors": errors,
+        }

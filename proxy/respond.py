@@ -1,0 +1,53 @@
+"""The responses the gateway itself sends to the guest."""
+
+from __future__ import annotations
+
+import json
+
+from mitmproxy import http
+
+from sandgate.policy.reasons import Reason
+
+__all__ = ["denied_response", "proxy_auth_required"]
+
+REASON_HEADER = "X-Sandgate-Reason"
+DECISION_HEADER = "X-Sandgate-Decision-Id"
+
+
+def denied_response(reason: Reason, host: str | None, decision_id: str) -> http.Response:
+    """403 with the reason in a header and a JSON body an agent can read."""
+    body = json.dumps(
+        {"error": "egress denied", "reason": reason.value, "host": host, "decision_id": decision_id}
+    ).encode()
+    return http.Response.make(
+        403,
+        body,
+        {
+            "Content-Type": "application/json",
+            REASON_HEADER: reason.value,
+            DECISION_HEADER: decision_id,
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+def proxy_auth_required(decision_id: str) -> http.Response:
+    """407 asking for the sandbox's proxy credential."""
+    body = json.dumps(
+        {
+            "error": "proxy authentication required",
+            "reason": Reason.NO_IDENTITY.value,
+            "host": None,
+            "decision_id": decision_id,
+        }
+    ).encode()
+    return http.Response.make(
+        407,
+        body,
+        {
+            "Content-Type": "application/json",
+            "Proxy-Authenticate": 'Basic realm="sandgate"',
+            REASON_HEADER: Reason.NO_IDENTITY.value,
+            DECISION_HEADER: decision_id,
+        },
+    )

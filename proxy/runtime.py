@@ -1,0 +1,168 @@
+"""Build and run the gateway: a mitmproxy master with only the addons sandgate needs.
+
+`DumpMaster` would load ~35 addons and dispatch every event to each; sandgate's master has
+the proxy server, layer selection and TLS, then sandgate's own addons in pipeline order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import structlog
+from mitmproxy import master, options
+from mitmproxy.addons import next_layer, proxyserver, tlsconfig
+
+from sandgate.policy.guard import AddressGuard
+from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.resolver import (
+    CachingResolver,
+    ChainResolver,
+    NameserverResolver,
+    Resolver,
+    StaticResolver,
+    SystemResolver,
+)
+
+from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
+from .ca import ensure_ca
+from .config import GatewayConfig, ResolverConfig
+from .context import GatewayContext
+from .gate import Gate
+from .hostaddrs import own_addresses
+from .identify import Identify
+from .reload import PolicyReloader
+
+__all__ = ["Gateway", "build_resolver", "serve"]
+
+log = structlog.get_logger("sandgate.runtime")
+
+
+def build_resolver(cfg: ResolverConfig) -> Resolver:
+    """Static hosts first, then the nameservers (or the system), behind a TTL cache."""
+    base: Resolver = (
+        NameserverResolver(cfg.nameservers, timeout=cfg.timeout, ipv6=cfg.ipv6)
+        if cfg.nameservers
+        else SystemResolver(ttl=cfg.system_ttl)
+    )
+    if cfg.hosts:
+        base = ChainResolver(StaticResolver(cfg.hosts), base)
+    return CachingResolver(base, min_ttl=cfg.min_ttl, max_ttl=cfg.max_ttl)
+
+
+class _Lifecycle:
+    """Checks the listeners came up, starts reload watching, closes services on exit."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def running(self) -> None:
+        gw = self.gateway
+        ps = gw.master.addons.get("proxyserver")
+        down = [s.mode.full_spec for s in ps.servers if not s.is_running]
+        if down or len(ps.servers) == 0:
+            log.error("listener.failed", listeners=down)
+            gw.exit_code = 1
+            gw.shutdown()
+            return
+        await gw.reloader.start()
+        gw.listen_addrs = [(str(a[0]), int(a[1])) for s in ps.servers for a in s.listen_addrs]
+        log.info(
+            "gateway.ready",
+            listeners=[f"{h}:{p}" for h, p in gw.listen_addrs],
+            policy_version=gw.ctx.policy.version,
+            tenants=len(gw.ctx.policy.tenants),
+            ca_cert=str(gw.config.ca_dir / "mitmproxy-ca-cert.pem"),
+            audit=str(gw.config.audit_path),
+        )
+        gw.ready.set()
+
+    async def done(self) -> None:
+        await self.gateway.reloader.stop()
+        await asyncio.to_thread(self.gateway.ctx.audit.close)
+
+
+class Gateway:
+    """One gateway process: policy, services, and a mitmproxy master with sandgate's addons.
+
+    Build it inside a running event loop (mitmproxy's master needs one). `resolver` replaces
+    the configured one (tests pass a real implementation of the Resolver protocol).
+    """
+
+    def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
+        self.config = config
+        policy = load_policy_dir(config.rules_path)
+        ensure_ca(config.ca_dir)
+        guard_cfg = config.address_guard
+        own = own_addresses() if guard_cfg.own_addresses == "auto" else guard_cfg.own_addresses
+        sinks: list[AuditSink] = [
+            JsonlFileSink(
+                config.audit_path,
+                max_bytes=config.audit.max_bytes,
+                backups=config.audit.backups,
+                fsync=config.audit.fsync,
+            )
+        ]
+        if config.audit.stdout:
+            sinks.append(StdoutSink())
+        audit = AuditLog(sinks, queue_size=config.audit.queue_size, max_wait=config.audit.max_wait_seconds)
+        self.ctx = GatewayContext(
+            policy=policy,
+            resolver=resolver or build_resolver(config.resolver),
+            guard=AddressGuard(guard_cfg.reachable_by_name, own),
+            audit=audit,
+        )
+        self.reloader = PolicyReloader(
+            self.ctx, config.rules_path, watch=config.reload.watch, interval=config.reload.interval_seconds
+        )
+        self.ready = asyncio.Event()
+        self.exit_code = 0
+        self.listen_addrs: list[tuple[str, int]] = []
+        self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
+        self.master.addons.add(
+            proxyserver.Proxyserver(),
+            next_layer.NextLayer(),
+            tlsconfig.TlsConfig(),
+            Identify(self.ctx),
+            Gate(self.ctx),
+            _Lifecycle(self),
+        )
+        trusted = config.upstream.trusted_ca
+        self.master.options.update(
+            mode=[listener.spec for listener in config.listeners],
+            # Decide before connecting: with "eager", mitmproxy dials upstream before our hooks run.
+            connection_strategy="lazy",
+            upstream_cert=False,
+            ssl_verify_upstream_trusted_ca=str(config.path(trusted)) if trusted else None,
+            stream_large_bodies="1m",
+        )
+
+    def shutdown(self) -> None:
+        """Stop serving; run() returns once connections and the audit queue are closed."""
+        self.master.shutdown()
+
+    async def run(self, *, signals: bool = True) -> int:
+        """Serve until shutdown (SIGTERM/SIGINT when `signals`); SIGHUP reloads the policy."""
+        self.ctx.audit.start()
+        loop = asyncio.get_running_loop()
+        if signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.shutdown)
+            loop.add_signal_handler(
+                signal.SIGHUP, lambda: asyncio.ensure_future(self.reloader.reload("sighup"))
+            )
+        try:
+            await self.master.run()
+        finally:
+            if signals:
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    loop.remove_signal_handler(sig)
+            self.ctx.audit.close()
+        sys.stderr.flush()
+        return self.exit_code
+
+
+async def serve(config: GatewayConfig) -> int:
+    """Run the gateway until SIGTERM/SIGINT; returns the process exit code."""
+    return await Gateway(config).run()

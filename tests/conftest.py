@@ -1,0 +1,248 @@
+"""Shared fixtures: a test PKI, recording upstreams on loopback, and real sandgate gateways.
+
+Upstreams listen on 127.0.0.2/127.0.0.3 (not an interface address, so the gateway's
+own-address check does not apply) and are reached through test names (`*.test`) that the
+gateway resolves with a static map or a scripted DNS server. Nothing leaves loopback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support import RecordingUpstream, TestPKI, free_port, wait_for_port
+
+REPO = Path(__file__).resolve().parent.parent
+SANDGATE = str(Path(sys.executable).with_name("sandgate"))
+
+TOKEN = "test-token-0123456789abcdef"
+TOKEN_REF = "sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()
+OTHER_TOKEN = "other-token-0123456789abcdef"
+OTHER_TOKEN_REF = "sha256:" + hashlib.sha256(OTHER_TOKEN.encode()).hexdigest()
+
+UPSTREAM_IP = "127.0.0.2"
+ATTACKER_IP = "127.0.0.3"
+TEST_HOSTS = {
+    "api.test": [UPSTREAM_IP],
+    "x.api.test": [UPSTREAM_IP],
+    "pass.test": [UPSTREAM_IP],
+    "open.test": [UPSTREAM_IP],
+    "other.test": [ATTACKER_IP],
+    "self.test": ["127.0.0.1"],
+    "meta.test": ["169.254.169.254"],
+}
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPKI]:
+    names = ["api.test", "*.api.test", "pass.test", "open.test", "other.test", UPSTREAM_IP, ATTACKER_IP]
+    with TestPKI(names, directory=tmp_path_factory.mktemp("pki")) as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def http_upstream() -> Iterator[RecordingUpstream]:
+    with RecordingUpstream(UPSTREAM_IP, name="http-upstream") as up:
+        yield up
+
+
+@pytest.fixture(scope="session")
+def https_upstream(pki: TestPKI) -> Iterator[RecordingUpstream]:
+    with RecordingUpstream(UPSTREAM_IP, tls=pki, name="https-upstream") as up:
+        yield up
+
+
+@pytest.fixture(scope="session")
+def attacker_upstream() -> Iterator[RecordingUpstream]:
+    """Where a rebinding or spoofing attempt would land; it must never see a connection."""
+    with RecordingUpstream(ATTACKER_IP, name="attacker") as up:
+        yield up
+
+
+@pytest.fixture(autouse=True)
+def _reset_upstreams(request: pytest.FixtureRequest) -> None:
+    for name in ("http_upstream", "https_upstream", "attacker_upstream"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).reset()
+
+
+def curl(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real curl client (quiet, 10 s limit)."""
+    return subprocess.run(["curl", "-sS", "-m", "10", *args], capture_output=True, text=True, timeout=30)
+
+
+def tenant_yaml(
+    name: str,
+    allow: list[dict[str, Any]],
+    *,
+    sandbox: str = "sb1",
+    token_ref: str = TOKEN_REF,
+    mode: str = "enforce",
+    deny: list[dict[str, Any]] | None = None,
+) -> str:
+    """A tenant file with one sandbox."""
+    return yaml.safe_dump(
+        {
+            "tenant": name,
+            "mode": mode,
+            "sandboxes": [{"id": sandbox, "token": token_ref}],
+            "allow": allow,
+            "deny": deny or [],
+        },
+        sort_keys=False,
+    )
+
+
+@dataclass
+class RunningGateway:
+    """A `sandgate run` subprocess and what tests need to talk to it."""
+
+    port: int
+    root: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    _log_offset: int = field(default=0)
+
+    @property
+    def rules_dir(self) -> Path:
+        return self.root / "rules"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.root / "state" / "ca" / "mitmproxy-ca-cert.pem"
+
+    @property
+    def audit_path(self) -> Path:
+        return self.root / "state" / "audit" / "audit.jsonl"
+
+    def proxy(self, sandbox: str = "sb1", token: str = TOKEN) -> str:
+        return f"http://{sandbox}:{token}@127.0.0.1:{self.port}"
+
+    @property
+    def bare_proxy(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def records(
+        self, count: int | None = None, *, event: str = "decision", timeout: float = 5.0
+    ) -> list[dict[str, Any]]:
+        """Audit records of one event type; with `count`, wait until at least that many exist."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = []
+            if self.audit_path.exists():
+                for line in self.audit_path.read_text().splitlines():
+                    rec = json.loads(line)  # every line must be well-formed JSON
+                    if rec.get("event") == event:
+                        found.append(rec)
+            if count is None or len(found) >= count or time.monotonic() > deadline:
+                return found
+            time.sleep(0.02)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def write_tenant(self, filename: str, text: str) -> None:
+        (self.rules_dir / "tenants" / filename).write_text(text)
+
+    def reload(self) -> None:
+        self.proc.send_signal(signal.SIGHUP)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def write_gateway_files(
+    root: Path,
+    tenants: dict[str, str],
+    *,
+    base: str | None = None,
+    config: dict[str, Any] | None = None,
+    port: int | None = None,
+) -> tuple[Path, int]:
+    """A rules dir and a gateway config under `root`; returns (config path, port)."""
+    (root / "rules" / "tenants").mkdir(parents=True, exist_ok=True)
+    if base is not None:
+        (root / "rules" / "base.yaml").write_text(textwrap.dedent(base))
+    for filename, text in tenants.items():
+        (root / "rules" / "tenants" / filename).write_text(text)
+    port = port or free_port()
+    cfg: dict[str, Any] = {
+        "listeners": [{"host": "127.0.0.1", "port": port}],
+        "rules_dir": str(root / "rules"),
+        "state_dir": str(root / "state"),
+        "resolver": {"hosts": TEST_HOSTS},
+        "address_guard": {"reachable_by_name": ["127.0.0.0/8"]},
+        "log": {"level": "info", "format": "json"},
+        "reload": {"watch": True, "interval_seconds": 0.2},
+    }
+    for key, value in (config or {}).items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    path = root / "sandgate.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, port
+
+
+GatewayFactory = Callable[..., RunningGateway]
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, pki: TestPKI) -> Iterator[GatewayFactory]:
+    """Start `sandgate run` on a free port with the given tenant files; stopped at teardown."""
+    started: list[RunningGateway] = []
+
+    def start(
+        tenants: dict[str, str],
+        *,
+        base: str | None = None,
+        config: dict[str, Any] | None = None,
+        expect_exit: bool = False,
+    ) -> RunningGateway:
+        root = tmp_path / f"gw{len(started)}"
+        cfg = {"upstream": {"trusted_ca": str(pki.ca_file)}, **(config or {})}
+        config_path, port = write_gateway_files(root, tenants, base=base, config=cfg)
+        log_path = root / "gateway.log"
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(
+                [SANDGATE, "run", "--config", str(config_path)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=root,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        gw = RunningGateway(port=port, root=root, proc=proc, log_path=log_path)
+        started.append(gw)
+        if expect_exit:
+            proc.wait(30)
+            return gw
+        try:
+            wait_for_port("127.0.0.1", port, timeout=30)
+        except TimeoutError:
+            gw.stop()
+            raise AssertionError(f"gateway did not start:\n{gw.log()}") from None
+        return gw
+
+    yield start
+    for gw in started:
+        gw.stop()

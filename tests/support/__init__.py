@@ -1,0 +1,20 @@
+"""Real servers on loopback for end-to-end tests: a recording HTTP(S) upstream, a scripted
+DNS server, a throwaway PKI, and port helpers. Each server binds port 0 by default,
+serves from a background thread, and is used as a context manager or with start()/stop().
+"""
+
+from .dnsserver import DNSQuery, ScriptedDNSServer
+from .pki import TestPKI
+from .ports import free_port, wait_for_port
+from .upstream import RecordedConnection, RecordedRequest, RecordingUpstream
+
+__all__ = [
+    "DNSQuery",
+    "RecordedConnection",
+    "RecordedRequest",
+    "RecordingUpstream",
+    "ScriptedDNSServer",
+    "TestPKI",
+    "free_port",
+    "wait_for_port",
+]
