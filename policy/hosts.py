@@ -8,6 +8,7 @@ The rules follow the WHATWG URL standard's host parser (percent-decode, UTS #46,
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from ipaddress import IPv4Address, IPv6Address
@@ -264,6 +265,9 @@ def _check_label(label: str, host: str) -> str:
     return label
 
 
+# Hosts repeat on the hot path (every request names one, twice); a bounded cache makes the
+# common case a dict lookup. Errors are not cached, so hostile junk costs full price each time.
+@functools.lru_cache(maxsize=16_384)
 def normalise_host(raw: str) -> str:
     """The canonical host for matching: an A-label name, a dotted quad or compressed IPv6."""
     if raw == "*":
@@ -285,6 +289,7 @@ def normalise_host(raw: str) -> str:
     return result
 
 
+@functools.lru_cache(maxsize=16_384)
 def split_authority(authority: str, default_port: int) -> tuple[str, int]:
     """Split `host`, `host:port`, `[v6]` or `[v6]:port` into (normalised host, port)."""
     if not 1 <= default_port <= 65535:

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from .records import format_time
+
 __all__ = ["AuditLog", "AuditSink", "JsonlFileSink", "StdoutSink"]
 
 log = structlog.get_logger("sandgate.audit")
@@ -165,6 +167,7 @@ class AuditLog:
                 self._write(batch)
 
     def _write(self, batch: list[Record]) -> None:
+        batch = [_with_time(r) for r in batch]
         lines = [json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in batch]
         for sink in self._sinks:
             delay = 0.05
@@ -187,3 +190,11 @@ class AuditLog:
             for r in batch:
                 if r.get("event") == "decision":
                     log.info("egress.decision", **{k: v for k, v in r.items() if k != "event"})
+
+
+def _with_time(record: Record) -> Record:
+    """The record with an epoch `time` rendered as RFC 3339."""
+    t = record.get("time")
+    if isinstance(t, float):
+        return {**record, "time": format_time(t)}
+    return record

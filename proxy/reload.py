@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 
 import structlog
@@ -106,12 +107,10 @@ class PolicyReloader:
 
     @staticmethod
     def _record(trigger: str, result: str, old: str, new: str, errors: list[str]) -> dict[str, object]:
-        from datetime import UTC, datetime
-
         return {
             "event": "policy_reload",
             "v": 1,
-            "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "time": time.time(),
             "decision_id": new_decision_id(),
             "trigger": trigger,
             "result": result,

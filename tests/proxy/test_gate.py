@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import ssl
+from datetime import datetime
 
 import httpx
 import pytest
@@ -344,6 +345,7 @@ def test_every_decision_has_exactly_one_well_formed_record(
     }
     for r in records:
         assert required <= r.keys()
+        assert datetime.fromisoformat(r["time"]).tzinfo is not None
         json.dumps(r)
     assert TOKEN not in gateway.audit_path.read_text()
     assert TOKEN not in gateway.log()
