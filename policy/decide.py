@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 
 from .decision import RELAXABLE_IN_REPORT_MODE, Decision, EgressRequest, Identity, Mode
 from .errors import ResolveError
@@ -34,10 +35,14 @@ async def decide(
                                                                           method_not_allowed,
                                                                           path_not_allowed
     5. a name: resolve it with the gateway's resolver, keep the first
-       address the guard permits, and pin it for dialling               → dns_failure,
+       address no deny network covers and the guard permits, and pin
+       it for dialling                                                  → dns_failure,
+                                                                          host_denied,
                                                                           private_address
     6. (Rego, when the tenant has a policy module)                      → policy_denied
-    In report mode, denials of steps 3, 4 and 6 allow and are recorded as would-deny.
+    In report mode, denials by the tenant's own host rules in steps 3, 4 and 6 allow and are
+    recorded as would-deny; the operator's base rules, deny networks and the address guard
+    always hold.
 
     Names are resolved only after the rules allow them (step 5 after 3–4), so the gateway
     never looks up a name a tenant may not reach: its resolver is no DNS exfiltration channel.
@@ -56,23 +61,29 @@ async def decide(
     ):
         return _deny(policy, Reason.PRIVATE_ADDRESS, tenant)
 
-    rule_decision = _rules(policy, tenant, request, ip)
-    relaxed = tenant.mode is Mode.REPORT and rule_decision.reason in RELAXABLE_IN_REPORT_MODE
+    rule_decision, relaxable = _rules(policy, tenant, request, ip)
+    relaxed = relaxable and tenant.mode is Mode.REPORT and rule_decision.reason in RELAXABLE_IN_REPORT_MODE
     if not rule_decision.allowed and not relaxed:
         return rule_decision
 
     dial: str | None = str(ip) if ip is not None else None
     if dial is None:
         try:
-            dial = await _pick_address(tenant, request, resolver, guard, address)
+            picked = await _pick_address(tenant, request, resolver, guard, address)
         except ResolveError as e:
             return _deny(policy, Reason.DNS_FAILURE, tenant, detail=str(e))
-        if dial is None:
-            return _deny(policy, Reason.PRIVATE_ADDRESS, tenant)
+        if isinstance(picked, Decision):
+            # Binding in report mode too: report mode never dials an address a network rule refuses.
+            return replace(picked, policy_version=policy.version)
+        dial = picked
 
-    inspect = tenant.allow.needs_inspection(request.host, ip, request.port) or tenant.deny.needs_inspection(
-        request.host, ip, request.port
-    )
+    # Rules for the name, and deny rules for the network the dialled address is in, may need
+    # per-request checks: either one means the tunnel must be intercepted.
+    dial_ip = ipaddress.ip_address(dial)
+    inspect = any(
+        index.needs_inspection(request.host, ip, request.port)
+        for index in (tenant.allow, tenant.deny, tenant.base_deny)
+    ) or any(index.needs_inspection("", dial_ip, request.port) for index in (tenant.deny, tenant.base_deny))
     if rule_decision.allowed:
         return Decision(
             allowed=True,
@@ -107,46 +118,57 @@ def literal_ip(host: str) -> IPAddress | None:
         return None
 
 
-def _rules(policy: PolicySet, tenant: TenantPolicy, request: EgressRequest, ip: IPAddress | None) -> Decision:
-    denied = tenant.deny.deny_match(request.host, ip, request.port, request.method, request.path)
+def _rules(
+    policy: PolicySet, tenant: TenantPolicy, request: EgressRequest, ip: IPAddress | None
+) -> tuple[Decision, bool]:
+    """Steps 3 and 4; the flag says whether report mode may relax a denial."""
+    args = (request.host, ip, request.port, request.method, request.path)
+    base = tenant.base_deny.deny_match(*args)
+    if base is not None:
+        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=base.rule_id), False
+    denied = tenant.deny.deny_match(*args)
     if denied is not None:
-        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=denied.rule_id)
-    match = tenant.allow.match(
-        request.host,
-        ip,
-        request.port,
-        request.method,
-        request.path,
-        no_match=Reason.HOST_NOT_ALLOWED,
-    )
+        # A deny network is binding in report mode, whether the address came literally or by name.
+        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=denied.rule_id), ip is None
+    match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED)
     if match.rule is not None:
-        return Decision(
+        allowed = Decision(
             allowed=True,
             reason=Reason.ALLOWED,
             rule_id=match.rule.rule_id,
             policy_version=policy.version,
             mode=tenant.mode,
         )
+        return allowed, True
     nearest = match.nearest.rule_id if match.nearest else None
-    return _deny(policy, match.reason, tenant, rule_id=nearest)
+    return _deny(policy, match.reason, tenant, rule_id=nearest), True
 
 
 async def _pick_address(
-    tenant: TenantPolicy,
-    request: EgressRequest,
-    resolver: Resolver,
-    guard: AddressGuard,
-    pinned: str | None,
-) -> str | None:
-    candidates: tuple[str, ...] = (pinned,) if pinned else (await resolver.resolve(request.host)).addresses
+    tenant: TenantPolicy, request: EgressRequest, resolver: Resolver, guard: AddressGuard, pinned: str | None
+) -> str | Decision:
+    """The first resolved address that no deny network covers and the guard permits."""
+    candidates = (pinned,) if pinned else (await resolver.resolve(request.host)).addresses
+    denied_by = None
     for text in candidates:
         try:
             ip = ipaddress.ip_address(text)
         except ValueError:
             continue
+        args = (ip, request.port, request.method, request.path)
+        rule = tenant.base_deny.deny_address(*args) or tenant.deny.deny_address(*args)
+        if rule is not None:
+            denied_by = denied_by or rule
+            continue
         if guard.permits(ip, by_name=True, tenant_covers=tenant.allow.covers_address(ip, request.port)):
             return str(ip)
-    return None
+    policy_reason = Reason.HOST_DENIED if denied_by else Reason.PRIVATE_ADDRESS
+    return Decision(
+        reason=policy_reason,
+        rule_id=denied_by.rule_id if denied_by else None,
+        mode=tenant.mode,
+        detail="every resolved address is refused",
+    )
 
 
 def _deny(

@@ -1,8 +1,9 @@
 """Load a rules directory into a PolicySet, reporting every problem as file:line: field: problem.
 
-Layout: `base.yaml` (deny rules for every tenant), `presets/*.yaml` (allow rules tenants
-include), `tenants/*.yaml` (one tenant per file). Nothing is partially applied: either the
-whole directory loads, or PolicySetError lists what is wrong and the caller keeps what it had.
+Layout: `base.yaml` (the operator's deny rules for every tenant), `presets/*.yaml` (allow
+rules tenants include), `tenants/*.yaml` (one tenant per file). Nothing is partially
+applied: either the whole directory loads, or PolicySetError lists what is wrong and the
+caller keeps what it had.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class _Loaded[M]:
 
 
 def policy_files(rules_dir: Path) -> list[Path]:
-    """Every file that makes up the policy, in load order (what a reload watches)."""
+    """Every policy file, in load order (token files are listed by the PolicySet)."""
     files = [rules_dir / "base.yaml"] if (rules_dir / "base.yaml").is_file() else []
     for sub in ("presets", "tenants"):
         folder = rules_dir / sub
@@ -50,44 +51,50 @@ def load_policy_dir(rules_dir: Path) -> PolicySet:
         )
     errors: list[PolicyLoadError] = []
     files = policy_files(rules_dir)
-    base = (
-        _load_one(rules_dir / "base.yaml", BaseFile, errors)
-        if files[:1] == [rules_dir / "base.yaml"]
-        else None
-    )
+    base: _Loaded[BaseFile] | None = None
     presets: dict[str, _Loaded[PresetFile]] = {}
     tenant_files: list[_Loaded[TenantFile]] = []
     for p in files:
-        if p.parent.name == "presets" and (preset := _load_one(p, PresetFile, errors)) is not None:
+        if p.parent == rules_dir:
+            base = _load_one(p, BaseFile, errors)
+        elif p.parent.name == "presets" and (preset := _load_one(p, PresetFile, errors)) is not None:
+            if preset.model.preset in presets:
+                where = presets[preset.model.preset].doc.file
+                errors.append(
+                    _err(
+                        preset.doc, ("preset",), f"preset {preset.model.preset!r} is also defined in {where}"
+                    )
+                )
+                continue
             presets[preset.model.preset] = preset
         elif p.parent.name == "tenants" and (tenant_file := _load_one(p, TenantFile, errors)) is not None:
             tenant_files.append(tenant_file)
-    docs = [x.doc for x in (base, *presets.values(), *tenant_files) if x is not None]
-    base_deny = _compile_rules(base, "deny", "base", errors) if base else []
+
+    base_deny = RuleIndex(_compile_rules(base, "deny", "base", errors) if base else [])
+    preset_rules = {name: _compile_rules(p, "allow", f"preset:{name}", errors) for name, p in presets.items()}
     tenants: dict[str, TenantPolicy] = {}
     sandboxes: dict[str, SandboxRecord] = {}
     by_address: dict[str, SandboxRecord] = {}
+    token_files: list[Path] = []
+    token_digests: list[bytes] = []
     for loaded in tenant_files:
-        tenant = _compile_tenant(loaded, presets, base_deny, errors)
+        tenant = _compile_tenant(loaded, preset_rules, base_deny, errors)
         if tenant.name in tenants:
-            errors.append(
-                _err(
-                    loaded.doc,
-                    ("tenant",),
-                    f"tenant {tenant.name!r} is defined twice (also in {tenants[tenant.name].source})",
-                )
-            )
+            problem = f"tenant {tenant.name!r} is defined twice (also in {tenants[tenant.name].source})"
+            errors.append(_err(loaded.doc, ("tenant",), problem))
             continue
         tenants[tenant.name] = tenant
-        _register_sandboxes(loaded, sandboxes, by_address, errors)
+        _register_sandboxes(loaded, sandboxes, by_address, token_files, token_digests, errors)
     if errors:
         raise PolicySetError(errors)
+    docs = [x.doc for x in (base, *presets.values(), *tenant_files) if x is not None]
     return PolicySet(
-        version=_version(docs),
+        version=_version(docs, rules_dir, token_digests),
         tenants=tenants,
         sandboxes=sandboxes,
         by_address=by_address,
         files=tuple(str(p) for p in files),
+        token_files=tuple(str(p) for p in token_files),
     )
 
 
@@ -97,6 +104,9 @@ def _load_one[M: (BaseFile, PresetFile, TenantFile)](
     try:
         doc = load_yaml(path)
         return _Loaded(doc, validate(model, doc))
+    except PolicySetError as e:
+        errors.extend(e.errors)
+        return None
     except PolicyLoadError as e:
         errors.append(e)
         return None
@@ -104,25 +114,25 @@ def _load_one[M: (BaseFile, PresetFile, TenantFile)](
 
 def _compile_tenant(
     loaded: _Loaded[TenantFile],
-    presets: dict[str, _Loaded[PresetFile]],
-    base_deny: list[CompiledRule],
+    preset_rules: dict[str, list[CompiledRule]],
+    base_deny: RuleIndex,
     errors: list[PolicyLoadError],
 ) -> TenantPolicy:
     t = loaded.model
     allow = _compile_rules(loaded, "allow", t.tenant, errors)
     for i, name in enumerate(t.include):
-        preset = presets.get(name)
-        if preset is None:
-            known = ", ".join(sorted(presets)) or "none"
+        rules = preset_rules.get(name)
+        if rules is None:
+            known = ", ".join(sorted(preset_rules)) or "none"
             errors.append(_err(loaded.doc, ("include", i), f"unknown preset {name!r} (known: {known})"))
             continue
-        allow += _compile_rules(preset, "allow", f"preset:{name}", errors)
-    deny = base_deny + _compile_rules(loaded, "deny", t.tenant, errors)
+        allow += rules
     return TenantPolicy(
         name=t.tenant,
         mode=Mode(t.mode),
         allow=RuleIndex(allow),
-        deny=RuleIndex(deny),
+        deny=RuleIndex(_compile_rules(loaded, "deny", t.tenant, errors)),
+        base_deny=base_deny,
         source=loaded.doc.file,
     )
 
@@ -164,60 +174,65 @@ def _register_sandboxes(
     loaded: _Loaded[TenantFile],
     sandboxes: dict[str, SandboxRecord],
     by_address: dict[str, SandboxRecord],
+    token_files: list[Path],
+    token_digests: list[bytes],
     errors: list[PolicyLoadError],
 ) -> None:
     t = loaded.model
     base_dir = Path(loaded.doc.file).parent
     for i, sb in enumerate(t.sandboxes):
         if sb.id in sandboxes:
-            errors.append(
-                _err(
-                    loaded.doc,
-                    ("sandboxes", i, "id"),
-                    f"sandbox {sb.id!r} is already registered to tenant {sandboxes[sb.id].tenant!r}",
-                )
-            )
+            problem = f"sandbox {sb.id!r} is already registered to tenant {sandboxes[sb.id].tenant!r}"
+            errors.append(_err(loaded.doc, ("sandboxes", i, "id"), problem))
             continue
         digest = None
         if sb.token is not None:
+            if sb.token.startswith("file:"):
+                token_files.append(_token_path(sb.token, base_dir))
             try:
                 digest = resolve_token_reference(sb.token, base_dir)
             except TokenReferenceError as e:
                 errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
                 continue
+            token_digests.append(digest)
         addresses = _addresses(loaded.doc, i, sb.addresses, errors)
-        record = SandboxRecord(sb.id, t.tenant, digest, addresses)
+        record = SandboxRecord(sb.id, t.tenant, digest, tuple(a for _, a in addresses))
         sandboxes[sb.id] = record
-        for j, addr in enumerate(addresses):
+        for j, addr in addresses:
             if addr in by_address:
-                errors.append(
-                    _err(
-                        loaded.doc,
-                        ("sandboxes", i, "addresses", j),
-                        f"address {addr} already belongs to sandbox {by_address[addr].sandbox!r}",
-                    )
-                )
+                problem = f"address {addr} already belongs to sandbox {by_address[addr].sandbox!r}"
+                errors.append(_err(loaded.doc, ("sandboxes", i, "addresses", j), problem))
             by_address[addr] = record
+
+
+def _token_path(reference: str, base_dir: Path) -> Path:
+    path = Path(reference.removeprefix("file:")).expanduser()
+    return path if path.is_absolute() else base_dir / path
 
 
 def _addresses(
     doc: YamlDocument, i: int, raw: Iterable[str], errors: list[PolicyLoadError]
-) -> tuple[str, ...]:
+) -> list[tuple[int, str]]:
+    """(index in the file, canonical address) for each valid entry."""
     out = []
     for j, text in enumerate(raw):
         try:
-            out.append(str(ipaddress.ip_address(text)))
+            out.append((j, str(ipaddress.ip_address(text))))
         except ValueError:
             errors.append(_err(doc, ("sandboxes", i, "addresses", j), f"{text!r} is not an IP address"))
-    return tuple(out)
+    return out
 
 
 def _err(doc: YamlDocument, loc: tuple[str | int, ...], problem: str) -> PolicyLoadError:
     return PolicyLoadError(doc.locate(loc), ".".join(str(p) for p in loc), problem)
 
 
-def _version(docs: Iterable[YamlDocument]) -> str:
+def _version(docs: Iterable[YamlDocument], rules_dir: Path, token_digests: Iterable[bytes]) -> str:
+    """A short hash of what was loaded (files and tokens), independent of where the rules live."""
     h = hashlib.sha256()
     for doc in sorted(docs, key=lambda d: d.file):
-        h.update(f"{doc.file}\0{doc.digest}\0".encode())
+        name = Path(doc.file).relative_to(rules_dir).as_posix()
+        h.update(f"{name}\0{doc.digest}\0".encode())
+    for digest in token_digests:
+        h.update(digest)
     return h.hexdigest()[:12]

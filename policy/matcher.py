@@ -197,6 +197,18 @@ class RuleIndex:
                 return rule
         return None
 
+    def deny_address(
+        self,
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+        port: int,
+        method: str | None,
+        path: str | None,
+    ) -> CompiledRule | None:
+        """The first deny rule whose networks cover a resolved address (names resolve into them too)."""
+        if ip not in self._cidrs:
+            return None
+        return self.deny_match("", ip, port, method, path)
+
     def needs_inspection(
         self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None, port: int
     ) -> bool:

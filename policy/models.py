@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from .addresses import parse_network
 from .errors import HostError
-from .hosts import normalise_host
+from .hosts import normalise_host, parse_ip_literal
 
 __all__ = [
     "BaseFile",
@@ -48,6 +48,9 @@ def check_host_pattern(value: str) -> str:
         normal = normalise_host(bare)
     except HostError as e:
         raise ValueError(f"{value!r}: {e}") from None
+    literal = parse_ip_literal(bare)
+    if literal is not None:
+        raise ValueError(f"{value!r} is an address: use cidrs: [{literal}/{literal.max_prefixlen}] instead")
     if normal != bare:
         raise ValueError(
             f"{value!r} is not in normal form: use {('*.' if wildcard else '') + normal!r} instead"
@@ -55,17 +58,49 @@ def check_host_pattern(value: str) -> str:
     return value
 
 
+def check_network(text: str) -> str:
+    """Validate a network in normal form (no host bits)."""
+    try:
+        normal = str(parse_network(text))
+    except HostError as e:
+        raise ValueError(str(e)) from None
+    if normal != text:
+        raise ValueError(f"{text!r} is not in normal form: use {normal!r} instead")
+    return text
+
+
+def check_method(value: str) -> str:
+    if not _METHOD.match(value):
+        raise ValueError(f"{value!r} is not an upper-case HTTP method")
+    return value
+
+
+def check_path_glob(value: str) -> str:
+    if not _PATH_GLOB.match(value):
+        raise ValueError(f"{value!r}: a path glob starts with '/' and has no spaces")
+    return value
+
+
+# Validated one entry at a time, so an error names the entry (`allow.0.hosts.2`), not the list.
+HostPattern = Annotated[str, AfterValidator(check_host_pattern)]
+Network = Annotated[str, AfterValidator(check_network)]
+Method = Annotated[str, AfterValidator(check_method)]
+PathGlob = Annotated[str, AfterValidator(check_path_glob)]
+
+
 class Rule(_Strict):
     """One allow or deny entry: hosts and/or CIDRs, with optional ports, methods and paths."""
 
     id: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
-    hosts: list[str] = Field(default_factory=list, description="exact hosts or '*.suffix'")
-    cidrs: list[str] = Field(default_factory=list, description="networks, e.g. 10.1.2.0/24")
-    ports: list[Port] | None = Field(
+    hosts: list[HostPattern] = Field(default_factory=list, description="exact hosts or '*.suffix'")
+    cidrs: list[Network] = Field(default_factory=list, description="networks, e.g. 10.1.2.0/24")
+    ports: Annotated[list[Port], Field(min_length=1)] | None = Field(
         default=None, description="allowed ports; allow rules default to [443], deny rules to any"
     )
-    methods: list[str] | None = Field(default=None, description="HTTP methods; needs inspection")
-    paths: list[str] | None = Field(
+    methods: Annotated[list[Method], Field(min_length=1)] | None = Field(
+        default=None, description="HTTP methods; needs inspection"
+    )
+    paths: Annotated[list[PathGlob], Field(min_length=1)] | None = Field(
         default=None, description="path globs: '*' within a segment, '**' across segments"
     )
     inspect: bool | None = Field(
@@ -73,43 +108,6 @@ class Rule(_Strict):
         description="intercept TLS to decide per request; defaults to true when methods or paths are set",
     )
     comment: str | None = None
-
-    @field_validator("hosts")
-    @classmethod
-    def _hosts(cls, v: list[str]) -> list[str]:
-        return [check_host_pattern(h) for h in v]
-
-    @field_validator("cidrs")
-    @classmethod
-    def _cidrs(cls, v: list[str]) -> list[str]:
-        for text in v:
-            try:
-                normal = str(parse_network(text))
-            except HostError as e:
-                raise ValueError(str(e)) from None
-            if normal != text:
-                raise ValueError(f"{text!r} is not in normal form: use {normal!r} instead")
-        return v
-
-    @field_validator("methods")
-    @classmethod
-    def _methods(cls, v: list[str] | None) -> list[str] | None:
-        if v is None:
-            return v
-        for m in v:
-            if not _METHOD.match(m):
-                raise ValueError(f"{m!r} is not an upper-case HTTP method")
-        return v
-
-    @field_validator("paths")
-    @classmethod
-    def _paths(cls, v: list[str] | None) -> list[str] | None:
-        if v is None:
-            return v
-        for p in v:
-            if not _PATH_GLOB.match(p):
-                raise ValueError(f"{p!r}: a path glob starts with '/' and has no spaces")
-        return v
 
     @model_validator(mode="after")
     def _shape(self) -> Rule:

@@ -19,12 +19,14 @@ __all__ = ["PolicySet", "SandboxRecord", "TenantPolicy"]
 
 @dataclass(frozen=True, slots=True)
 class TenantPolicy:
-    """One tenant's compiled rules. Base deny rules are already merged into `deny`."""
+    """One tenant's compiled rules, with the operator's base deny rules beside its own."""
 
     name: str
     mode: Mode
     allow: RuleIndex
     deny: RuleIndex
+    # The operator's base deny rules: the same index for every tenant, never relaxed.
+    base_deny: RuleIndex
     source: str
 
 
@@ -51,6 +53,8 @@ class PolicySet:
     sandboxes: Mapping[str, SandboxRecord]
     by_address: Mapping[str, SandboxRecord]
     files: tuple[str, ...] = ()
+    # Token files referenced by sandboxes: a reload watches them too.
+    token_files: tuple[str, ...] = ()
 
     def authenticate(self, sandbox_id: str, token: str) -> Identity | None:
         """The identity for a sandbox id and proxy token, compared in constant time."""

@@ -166,27 +166,23 @@ class CachingResolver:
         self._pending: dict[str, asyncio.Future[Resolution]] = {}
 
     async def resolve(self, host: str) -> Resolution:
-        now = time.monotonic()
         hit = self._cache.get(host)
-        if hit is not None and hit[0] > now:
+        if hit is not None and hit[0] > time.monotonic():
             return hit[1]
-        pending = self._pending.get(host)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Resolution] = asyncio.get_running_loop().create_future()
-        self._pending[host] = future
+        task = self._pending.get(host)
+        if task is None:
+            # The lookup runs as its own task: one caller giving up cancels its wait, not the lookup.
+            task = asyncio.ensure_future(self._lookup(host))
+            self._pending[host] = task
+        return await asyncio.shield(task)
+
+    async def _lookup(self, host: str) -> Resolution:
         try:
             result = await self._inner.resolve(host)
-        except BaseException as e:
-            future.set_exception(e)
-            future.exception()  # mark retrieved: waiters re-raise it themselves
-            raise
-        else:
-            future.set_result(result)
-            self._store(host, result, now)
+            self._store(host, result, time.monotonic())
             return result
         finally:
-            del self._pending[host]
+            self._pending.pop(host, None)
 
     def _store(self, host: str, result: Resolution, now: float) -> None:
         ttl = min(max(result.ttl, self._min_ttl), self._max_ttl)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -18,6 +19,7 @@ from .errors import TokenReferenceError
 __all__ = ["digest_token", "new_token", "resolve_token_reference", "tokens_equal"]
 
 _MIN_TOKEN_CHARS = 16
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def digest_token(token: str) -> bytes:
@@ -39,13 +41,9 @@ def resolve_token_reference(reference: str, base_dir: Path) -> bytes:
     """Resolve a token reference into its digest; the token itself is not kept."""
     scheme, _, value = reference.partition(":")
     if scheme == "sha256":
-        try:
-            raw = bytes.fromhex(value)
-        except ValueError:
-            raw = b""
-        if len(raw) != hashlib.sha256().digest_size:
+        if not _SHA256_HEX.fullmatch(value):
             raise TokenReferenceError("sha256: needs 64 hex digits")
-        return raw
+        return bytes.fromhex(value)
     if scheme == "env":
         token = os.environ.get(value)
         if not token:
@@ -66,7 +64,7 @@ def _read_private_file(path: Path) -> str:
         raise TokenReferenceError(f"cannot read token file {path}: {e.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise TokenReferenceError(
-            f"token file {path} is readable by others (mode {stat.S_IMODE(mode):o}); chmod 600 it"
+            f"token file {path} is accessible by group or others (mode {stat.S_IMODE(mode):o}); chmod 600 it"
         )
     try:
         return path.read_text(encoding="utf-8").strip()

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import PolicyLoadError, SourceLocation
+from .errors import PolicyLoadError, PolicySetError, SourceLocation
 
 __all__ = ["YamlDocument", "load_yaml", "parse_yaml", "validate"]
 
@@ -51,13 +51,17 @@ def load_yaml(path: Path) -> YamlDocument:
     return parse_yaml(text, str(path))
 
 
+# A policy file is small; this bounds what aliases can expand to ("billion laughs").
+MAX_NODES = 200_000
+
+
 def parse_yaml(text: str, file: str) -> YamlDocument:
     """Parse YAML text into plain values plus a position map."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
-        positions: dict[Loc, tuple[int, int]] = {}
-        data = _construct(loader, node, (), positions, file) if node is not None else None
+        builder = _Builder(loader, file)
+        data = builder.build(node, ()) if node is not None else None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = SourceLocation(file, mark.line + 1, mark.column + 1) if mark else SourceLocation(file)
@@ -66,44 +70,67 @@ def parse_yaml(text: str, file: str) -> YamlDocument:
         raise PolicyLoadError(SourceLocation(file), "", f"invalid YAML: {e}") from e
     finally:
         loader.dispose()
-    return YamlDocument(file, data, positions, hashlib.sha256(text.encode()).hexdigest())
+    return YamlDocument(file, data, builder.positions, hashlib.sha256(text.encode()).hexdigest())
 
 
-def _construct(
-    loader: yaml.SafeLoader,
-    node: yaml.Node,
-    loc: Loc,
-    positions: dict[Loc, tuple[int, int]],
-    file: str,
-) -> Any:
-    positions[loc] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    if isinstance(node, yaml.MappingNode):
+class _Builder:
+    """Turns a node tree into plain values, recording positions; refuses alias cycles."""
+
+    def __init__(self, loader: yaml.SafeLoader, file: str) -> None:
+        self.loader = loader
+        self.file = file
+        self.positions: dict[Loc, tuple[int, int]] = {}
+        self._active: set[int] = set()
+        self._count = 0
+
+    def _where(self, node: yaml.Node) -> SourceLocation:
+        return SourceLocation(self.file, node.start_mark.line + 1, node.start_mark.column + 1)
+
+    def build(self, node: yaml.Node, loc: Loc) -> Any:
+        self._count += 1
+        if self._count > MAX_NODES:
+            raise PolicyLoadError(
+                self._where(node), _dotted(loc), f"more than {MAX_NODES} values (alias bomb?)"
+            )
+        self.positions.setdefault(loc, (node.start_mark.line + 1, node.start_mark.column + 1))
+        if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+            if id(node) in self._active:
+                raise PolicyLoadError(self._where(node), _dotted(loc), "an alias refers to itself")
+            self._active.add(id(node))
+            try:
+                return (
+                    self._mapping(node, loc)
+                    if isinstance(node, yaml.MappingNode)
+                    else self._sequence(node, loc)
+                )
+            finally:
+                self._active.discard(id(node))
+        return self.loader.construct_object(node, deep=True)
+
+    def _sequence(self, node: yaml.SequenceNode, loc: Loc) -> list[Any]:
+        return [self.build(item, (*loc, i)) for i, item in enumerate(node.value)]
+
+    def _mapping(self, node: yaml.MappingNode, loc: Loc) -> dict[Any, Any]:
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
-            if not isinstance(key, str | int):
-                raise PolicyLoadError(
-                    SourceLocation(file, key_node.start_mark.line + 1), "", "keys must be strings"
-                )
+            key = self.loader.construct_object(key_node, deep=True)
+            if not isinstance(key, str | int) or isinstance(key, bool):
+                raise PolicyLoadError(self._where(key_node), _dotted(loc), f"key {key!r} must be a string")
             if key in out:
-                where = SourceLocation(file, key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                raise PolicyLoadError(where, _dotted((*loc, key)), "duplicate key")
-            out[key] = _construct(loader, value_node, (*loc, key), positions, file)
+                raise PolicyLoadError(self._where(key_node), _dotted((*loc, key)), "duplicate key")
+            out[key] = self.build(value_node, (*loc, key))
             # A mapping entry is reported where its key is written, the line a reader looks for.
-            positions[(*loc, key)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            self.positions[(*loc, key)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
         return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_construct(loader, item, (*loc, i), positions, file) for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
 
 
 def validate[M: BaseModel](model: type[M], doc: YamlDocument) -> M:
-    """Validate a document against a model; raise the first problem with its position."""
+    """Validate a document against a model; raise every problem with its position."""
     try:
         return model.model_validate(doc.data if doc.data is not None else {})
     except ValidationError as e:
         errors = [_to_load_error(model, doc, err) for err in e.errors(include_url=False)]
-        raise errors[0] from None
+        raise (errors[0] if len(errors) == 1 else PolicySetError(errors)) from None
 
 
 def _to_load_error(model: type[BaseModel], doc: YamlDocument, err: Any) -> PolicyLoadError:

@@ -25,12 +25,13 @@ log = structlog.get_logger("sandgate.reload")
 Fingerprint = tuple[tuple[str, int, int], ...]
 
 
-def _fingerprint(rules_dir: Path) -> Fingerprint:
+def _fingerprint(rules_dir: Path, token_files: tuple[str, ...]) -> Fingerprint:
     out = []
-    for p in policy_files(rules_dir):
+    for p in [*policy_files(rules_dir), *map(Path, token_files)]:
         try:
             st = p.stat()
         except OSError:
+            out.append((str(p), -1, -1))
             continue
         out.append((str(p), st.st_mtime_ns, st.st_size))
     return tuple(out)
@@ -50,7 +51,7 @@ class PolicyReloader:
         self.failures = 0
 
     async def start(self) -> None:
-        self._fingerprint = await asyncio.to_thread(_fingerprint, self.rules_dir)
+        self._fingerprint = await asyncio.to_thread(_fingerprint, self.rules_dir, self.ctx.policy.token_files)
         if self.watch:
             self._task = asyncio.create_task(self._watch(), name="sandgate-policy-watch")
 
@@ -98,7 +99,7 @@ class PolicyReloader:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                current = await asyncio.to_thread(_fingerprint, self.rules_dir)
+                current = await asyncio.to_thread(_fingerprint, self.rules_dir, self.ctx.policy.token_files)
                 if current != self._fingerprint:
                     self._fingerprint = current
                     await self.reload("file_change")

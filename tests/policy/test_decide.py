@@ -1,0 +1,690 @@
+"""Tests for sandgate.policy.decide: the evaluation order, over policies loaded from YAML."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sandgate.policy.decide import decide, literal_ip
+from sandgate.policy.decision import Decision, EgressRequest, Identity, Mode, Phase
+from sandgate.policy.errors import ResolveError
+from sandgate.policy.guard import AddressGuard
+from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.policyset import PolicySet
+from sandgate.policy.reasons import Reason
+from sandgate.policy.resolver import Resolution, StaticResolver
+
+R = Reason
+
+BASE = """
+deny:
+  - id: metadata
+    hosts: [metadata.google.internal]
+  - id: metadata-net
+    cidrs: [169.254.169.254/32]
+  - id: bad-net
+    cidrs: [93.184.219.0/24]
+  - id: no-admin
+    hosts: [shop.example.com]
+    paths: ["/admin/**"]
+"""
+
+ACME = """
+tenant: acme
+allow:
+  - id: api
+    hosts: [api.example.com]
+  - id: wild
+    hosts: ["*.example.com"]
+  - id: lab
+    cidrs: [10.1.2.0/24]
+  - id: names
+    hosts: [lab.example.net, intranet.example.net, corp.example.net, dual.example.net, gone.example.net]
+  - id: docs
+    hosts: [docs.example.org]
+    methods: [GET]
+    paths: ["/v1/**"]
+deny:
+  - id: blocked
+    hosts: [blocked.example.com]
+  - id: no-post
+    hosts: [api.example.com]
+    methods: [POST]
+  - id: bad-net
+    cidrs: [93.184.217.0/24]
+"""
+
+TRIAL = """
+tenant: trial
+mode: report
+allow:
+  - id: api
+    hosts: [api.example.com]
+deny:
+  - id: blocked
+    hosts: [blocked.example.com]
+"""
+
+HOSTS = {
+    "api.example.com": ["93.184.216.34"],
+    "www.example.com": ["93.184.216.41"],
+    "blocked.example.com": ["93.184.216.40"],
+    "lab.example.net": ["10.1.2.5"],
+    "intranet.example.net": ["10.9.9.9"],
+    "corp.example.net": ["10.20.1.1"],
+    "dual.example.net": ["10.9.9.9", "93.184.216.35"],
+    "docs.example.org": ["93.184.216.36"],
+    "other.test": ["93.184.216.50"],
+    "private.test": ["10.9.9.9"],
+    "metadata.google.internal": ["169.254.169.254"],
+    "meta.example.com": ["169.254.169.254"],
+    "bad.example.com": ["93.184.217.7"],
+    "worse.example.com": ["93.184.219.9"],
+    "mixed.example.com": ["93.184.217.8", "93.184.216.42"],
+    "mixed-base.example.com": ["93.184.219.8", "93.184.216.44"],
+    "private-then-denied.example.com": ["10.9.9.9", "93.184.217.9"],
+    "shop.example.com": ["93.184.216.43"],
+}
+
+ACME_ID = Identity("acme", "acme-1")
+TRIAL_ID = Identity("trial", "trial-1")
+
+
+def write_rules(root: Path, base: str | None, tenants: dict[str, str]) -> Path:
+    """A rules directory with an optional base and one file per tenant."""
+    (root / "tenants").mkdir(parents=True)
+    if base is not None:
+        (root / "base.yaml").write_text(textwrap.dedent(base))
+    for name, text in tenants.items():
+        (root / "tenants" / f"{name}.yaml").write_text(textwrap.dedent(text))
+    return root
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> PolicySet:
+    root = write_rules(tmp_path_factory.mktemp("rules"), BASE, {"acme": ACME, "trial": TRIAL})
+    return load_policy_dir(root)
+
+
+def guard() -> AddressGuard:
+    """The operator's guard: 10.20.0.0/16 may be reached by name."""
+    return AddressGuard(reachable_by_name=["10.20.0.0/16"])
+
+
+class RecordingResolver:
+    """A StaticResolver that records every name it is asked for."""
+
+    def __init__(self, hosts: dict[str, list[str]]) -> None:
+        self.calls: list[str] = []
+        self._inner = StaticResolver(hosts)
+
+    async def resolve(self, host: str) -> Resolution:
+        self.calls.append(host)
+        return await self._inner.resolve(host)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the decision table."""
+
+    why: str
+    identity: Identity | None
+    host: str
+    reason: Reason
+    allowed: bool = False
+    port: int = 443
+    method: str | None = None
+    path: str | None = None
+    address: str | None = None
+    rule_id: str | None = None
+    inspect: bool = False
+    report_only: bool = False
+
+    def request(self) -> EgressRequest:
+        phase = Phase.REQUEST if self.method is not None else Phase.CONNECT
+        return EgressRequest(phase, self.host, self.port, method=self.method, path=self.path)
+
+
+CASES = [
+    Case("a request without identity has no identity", None, "api.example.com", R.NO_IDENTITY),
+    Case(
+        "a tenant that is not defined has no identity",
+        Identity("ghost", "g-1"),
+        "www.example.com",
+        R.NO_IDENTITY,
+    ),
+    Case("a private literal without a cidr rule is refused", ACME_ID, "10.9.9.9", R.PRIVATE_ADDRESS),
+    Case(
+        "a private literal covered by a cidr rule is allowed",
+        ACME_ID,
+        "10.1.2.3",
+        R.ALLOWED,
+        allowed=True,
+        address="10.1.2.3",
+        rule_id="acme/allow/lab",
+    ),
+    Case(
+        "the ipv4-mapped spelling of a covered literal is allowed",
+        ACME_ID,
+        "::ffff:10.1.2.3",
+        R.ALLOWED,
+        allowed=True,
+        address="::ffff:10.1.2.3",
+        rule_id="acme/allow/lab",
+    ),
+    Case("a cidr rule does not cover a port it omits", ACME_ID, "10.1.2.3", R.PRIVATE_ADDRESS, port=22),
+    Case("the metadata literal is refused", ACME_ID, "169.254.169.254", R.PRIVATE_ADDRESS),
+    Case("the ipv6 loopback literal is refused", ACME_ID, "::1", R.PRIVATE_ADDRESS),
+    Case("a public literal no rule names is not allowed", ACME_ID, "93.184.216.34", R.HOST_NOT_ALLOWED),
+    Case(
+        "a deny rule wins over an allow wildcard",
+        ACME_ID,
+        "blocked.example.com",
+        R.HOST_DENIED,
+        rule_id="acme/deny/blocked",
+    ),
+    Case(
+        "a base deny rule holds for a tenant",
+        ACME_ID,
+        "metadata.google.internal",
+        R.HOST_DENIED,
+        rule_id="base/deny/metadata",
+    ),
+    Case("a name no rule names is not allowed", ACME_ID, "other.test", R.HOST_NOT_ALLOWED),
+    Case(
+        "a port the rule omits is not allowed",
+        ACME_ID,
+        "api.example.com",
+        R.PORT_NOT_ALLOWED,
+        port=8443,
+        rule_id="acme/allow/api",
+    ),
+    Case(
+        "an allowed name is dialled at the address it resolved to",
+        ACME_ID,
+        "www.example.com",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.41",
+        rule_id="acme/allow/wild",
+    ),
+    Case(
+        "a deny rule on a method makes the connection inspected",
+        ACME_ID,
+        "api.example.com",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.34",
+        rule_id="acme/allow/api",
+        inspect=True,
+    ),
+    Case(
+        "a request with a denied method is denied",
+        ACME_ID,
+        "api.example.com",
+        R.HOST_DENIED,
+        method="POST",
+        path="/",
+        rule_id="acme/deny/no-post",
+    ),
+    Case(
+        "a request with another method passes the method deny rule",
+        ACME_ID,
+        "api.example.com",
+        R.ALLOWED,
+        allowed=True,
+        method="GET",
+        path="/",
+        address="93.184.216.34",
+        rule_id="acme/allow/api",
+        inspect=True,
+    ),
+    Case(
+        "a name resolving to a private address is refused", ACME_ID, "intranet.example.net", R.PRIVATE_ADDRESS
+    ),
+    Case(
+        "a name resolving into reachable by name is allowed",
+        ACME_ID,
+        "corp.example.net",
+        R.ALLOWED,
+        allowed=True,
+        address="10.20.1.1",
+        rule_id="acme/allow/names",
+    ),
+    Case(
+        "a name resolving into a tenant cidr rule is allowed",
+        ACME_ID,
+        "lab.example.net",
+        R.ALLOWED,
+        allowed=True,
+        address="10.1.2.5",
+        rule_id="acme/allow/names",
+    ),
+    Case(
+        "a name resolving to private and public addresses is dialled at the public one",
+        ACME_ID,
+        "dual.example.net",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.35",
+        rule_id="acme/allow/names",
+    ),
+    Case(
+        "an allowed name that does not resolve is a dns failure", ACME_ID, "gone.example.net", R.DNS_FAILURE
+    ),
+    Case(
+        "a rule with paths makes the connection inspected",
+        ACME_ID,
+        "docs.example.org",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.36",
+        rule_id="acme/allow/docs",
+        inspect=True,
+    ),
+    Case(
+        "a request outside the path globs is not allowed",
+        ACME_ID,
+        "docs.example.org",
+        R.PATH_NOT_ALLOWED,
+        method="GET",
+        path="/v2/x",
+        rule_id="acme/allow/docs",
+    ),
+    Case(
+        "a request with a method the rule omits is not allowed",
+        ACME_ID,
+        "docs.example.org",
+        R.METHOD_NOT_ALLOWED,
+        method="DELETE",
+        path="/v1/x",
+        rule_id="acme/allow/docs",
+    ),
+    Case(
+        "report mode allows a name no rule names and records it",
+        TRIAL_ID,
+        "other.test",
+        R.HOST_NOT_ALLOWED,
+        allowed=True,
+        address="93.184.216.50",
+        report_only=True,
+    ),
+    Case(
+        "report mode allows a port no rule names and records it",
+        TRIAL_ID,
+        "api.example.com",
+        R.PORT_NOT_ALLOWED,
+        allowed=True,
+        port=8443,
+        address="93.184.216.34",
+        rule_id="trial/allow/api",
+        report_only=True,
+    ),
+    Case(
+        "report mode allows what its rules allow without a record",
+        TRIAL_ID,
+        "api.example.com",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.34",
+        rule_id="trial/allow/api",
+    ),
+    Case(
+        "a name resolving into a tenant deny network is denied by that rule",
+        ACME_ID,
+        "bad.example.com",
+        R.HOST_DENIED,
+        rule_id="acme/deny/bad-net",
+    ),
+    Case(
+        "a name resolving into a base deny network is denied by that rule",
+        ACME_ID,
+        "worse.example.com",
+        R.HOST_DENIED,
+        rule_id="base/deny/bad-net",
+    ),
+    Case(
+        "a name resolving to the metadata address is denied by the base network rule",
+        ACME_ID,
+        "meta.example.com",
+        R.HOST_DENIED,
+        rule_id="base/deny/metadata-net",
+    ),
+    Case(
+        "a name resolving to a denied and an allowed address is dialled at the allowed one",
+        ACME_ID,
+        "mixed.example.com",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.42",
+        rule_id="acme/allow/wild",
+    ),
+    Case(
+        "a name resolving to a base denied and an allowed address is dialled at the allowed one",
+        ACME_ID,
+        "mixed-base.example.com",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.44",
+        rule_id="acme/allow/wild",
+    ),
+    Case(
+        "a name resolving to a private and a denied address is denied by the network rule",
+        ACME_ID,
+        "private-then-denied.example.com",
+        R.HOST_DENIED,
+        rule_id="acme/deny/bad-net",
+    ),
+    Case(
+        "a public literal in a tenant deny network is denied",
+        ACME_ID,
+        "93.184.217.7",
+        R.HOST_DENIED,
+        rule_id="acme/deny/bad-net",
+    ),
+    Case(
+        "a public literal in a base deny network is denied",
+        ACME_ID,
+        "93.184.219.9",
+        R.HOST_DENIED,
+        rule_id="base/deny/bad-net",
+    ),
+    Case(
+        "a base deny rule on a path makes the connection inspected",
+        ACME_ID,
+        "shop.example.com",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.43",
+        rule_id="acme/allow/wild",
+        inspect=True,
+    ),
+    Case(
+        "a request on a path a base rule denies is denied",
+        ACME_ID,
+        "shop.example.com",
+        R.HOST_DENIED,
+        method="GET",
+        path="/admin/users",
+        rule_id="base/deny/no-admin",
+    ),
+    Case(
+        "a request on another path passes the base path rule",
+        ACME_ID,
+        "shop.example.com",
+        R.ALLOWED,
+        allowed=True,
+        method="GET",
+        path="/cart",
+        address="93.184.216.43",
+        rule_id="acme/allow/wild",
+        inspect=True,
+    ),
+    Case(
+        "report mode allows a name its own deny rule refuses and records it",
+        TRIAL_ID,
+        "blocked.example.com",
+        R.HOST_DENIED,
+        allowed=True,
+        address="93.184.216.40",
+        rule_id="trial/deny/blocked",
+        report_only=True,
+    ),
+    Case(
+        "report mode does not relax a base deny rule on a name",
+        TRIAL_ID,
+        "metadata.google.internal",
+        R.HOST_DENIED,
+        rule_id="base/deny/metadata",
+    ),
+    Case(
+        "report mode does not relax a base deny network on a literal",
+        TRIAL_ID,
+        "93.184.219.9",
+        R.HOST_DENIED,
+        rule_id="base/deny/bad-net",
+    ),
+    Case(
+        "report mode does not relax a base deny network on a resolved name",
+        TRIAL_ID,
+        "worse.example.com",
+        R.HOST_DENIED,
+        rule_id="base/deny/bad-net",
+    ),
+    Case(
+        "report mode does not relax the base metadata network on a resolved name",
+        TRIAL_ID,
+        "meta.example.com",
+        R.HOST_DENIED,
+        rule_id="base/deny/metadata-net",
+    ),
+    Case(
+        "report mode does not relax a base deny rule on a path",
+        TRIAL_ID,
+        "shop.example.com",
+        R.HOST_DENIED,
+        method="GET",
+        path="/admin/users",
+        rule_id="base/deny/no-admin",
+    ),
+    Case(
+        "report mode inspects a connection a base path rule needs",
+        TRIAL_ID,
+        "shop.example.com",
+        R.HOST_NOT_ALLOWED,
+        allowed=True,
+        address="93.184.216.43",
+        inspect=True,
+        report_only=True,
+    ),
+    Case("report mode still refuses a private literal", TRIAL_ID, "10.9.9.9", R.PRIVATE_ADDRESS),
+    Case("report mode still refuses a name resolving privately", TRIAL_ID, "private.test", R.PRIVATE_ADDRESS),
+    Case("report mode still reports a dns failure", TRIAL_ID, "nowhere.test", R.DNS_FAILURE),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.why for c in CASES])
+async def test_decide(policy: PolicySet, case: Case) -> None:
+    decision = await decide(policy, case.identity, case.request(), StaticResolver(HOSTS), guard())
+    assert decision.reason is case.reason
+    assert decision.allowed is case.allowed
+    assert decision.address == case.address
+    assert decision.rule_id == case.rule_id
+    assert decision.inspect is case.inspect
+    assert decision.report_only is case.report_only
+    assert decision.policy_version == policy.version
+    assert decision.verdict == ("would_deny" if case.report_only else "allow" if case.allowed else "deny")
+    tenant = policy.tenant(case.identity.tenant) if case.identity else None
+    assert decision.mode is (tenant.mode if tenant else Mode.ENFORCE)
+
+
+async def test_a_name_whose_every_address_is_denied_says_so(policy: PolicySet) -> None:
+    request = EgressRequest(Phase.CONNECT, "bad.example.com", 443)
+    decision = await decide(policy, ACME_ID, request, StaticResolver(HOSTS), guard())
+    assert (decision.reason, decision.rule_id, decision.detail) == (
+        R.HOST_DENIED,
+        "acme/deny/bad-net",
+        "every resolved address is refused",
+    )
+
+
+async def test_a_dns_failure_carries_the_resolver_message(policy: PolicySet) -> None:
+    request = EgressRequest(Phase.CONNECT, "gone.example.net", 443)
+    decision = await decide(policy, ACME_ID, request, StaticResolver(HOSTS), guard())
+    assert decision.reason is R.DNS_FAILURE
+    assert "gone.example.net" in decision.detail
+
+
+# --- what is resolved, and what is not ----------------------------------------------------
+
+UNRESOLVED = [
+    (None, "www.example.com", "a request without identity"),
+    (Identity("ghost", "g-1"), "www.example.com", "a request from an undefined tenant"),
+    (ACME_ID, "other.test", "a name the tenant may not reach"),
+    (ACME_ID, "blocked.example.com", "a name a deny rule refuses"),
+    (ACME_ID, "metadata.google.internal", "a name the base refuses"),
+    (ACME_ID, "www.example.com:8443", "a name on a port the rule omits"),
+    (ACME_ID, "10.1.2.3", "an address literal"),
+    (ACME_ID, "93.184.217.7", "an address literal in a deny network"),
+    (TRIAL_ID, "metadata.google.internal", "a name the base refuses in report mode"),
+]
+
+
+@pytest.mark.parametrize(
+    ("identity", "target"),
+    [c[:2] for c in UNRESOLVED],
+    ids=[f"{c[2]} is never resolved" for c in UNRESOLVED],
+)
+async def test_names_are_resolved_only_once_the_rules_allow_them(
+    policy: PolicySet, identity: Identity | None, target: str
+) -> None:
+    host, _, port = target.partition(":")
+    resolver = RecordingResolver(HOSTS)
+    await decide(policy, identity, EgressRequest(Phase.CONNECT, host, int(port or 443)), resolver, guard())
+    assert resolver.calls == []
+
+
+async def test_an_allowed_name_is_resolved_once(policy: PolicySet) -> None:
+    resolver = RecordingResolver(HOSTS)
+    decision = await decide(
+        policy, ACME_ID, EgressRequest(Phase.CONNECT, "www.example.com", 443), resolver, guard()
+    )
+    assert decision.allowed
+    assert resolver.calls == ["www.example.com"]
+
+
+PINNED = [
+    ("93.184.216.99", R.ALLOWED, "93.184.216.99", "a pinned public address is dialled as pinned"),
+    ("10.9.9.9", R.PRIVATE_ADDRESS, None, "a pinned private address is refused"),
+    ("10.20.1.1", R.ALLOWED, "10.20.1.1", "a pinned address reachable by name is dialled"),
+    ("10.1.2.9", R.ALLOWED, "10.1.2.9", "a pinned address a tenant cidr rule covers is dialled"),
+    ("not-an-address", R.PRIVATE_ADDRESS, None, "a pinned value that is no address is refused"),
+    ("93.184.217.8", R.HOST_DENIED, None, "a pinned address in a tenant deny network is refused"),
+    ("169.254.169.254", R.HOST_DENIED, None, "a pinned address in a base deny network is refused"),
+]
+
+
+@pytest.mark.parametrize(
+    ("pinned", "reason", "address"),
+    [c[:3] for c in PINNED],
+    ids=[c[3] for c in PINNED],
+)
+async def test_a_pinned_address_is_rechecked_not_reresolved(
+    policy: PolicySet, pinned: str, reason: Reason, address: str | None
+) -> None:
+    resolver = RecordingResolver(HOSTS)
+    request = EgressRequest(Phase.REQUEST, "www.example.com", 443, method="GET", path="/")
+    decision = await decide(policy, ACME_ID, request, resolver, guard(), address=pinned)
+    assert (decision.reason, decision.address) == (reason, address)
+    assert resolver.calls == []
+
+
+async def test_the_gateway_own_address_is_refused_even_when_public(policy: PolicySet) -> None:
+    own = AddressGuard(own_addresses=["93.184.216.41"])
+    request = EgressRequest(Phase.CONNECT, "www.example.com", 443)
+    decision = await decide(policy, ACME_ID, request, StaticResolver(HOSTS), own)
+    assert decision.reason is R.PRIVATE_ADDRESS
+    assert not decision.allowed
+
+
+async def test_a_resolver_error_from_any_resolver_is_a_dns_failure(policy: PolicySet) -> None:
+    class Failing:
+        async def resolve(self, host: str) -> Resolution:
+            raise ResolveError(f"{host}: timed out")
+
+    request = EgressRequest(Phase.CONNECT, "www.example.com", 443)
+    decision = await decide(policy, ACME_ID, request, Failing(), guard())
+    assert (decision.reason, decision.detail) == (R.DNS_FAILURE, "www.example.com: timed out")
+
+
+# --- smaller policies -----------------------------------------------------------------------
+
+
+async def test_a_tenant_without_rules_is_denied_everything(tmp_path: Path) -> None:
+    policy = load_policy_dir(write_rules(tmp_path, None, {"empty": "tenant: empty\n"}))
+    resolver = RecordingResolver(HOSTS)
+    decision = await decide(
+        policy,
+        Identity("empty", "e-1"),
+        EgressRequest(Phase.CONNECT, "www.example.com", 443),
+        resolver,
+        guard(),
+    )
+    assert (decision.allowed, decision.reason, decision.rule_id) == (False, R.HOST_NOT_ALLOWED, None)
+    assert resolver.calls == []
+
+
+async def test_a_deny_rule_on_a_path_is_applied_per_request(tmp_path: Path) -> None:
+    tenant = """
+    tenant: t
+    allow:
+      - hosts: [git.example.com]
+    deny:
+      - id: no-admin
+        hosts: [git.example.com]
+        paths: ["/admin/**"]
+    """
+    policy = load_policy_dir(write_rules(tmp_path, None, {"t": tenant}))
+    resolver = StaticResolver({"git.example.com": ["93.184.216.60"]})
+    ident = Identity("t", "t-1")
+
+    connect = await decide(
+        policy, ident, EgressRequest(Phase.CONNECT, "git.example.com", 443), resolver, guard()
+    )
+    admin = EgressRequest(Phase.REQUEST, "git.example.com", 443, method="GET", path="/admin/users")
+    repo = EgressRequest(Phase.REQUEST, "git.example.com", 443, method="GET", path="/repo")
+    assert (connect.allowed, connect.inspect) == (True, True)
+    assert (await decide(policy, ident, admin, resolver, guard())).reason is R.HOST_DENIED
+    assert (await decide(policy, ident, repo, resolver, guard())).reason is R.ALLOWED
+
+
+async def test_a_deny_network_on_a_path_inspects_a_name_that_resolves_into_it(tmp_path: Path) -> None:
+    tenant = """
+    tenant: t
+    allow:
+      - hosts: [panel.example.com]
+    deny:
+      - id: no-admin-net
+        cidrs: [93.184.220.0/24]
+        paths: ["/admin/**"]
+    """
+    policy = load_policy_dir(write_rules(tmp_path, None, {"t": tenant}))
+    resolver = StaticResolver({"panel.example.com": ["93.184.220.5"]})
+    ident = Identity("t", "t-1")
+    admin = EgressRequest(Phase.REQUEST, "panel.example.com", 443, method="GET", path="/admin/x")
+    assert (await decide(policy, ident, admin, resolver, guard())).rule_id == "t/deny/no-admin-net"
+    connect = await decide(
+        policy, ident, EgressRequest(Phase.CONNECT, "panel.example.com", 443), resolver, guard()
+    )
+    assert (connect.allowed, connect.address) == (True, "93.184.220.5")
+    assert connect.inspect, "a tunnel passed through untouched never meets the per-request deny rule"
+
+
+# --- values ----------------------------------------------------------------------------------
+
+
+def test_the_zero_decision_denies() -> None:
+    zero = Decision()
+    assert (zero.allowed, zero.reason, zero.verdict, zero.address) == (False, R.INTERNAL_ERROR, "deny", None)
+
+
+LITERALS = [
+    ("10.1.2.3", "10.1.2.3", "a dotted quad is a literal"),
+    ("::1", "::1", "an ipv6 address is a literal"),
+    ("example.com", None, "a name is not a literal"),
+    ("1.2.3.example", None, "a name with numeric labels is not a literal"),
+    ("", None, "an empty host is not a literal"),
+]
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [c[:2] for c in LITERALS],
+    ids=[c[2] for c in LITERALS],
+)
+def test_literal_ip(host: str, expected: str | None) -> None:
+    ip = literal_ip(host)
+    assert (str(ip) if ip is not None else None) == expected
