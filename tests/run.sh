@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up what the tests need, then lint, type-check and run the whole suite.
+# This is the command README.md gives and .ci/run calls. Needs root (network namespaces, nftables).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/install.sh --dev
+echo "== ruff" >&2
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy" >&2
+rm -rf .typecheck && mkdir -p .typecheck/sandgate
+for pkg in proxy policy brokers; do ln -s "../../$pkg" ".typecheck/sandgate/$pkg"; done
+MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers
+echo "== pytest" >&2
+exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
