@@ -91,8 +91,9 @@ async def decide(
             rule_id=rule_decision.rule_id,
             policy_version=policy.version,
             mode=tenant.mode,
-            inspect=inspect,
+            inspect=inspect and not rule_decision.raw_tcp,
             address=dial,
+            raw_tcp=rule_decision.raw_tcp,
         )
     if relaxed:
         return Decision(
@@ -138,6 +139,7 @@ def _rules(
             rule_id=match.rule.rule_id,
             policy_version=policy.version,
             mode=tenant.mode,
+            raw_tcp=match.rule.raw_tcp,
         )
         return allowed, True
     nearest = match.nearest.rule_id if match.nearest else None

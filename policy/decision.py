@@ -79,6 +79,8 @@ class Decision:
     inspect: bool = False
     # The address the gateway resolved, checked and will dial; None for denials.
     address: str | None = None
+    # The matched rule lets raw TCP bytes through (`protocol: tcp`).
+    raw_tcp: bool = False
     detail: str = field(default="", compare=False)
 
     @property

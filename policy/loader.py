@@ -165,6 +165,7 @@ def _compile_rules(
                 hosts=tuple(rule.hosts),
                 cidrs=tuple(rule.cidrs),
                 origin=f"{where.file}:{where.line}",
+                raw_tcp=rule.protocol == "tcp",
             )
         )
     return out

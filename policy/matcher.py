@@ -43,6 +43,8 @@ class CompiledRule:
     cidrs: tuple[str, ...] = ()
     # Where the rule was written (`file:line`), for explain and audit.
     origin: str = ""
+    # A `protocol: tcp` rule: raw bytes may pass, not only HTTP and TLS.
+    raw_tcp: bool = False
 
     def port_ok(self, port: int) -> bool:
         return not self.ports or port in self.ports
@@ -101,7 +103,7 @@ def compile_path_globs(globs: Iterable[str]) -> re.Pattern[str]:
 class RuleIndex:
     """The rules of one list (a tenant's allow or deny), indexed for lookup by destination."""
 
-    __slots__ = ("_cidr_rules", "_cidrs", "_exact", "_suffix", "rules")
+    __slots__ = ("_any_port", "_cidr_rules", "_cidrs", "_exact", "_ports", "_suffix", "rules")
 
     def __init__(self, rules: Iterable[CompiledRule]) -> None:
         self.rules = tuple(rules)
@@ -120,6 +122,8 @@ class RuleIndex:
         self._suffix = {k: tuple(v) for k, v in suffix.items()}
         self._cidr_rules = tuple(cidr_rules)
         self._cidrs = CidrSet(c for r in self.rules for c in r.cidrs)
+        self._ports = frozenset(p for r in self.rules for p in r.ports)
+        self._any_port = any(not r.ports for r in self.rules)
 
     def candidates(
         self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
@@ -208,6 +212,14 @@ class RuleIndex:
         if ip not in self._cidrs:
             return None
         return self.deny_match("", ip, port, method, path)
+
+    def allows_port(self, port: int) -> bool:
+        """Whether any rule of this list could allow a connection to `port` (a cheap pre-check)."""
+        return port in self._ports or self._any_port
+
+    def names_host(self, host: str) -> bool:
+        """Whether any rule names this host, whatever its ports, methods or paths (DNS answers)."""
+        return next(self.candidates(host, None), None) is not None
 
     def needs_inspection(
         self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None, port: int

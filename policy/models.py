@@ -107,6 +107,13 @@ class Rule(_Strict):
         default=None,
         description="intercept TLS to decide per request; defaults to true when methods or paths are set",
     )
+    protocol: Literal["http", "tcp"] = Field(
+        default="http",
+        description=(
+            "http: HTTP and TLS, decided by name at every layer; "
+            "tcp: raw TCP bytes to these hosts/cidrs and ports (a database), passed through and audited"
+        ),
+    )
     comment: str | None = None
 
     @model_validator(mode="after")
@@ -115,6 +122,8 @@ class Rule(_Strict):
             raise ValueError("a rule needs 'hosts' or 'cidrs'")
         if self.inspect is False and (self.methods or self.paths):
             raise ValueError("'methods' and 'paths' can only be checked with 'inspect: true'")
+        if self.protocol == "tcp" and (self.methods or self.paths or self.inspect):
+            raise ValueError("a 'protocol: tcp' rule passes bytes through: no methods, paths or inspect")
         return self
 
     @property
