@@ -18,7 +18,15 @@ from sandgate.policy.yamlsource import load_yaml, validate
 
 from .errors import ConfigError
 
-__all__ = ["AuditConfig", "GatewayConfig", "ListenerConfig", "ResolverConfig", "load_config"]
+__all__ = [
+    "AuditConfig",
+    "DnsListenerConfig",
+    "GatewayConfig",
+    "ListenerConfig",
+    "ResolverConfig",
+    "TransparentConfig",
+    "load_config",
+]
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 
@@ -30,7 +38,7 @@ class _Strict(BaseModel):
 class ListenerConfig(_Strict):
     """One guest-facing listener."""
 
-    mode: Literal["regular"] = "regular"
+    mode: Literal["regular", "transparent"] = "regular"
     host: str = "127.0.0.1"
     port: Port = 8080
 
@@ -93,6 +101,28 @@ class UpstreamConfig(_Strict):
     trusted_ca: str | None = Field(default=None, description="PEM bundle trusted for upstream TLS")
 
 
+class DnsListenerConfig(_Strict):
+    """The guests' DNS listener (UDP and TCP); the host redirects guests' port 53 to it."""
+
+    host: str = "127.0.0.1"
+    port: Port = 8053
+    max_ttl: Annotated[int, Field(ge=0)] = 300
+
+
+class TransparentConfig(_Strict):
+    """Transparent-mode name binding."""
+
+    reroute: bool = Field(
+        default=False,
+        description=(
+            "dial a name's pinned address even when the guest connected to an IP the gateway did "
+            "not give it for that name (default: refuse with host_mismatch)"
+        ),
+    )
+    binding_min_ttl: Annotated[float, Field(ge=0)] = 30.0
+    binding_max_ttl: Annotated[float, Field(ge=0)] = 3600.0
+
+
 class LogConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "console"
@@ -107,6 +137,10 @@ class GatewayConfig(_Strict):
     """The whole gateway config."""
 
     listeners: list[ListenerConfig] = Field(default_factory=lambda: [ListenerConfig()], min_length=1)
+    dns: DnsListenerConfig | None = Field(
+        default=None, description="the guests' DNS listener (off when unset)"
+    )
+    transparent: TransparentConfig = Field(default_factory=TransparentConfig)
     rules_dir: str = "rules"
     state_dir: str = "~/.sandgate"
     resolver: ResolverConfig = Field(default_factory=ResolverConfig)

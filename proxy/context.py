@@ -11,6 +11,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import Resolver
 
 from .audit import AuditLog
+from .bindings import NameBindings
 
 __all__ = ["ConnectionState", "GatewayContext"]
 
@@ -22,6 +23,11 @@ class ConnectionState:
     listener: str
     client: str
     identity: Identity | None = None
+    # Transparent mode: where the guest was connecting (the original destination).
+    transparent: bool = False
+    original_dst: tuple[str, int] | None = None
+    # Raw TCP approved at connect (`protocol: tcp` rule): bytes pass, no layer is parsed.
+    raw: bool = False
     # Set once a CONNECT (or transparent connection) is approved: the tunnel's destination.
     tunnel_host: str | None = None
     tunnel_port: int | None = None
@@ -41,9 +47,21 @@ class ConnectionState:
 class GatewayContext:
     """The policy in force and the services addons call. `policy` is swapped whole on reload."""
 
-    def __init__(self, policy: PolicySet, resolver: Resolver, guard: AddressGuard, audit: AuditLog) -> None:
+    def __init__(
+        self,
+        policy: PolicySet,
+        resolver: Resolver,
+        guard: AddressGuard,
+        audit: AuditLog,
+        bindings: NameBindings | None = None,
+        *,
+        reroute: bool = False,
+    ) -> None:
         self.policy = policy
         self.resolver = resolver
         self.guard = guard
         self.audit = audit
+        self.bindings = bindings or NameBindings()
+        # Transparent mode: dial a name's pinned address even when the guest chose another IP.
+        self.reroute = reroute
         self.connections: dict[str, ConnectionState] = {}

@@ -80,6 +80,8 @@ class Gate:
     async def tls_clienthello(self, data: ClientHelloData) -> None:
         client = data.context.client
         state = self.ctx.connections.get(client.id)
+        if state is not None and state.transparent:
+            return  # the Transparent addon decides ClientHellos on transparent connections
         try:
             if state is None or not state.in_tunnel or state.tunnel_decision is None:
                 # TLS straight at the proxy port, or a connection we know nothing about.
@@ -120,8 +122,15 @@ class Gate:
     # -- raw TCP in a tunnel -----------------------------------------------------------------
 
     async def tcp_start(self, flow: tcp.TCPFlow) -> None:
-        # Passed-through TLS never gets here; plaintext that is not HTTP is not allowed (yet).
+        # Passed-through TLS never gets here; raw bytes pass only where a `protocol: tcp` rule
+        # approved this connection (at connect in transparent mode, or the CONNECT target).
         state = self.ctx.connections.get(flow.client_conn.id)
+        if (
+            state is not None
+            and state.denied is None
+            and (state.raw or (state.tunnel_decision is not None and state.tunnel_decision.raw_tcp))
+        ):
+            return
         try:
             dctx = DecisionContext(
                 phase=Phase.CONNECT,

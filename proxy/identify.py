@@ -51,7 +51,9 @@ class Identify:
     def client_connected(self, client: connection.Client) -> None:
         try:
             self.ctx.connections[client.id] = ConnectionState(
-                listener=client.proxy_mode.full_spec, client=_addr(client.peername)
+                listener=client.proxy_mode.full_spec,
+                client=_addr(client.peername),
+                transparent=client.proxy_mode.type_name == "transparent",
             )
         except Exception:
             log.exception("hook_failed", hook="client_connected")
@@ -67,6 +69,12 @@ class Identify:
         if flow.response is not None or flow.error is not None:
             return
         state = self.ctx.connections.get(flow.client_conn.id)
+        if state is not None and state.transparent:
+            # Transparent mode: the identity is the source address's, set at connect.
+            flow.request.headers.pop("Proxy-Authorization", None)
+            if state.identity is not None:
+                flow.metadata[IDENTITY_KEY] = state.identity
+            return
         if state is not None and state.in_tunnel:
             # Inside an approved tunnel the identity is the CONNECT's; a header here means nothing.
             flow.request.headers.pop("Proxy-Authorization", None)

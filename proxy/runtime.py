@@ -26,13 +26,16 @@ from sandgate.policy.resolver import (
 )
 
 from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
+from .bindings import NameBindings
 from .ca import ensure_ca
 from .config import GatewayConfig, ResolverConfig
 from .context import GatewayContext
+from .dnslistener import DnsListener
 from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
 from .reload import PolicyReloader
+from .transparent import Transparent
 
 __all__ = ["Gateway", "build_resolver", "serve"]
 
@@ -67,10 +70,19 @@ class _Lifecycle:
             gw.shutdown()
             return
         await gw.reloader.start()
+        if gw.dns is not None:
+            try:
+                await gw.dns.start()
+            except OSError as e:
+                log.error("listener.failed", listeners=[gw.dns.listener], error=e.strerror)
+                gw.exit_code = 1
+                gw.shutdown()
+                return
         gw.listen_addrs = [(str(a[0]), int(a[1])) for s in ps.servers for a in s.listen_addrs]
         log.info(
             "gateway.ready",
             listeners=[f"{h}:{p}" for h, p in gw.listen_addrs],
+            dns=f"{gw.dns.host}:{gw.dns.port}" if gw.dns else None,
             policy_version=gw.ctx.policy.version,
             tenants=len(gw.ctx.policy.tenants),
             ca_cert=str(gw.config.ca_dir / "mitmproxy-ca-cert.pem"),
@@ -80,6 +92,8 @@ class _Lifecycle:
 
     async def done(self) -> None:
         await self.gateway.reloader.stop()
+        if self.gateway.dns is not None:
+            await self.gateway.dns.stop()
         await asyncio.to_thread(self.gateway.ctx.audit.close)
 
 
@@ -107,12 +121,20 @@ class Gateway:
         if config.audit.stdout:
             sinks.append(StdoutSink())
         audit = AuditLog(sinks, queue_size=config.audit.queue_size, max_wait=config.audit.max_wait_seconds)
+        tcfg = config.transparent
         self.ctx = GatewayContext(
             policy=policy,
             resolver=resolver or build_resolver(config.resolver),
             guard=AddressGuard(guard_cfg.reachable_by_name, own),
             audit=audit,
+            bindings=NameBindings(min_ttl=tcfg.binding_min_ttl, max_ttl=tcfg.binding_max_ttl),
+            reroute=tcfg.reroute,
         )
+        self.dns: DnsListener | None = None
+        if config.dns is not None:
+            self.dns = DnsListener(
+                self.ctx, self.ctx.bindings, config.dns.host, config.dns.port, max_ttl=config.dns.max_ttl
+            )
         self.reloader = PolicyReloader(
             self.ctx, config.rules_path, watch=config.reload.watch, interval=config.reload.interval_seconds
         )
@@ -120,11 +142,14 @@ class Gateway:
         self.exit_code = 0
         self.listen_addrs: list[tuple[str, int]] = []
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
+        # Pipeline order: identity and transparent steering come before mitmproxy's layer
+        # selection (so a raw-TCP approval picks the layer), decisions after it.
         self.master.addons.add(
             proxyserver.Proxyserver(),
+            Identify(self.ctx),
+            Transparent(self.ctx),
             next_layer.NextLayer(),
             tlsconfig.TlsConfig(),
-            Identify(self.ctx),
             Gate(self.ctx),
             _Lifecycle(self),
         )
