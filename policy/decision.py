@@ -16,6 +16,7 @@ class Phase(StrEnum):
     CONNECT = "connect"
     TLS = "tls"
     REQUEST = "request"
+    DNS = "dns"
 
 
 class Mode(StrEnum):

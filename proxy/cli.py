@@ -17,6 +17,7 @@ from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.models import tenant_schema
 from sandgate.policy.tokens import digest_token, new_token
 
+from . import sandbox_cli
 from .ca import export_ca, init_ca
 from .config import load_config
 from .errors import ConfigError
@@ -50,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     tok.add_argument("--output", type=Path, help="write the token to this file (mode 0600) instead of stdout")
 
+    sandbox_cli.add_parsers(sub)
+
     pol = sub.add_parser("policy", help="policy files")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
     check = pol_sub.add_parser("check", help="validate a rules directory")
@@ -68,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _ca(args)
         if args.command == "token":
             return _token(args)
+        if args.command == "sandbox":
+            return sandbox_cli.run_sandbox_command(args)
+        if args.command == "jail":
+            return sandbox_cli.run_jail_command(args)
         if args.command == "policy":
             return _policy(args)
     except (ConfigError, PolicyLoadError) as e:

@@ -170,6 +170,14 @@ class GatewayConfig(_Strict):
         return self.state_path / "ca"
 
     @property
+    def registry_path(self) -> Path:
+        return self.state_path / "sandboxes.json"
+
+    @property
+    def status_path(self) -> Path:
+        return self.state_path / "gateway.json"
+
+    @property
     def audit_path(self) -> Path:
         return self.path(self.audit.path) if self.audit.path else self.state_path / "audit" / "audit.jsonl"
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
 from sandgate.policy.errors import PolicyLoadError, PolicySetError
-from sandgate.policy.loader import load_policy_dir, policy_files
+from sandgate.policy.policyset import PolicySet
 
 from .context import GatewayContext
 from .records import new_decision_id
@@ -25,9 +26,9 @@ log = structlog.get_logger("sandgate.reload")
 Fingerprint = tuple[tuple[str, int, int], ...]
 
 
-def _fingerprint(rules_dir: Path, token_files: tuple[str, ...]) -> Fingerprint:
+def _fingerprint(files: list[Path]) -> Fingerprint:
     out = []
-    for p in [*policy_files(rules_dir), *map(Path, token_files)]:
+    for p in files:
         try:
             st = p.stat()
         except OSError:
@@ -38,20 +39,35 @@ def _fingerprint(rules_dir: Path, token_files: tuple[str, ...]) -> Fingerprint:
 
 
 class PolicyReloader:
-    """Reloads the rules directory into the gateway context; one reload at a time."""
+    """Reloads the policy into the gateway context; one reload at a time.
 
-    def __init__(self, ctx: GatewayContext, rules_dir: Path, *, watch: bool, interval: float) -> None:
+    `load` builds a complete PolicySet (in a worker thread); `watched` lists the files whose
+    change triggers a reload (policy files, token files, the sandbox registry).
+    """
+
+    def __init__(
+        self,
+        ctx: GatewayContext,
+        load: Callable[[], PolicySet],
+        watched: Callable[[PolicySet], list[Path]],
+        *,
+        watch: bool,
+        interval: float,
+        on_reload: Callable[[PolicySet], None] | None = None,
+    ) -> None:
         self.ctx = ctx
-        self.rules_dir = rules_dir
+        self.load = load
+        self.watched = watched
         self.watch = watch
         self.interval = interval
+        self.on_reload = on_reload
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._fingerprint: Fingerprint = ()
         self.failures = 0
 
     async def start(self) -> None:
-        self._fingerprint = await asyncio.to_thread(_fingerprint, self.rules_dir, self.ctx.policy.token_files)
+        self._fingerprint = await asyncio.to_thread(lambda: _fingerprint(self.watched(self.ctx.policy)))
         if self.watch:
             self._task = asyncio.create_task(self._watch(), name="sandgate-policy-watch")
 
@@ -67,7 +83,7 @@ class PolicyReloader:
         async with self._lock:
             old = self.ctx.policy.version
             try:
-                policy = await asyncio.to_thread(load_policy_dir, self.rules_dir)
+                policy = await asyncio.to_thread(self.load)
             except PolicyLoadError as e:
                 self.failures += 1
                 errors = e.errors if isinstance(e, PolicySetError) else (e,)
@@ -85,6 +101,8 @@ class PolicyReloader:
                 await self.ctx.audit.emit(self._record(trigger, "error", old, old, [type(e).__name__]))
                 return False
             self.ctx.policy = policy
+            if self.on_reload is not None:
+                self.on_reload(policy)
             log.info(
                 "policy.reloaded",
                 trigger=trigger,
@@ -99,7 +117,7 @@ class PolicyReloader:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                current = await asyncio.to_thread(_fingerprint, self.rules_dir, self.ctx.policy.token_files)
+                current = await asyncio.to_thread(lambda: _fingerprint(self.watched(self.ctx.policy)))
                 if current != self._fingerprint:
                     self._fingerprint = current
                     await self.reload("file_change")

@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from pathlib import Path
 
 import structlog
 from mitmproxy import master, options
 from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
 from sandgate.policy.guard import AddressGuard
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.loader import load_policy_dir, policy_files
+from sandgate.policy.policyset import PolicySet
 from sandgate.policy.resolver import (
     CachingResolver,
     ChainResolver,
@@ -34,7 +36,9 @@ from .dnslistener import DnsListener
 from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
+from .registry import load_registry, merge_registry, registry_digest
 from .reload import PolicyReloader
+from .statusfile import remove_status, write_status
 from .transparent import Transparent
 
 __all__ = ["Gateway", "build_resolver", "serve"]
@@ -88,9 +92,11 @@ class _Lifecycle:
             ca_cert=str(gw.config.ca_dir / "mitmproxy-ca-cert.pem"),
             audit=str(gw.config.audit_path),
         )
+        gw._write_status()
         gw.ready.set()
 
     async def done(self) -> None:
+        remove_status(self.gateway.config.status_path)
         await self.gateway.reloader.stop()
         if self.gateway.dns is not None:
             await self.gateway.dns.stop()
@@ -106,7 +112,7 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
         self.config = config
-        policy = load_policy_dir(config.rules_path)
+        policy = self._load_policy()
         ensure_ca(config.ca_dir)
         guard_cfg = config.address_guard
         own = own_addresses() if guard_cfg.own_addresses == "auto" else guard_cfg.own_addresses
@@ -136,7 +142,12 @@ class Gateway:
                 self.ctx, self.ctx.bindings, config.dns.host, config.dns.port, max_ttl=config.dns.max_ttl
             )
         self.reloader = PolicyReloader(
-            self.ctx, config.rules_path, watch=config.reload.watch, interval=config.reload.interval_seconds
+            self.ctx,
+            self._load_policy,
+            self._watched_files,
+            watch=config.reload.watch,
+            interval=config.reload.interval_seconds,
+            on_reload=lambda _: self._write_status(),
         )
         self.ready = asyncio.Event()
         self.exit_code = 0
@@ -161,6 +172,34 @@ class Gateway:
             upstream_cert=False,
             ssl_verify_upstream_trusted_ca=str(config.path(trusted)) if trusted else None,
             stream_large_bodies="1m",
+        )
+
+    def _load_policy(self) -> PolicySet:
+        """The rules directory plus the dynamic sandbox registry (runs in a worker thread)."""
+        policy = load_policy_dir(self.config.rules_path)
+        registry = load_registry(self.config.registry_path)
+        return merge_registry(policy, registry, self.config.registry_path)
+
+    def _watched_files(self, policy: PolicySet) -> list[Path]:
+        return [
+            *policy_files(self.config.rules_path),
+            *map(Path, policy.token_files),
+            self.config.registry_path,
+        ]
+
+    def _write_status(self) -> None:
+        cfg = self.config
+        transparent = [lst.port for lst in cfg.listeners if lst.mode == "transparent"]
+        write_status(
+            cfg.status_path,
+            {
+                "policy_version": self.ctx.policy.version,
+                "registry_digest": registry_digest(load_registry(cfg.registry_path)),
+                "listeners": [f"{h}:{p}" for h, p in self.listen_addrs],
+                "transparent_port": transparent[0] if transparent else None,
+                "dns_port": self.dns.port if self.dns else None,
+                "ca_cert": str(cfg.ca_dir / "mitmproxy-ca-cert.pem"),
+            },
         )
 
     def shutdown(self) -> None:

@@ -184,12 +184,21 @@ class Transparent:
         return await self._decide(state.identity, EgressRequest(Phase.TLS, name, port, sni=sni)), name
 
     async def _bound(self, state: ConnectionState, name: str) -> bool:
-        """Whether the gateway resolved `name` to the original destination for this sandbox."""
+        """Whether the gateway resolved `name` to the original destination for this sandbox.
+
+        A name the tenant's rules never allow counts as bound here: the decision that follows
+        denies it (`host_not_allowed`) without the gateway ever looking the name up.
+        """
         if self.ctx.reroute:
             return True
-        assert state.original_dst is not None and state.identity is not None
+        assert state.original_dst is not None
+        if state.identity is None:
+            return True  # the decision denies with no_identity
         ip = state.original_dst[0]
         if self.ctx.bindings.bound(state.identity.sandbox, ip, name):
+            return True
+        tenant = self.ctx.policy.tenant(state.identity.tenant)
+        if tenant is None or not tenant.allow.names_host(name):
             return True
         try:
             return ip in (await self.ctx.resolver.resolve(name)).addresses

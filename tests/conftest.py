@@ -150,6 +150,16 @@ class RunningGateway:
                 return found
             time.sleep(0.02)
 
+    def record(self, decision_id: str, timeout: float = 5.0) -> dict[str, Any]:
+        """The one decision record with this id (waiting for the writer thread to flush it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [r for r in self.records() if r["decision_id"] == decision_id]
+            if found or time.monotonic() > deadline:
+                assert len(found) == 1, f"expected exactly one record for {decision_id}, found {len(found)}"
+                return found[0]
+            time.sleep(0.02)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 

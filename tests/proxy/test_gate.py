@@ -54,11 +54,10 @@ def assert_denied(resp: httpx.Response, reason: str, gw: RunningGateway) -> dict
     body = resp.json()
     assert body["error"] == "egress denied"
     assert body["reason"] == reason
-    records = [r for r in gw.records(1) if r["decision_id"] == body["decision_id"]]
-    assert len(records) == 1, "the response's decision id names exactly one audit record"
-    assert records[0]["reason"] == reason
-    assert records[0]["decision"] == "deny"
-    return records[0]
+    record = gw.record(str(body["decision_id"]))
+    assert record["reason"] == reason
+    assert record["decision"] == "deny"
+    return record
 
 
 def test_allowed_plain_http_reaches_upstream_without_the_proxy_token(

@@ -1,0 +1,83 @@
+"""Registering sandboxes at run time: the registry entry and the host rules, together.
+
+`register` and `unregister` update `<state_dir>/sandboxes.json` and rewrite sandgate's
+nftables table for every registered interface; the running gateway picks the registry up
+on its next reload (it watches the file). Both are idempotent.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sandgate.policy.loader import load_policy_dir
+
+from .config import GatewayConfig
+from .errors import ConfigError
+from .nft import SandboxInterface, apply_ruleset, set_interface_sysctls
+from .registry import DynamicSandbox, load_registry, merge_registry, save_registry
+from .statusfile import read_status
+
+__all__ = ["listener_ports", "register", "registered", "unregister"]
+
+
+def listener_ports(config: GatewayConfig) -> tuple[int, int]:
+    """(transparent port, DNS port) of the running gateway, else of the config."""
+    status = read_status(config.status_path) or {}
+    transparent = status.get("transparent_port") or next(
+        (lst.port for lst in config.listeners if lst.mode == "transparent"), None
+    )
+    dns = status.get("dns_port") or (config.dns.port if config.dns else None)
+    if not transparent or not dns:
+        raise ConfigError("the gateway config needs a transparent listener and a dns listener for sandboxes")
+    return int(transparent), int(dns)
+
+
+@contextmanager
+def _locked(config: GatewayConfig) -> Iterator[None]:
+    """One registry writer at a time (several jails may start at once)."""
+    lock = config.state_path / ".registry.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with lock.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def registered(config: GatewayConfig) -> list[DynamicSandbox]:
+    """The dynamically registered sandboxes."""
+    return load_registry(config.registry_path)
+
+
+def register(config: GatewayConfig, sandbox: DynamicSandbox, *, apply_rules: bool = True) -> None:
+    """Add (or replace, by id) a sandbox and install the host rules for its interface."""
+    with _locked(config):
+        current = [s for s in load_registry(config.registry_path) if s.id != sandbox.id]
+        updated = [*current, sandbox]
+        # Refuse what the gateway would refuse: unknown tenant, a taken id or address.
+        merge_registry(load_policy_dir(config.rules_path), updated, config.registry_path)
+        if apply_rules and sandbox.interface:
+            set_interface_sysctls(sandbox.interface)
+            _apply(config, updated)
+        save_registry(config.registry_path, updated)
+
+
+def unregister(config: GatewayConfig, sandbox_id: str, *, apply_rules: bool = True) -> DynamicSandbox | None:
+    """Remove a sandbox and its host rules; returns what was removed (None: nothing was)."""
+    with _locked(config):
+        current = load_registry(config.registry_path)
+        removed = next((s for s in current if s.id == sandbox_id), None)
+        remaining = [s for s in current if s.id != sandbox_id]
+        save_registry(config.registry_path, remaining)
+        if apply_rules:
+            _apply(config, remaining)
+        return removed
+
+
+def _apply(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> None:
+    interfaces = [SandboxInterface(s.interface, s.address) for s in sandboxes if s.interface]
+    if not interfaces:
+        apply_ruleset([], 0, 0)
+        return
+    transparent, dns = listener_ports(config)
+    apply_ruleset(interfaces, transparent, dns)
