@@ -422,3 +422,43 @@ def test_jail_starts_a_gateway_of_its_own_when_none_runs(lab: Lab, tmp_path: Pat
     audit = (tmp_path / "state" / "audit" / "audit.jsonl").read_text()
     assert '"path":"/own-gateway"' in audit
     assert _leftovers()[:2] == ([], [])
+
+
+DNS_PROBE = """
+import json, socket, struct, sys
+import dns.message, dns.query, dns.rcode
+server = sys.argv[1]
+out = {}
+def ask(name, rdtype, tcp=False):
+    q = dns.message.make_query(name, rdtype)
+    r = (dns.query.tcp if tcp else dns.query.udp)(q, server, timeout=3)
+    return dns.rcode.to_text(r.rcode()), sorted(rr.to_text() for rrset in r.answer for rr in rrset)
+out["udp_a"] = ask("api.test", "A")
+out["tcp_a"] = ask("api.test", "A", tcp=True)
+out["txt"] = ask("api.test", "TXT")
+out["denied_txt"] = ask("open.test", "TXT")
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+s.sendto(b"\\x12\\x34" + b"\\xff" * 20, (server, 53))
+reply = s.recv(512)
+out["garbage"] = [struct.unpack("!H", reply[:2])[0], reply[3] & 0x0F]
+s.sendto(dns.message.make_query("api.test", "A").to_wire() + b"\\x00" * 600, (server, 53))
+reply = s.recv(512)
+out["oversize"] = reply[3] & 0x0F
+print(json.dumps(out))
+"""
+
+
+def test_the_dns_listener_answers_only_what_it_should(lab: Lab) -> None:
+    import sys
+
+    lab.dns.reset()
+    result = lab.g1.exec(sys.executable, "-c", DNS_PROBE, lab.g1.host_addr)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["udp_a"] == ["NOERROR", [lab.up.addr]]
+    assert out["tcp_a"] == ["NOERROR", [lab.up.addr]], "DNS over TCP is answered too"
+    assert out["txt"] == ["NOERROR", []], "other record types get no data, nothing is forwarded"
+    assert out["denied_txt"] == ["NXDOMAIN", []]
+    assert out["garbage"] == [0x1234, 1], "a malformed query gets FORMERR"
+    assert out["oversize"] == 1
+    assert {q.rdtype for q in lab.dns.queries} <= {"A", "AAAA"}, "only A/AAAA ever reach the upstream resolver"
