@@ -1,0 +1,291 @@
+"""`Broker`: the one object the gateway's addon talks to.
+
+    broker = Broker(placeholder_key=key)            # env:, file:, cmd: sources; httpx for token endpoints
+    broker.configure(tenants)                       # on every policy (re)load
+    decision = await broker.decide(tenant, sandbox, request)
+    BrokerDenial → 403 with decision.reason; BrokerAllow → apply decision.mutations, feed
+    decision.body_guard a streamed body, and run the response through broker.scrubber(...)
+
+Secrets are fetched for each request that needs them (each source decides what it caches:
+a file is re-read when it changes, a command's output is kept for its TTL, tokens until
+shortly before they expire), so a rotated secret is used by the next request. A secret that
+cannot be had denies the request with `internal_error`; the placeholder is never forwarded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import structlog
+
+from .binding import CompiledCredential, CompiledTenant, TenantCredentials, compile_tenant
+from .errors import BrokerConfigError, SecretUnavailable
+from .github_app import GitHubAppProvider
+from .guard import RequestBodyGuard
+from .httpclient import AsyncHttpClient, HttpxClient
+from .injectors import build_mutations
+from .material import Material
+from .models import AwsSigV4Inject, BasicInject, GitHubAppInject, OAuth2Inject
+from .oauth2 import OAuth2Provider
+from .outcome import BrokerAllow, BrokerDecision, BrokerDenial, DenialCause
+from .placeholders import PlaceholderIndex, PlaceholderMinter, PlaceholderOwner
+from .planner import Plan, plan_request
+from .request import BrokerRequest
+from .scrub import MIN_SCRUB_BYTES, Scrubber
+from .secret import Secret
+from .sources import SecretRegistry, default_registry
+
+__all__ = ["Broker"]
+
+log = structlog.get_logger("sandgate.brokers")
+
+_Provider = OAuth2Provider | GitHubAppProvider
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """Everything `configure` builds, swapped in as one value."""
+
+    tenants: Mapping[str, CompiledTenant]
+    index: PlaceholderIndex
+
+
+@dataclass(slots=True)
+class _Known:
+    """The secret values last resolved for one credential, and the ones before (still scrubbed)."""
+
+    current: tuple[Secret, ...]
+    previous: tuple[Secret, ...] = ()
+
+
+class Broker:
+    """Placeholders, injection decisions and response scrubbers for every tenant of one gateway."""
+
+    def __init__(
+        self,
+        *,
+        placeholder_key: Secret,
+        secrets: SecretRegistry | None = None,
+        http: AsyncHttpClient | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._minter = PlaceholderMinter(placeholder_key)
+        self._secrets = secrets if secrets is not None else default_registry()
+        self._http: AsyncHttpClient = http if http is not None else HttpxClient()
+        self._owns_http = http is None
+        self._clock = clock
+        self._state = _State({}, PlaceholderIndex(self._minter))
+        self._providers: dict[tuple[str, str], tuple[object, _Provider]] = {}
+        self._known: dict[tuple[str, str], _Known] = {}
+        self._versions: dict[str, int] = {}
+        self._scrubbers: dict[tuple[str, str], tuple[int, Scrubber]] = {}
+
+    # --- configuration -------------------------------------------------------------
+
+    def configure(self, tenants: Iterable[TenantCredentials]) -> None:
+        """Put tenants' credentials in force, all at once; on BrokerConfigError the old ones stay."""
+        compiled: dict[str, CompiledTenant] = {}
+        owners: list[PlaceholderOwner] = []
+        for entry in tenants:
+            if entry.tenant in compiled:
+                raise BrokerConfigError(f"tenant {entry.tenant} is configured twice")
+            table = compile_tenant(entry)
+            for cred in table.by_name.values():
+                for ref in _refs(cred):
+                    if not self._secrets.supports(ref):
+                        scheme = ref.split(":")[0]
+                        raise BrokerConfigError(
+                            f"tenant {entry.tenant}: credential {cred.name}: no secret source for '{scheme}:'"
+                        )
+            compiled[entry.tenant] = table
+            owners.extend(
+                PlaceholderOwner(entry.tenant, sandbox, name)
+                for sandbox in table.sandboxes
+                for name in table.by_name
+            )
+        self._state = _State(compiled, PlaceholderIndex(self._minter, owners))
+        live = {(t, n) for t, table in compiled.items() for n in table.by_name}
+        self._providers = {k: v for k, v in self._providers.items() if k in live}
+        self._known = {k: v for k, v in self._known.items() if k in live}
+        self._scrubbers.clear()
+        for tenant in compiled:
+            self._bump(tenant)
+
+    def placeholder(self, tenant: str, sandbox: str, credential: str) -> str | None:
+        """The placeholder a sandbox holds for one credential."""
+        return self._state.index.placeholder(tenant, sandbox, credential)
+
+    def placeholders(self, tenant: str, sandbox: str) -> Mapping[str, str]:
+        """Credential name → placeholder for one sandbox (to put in its environment)."""
+        return self._state.index.for_sandbox(tenant, sandbox)
+
+    # --- requests ------------------------------------------------------------------
+
+    async def decide(self, tenant: str, sandbox: str, request: BrokerRequest) -> BrokerDecision:
+        """Decide one request that policy already allowed (see `planner` for the order)."""
+        state = self._state
+        table = state.tenants.get(tenant) or CompiledTenant(tenant, (sandbox,), {}, ())
+        plan = plan_request(table, state.index, sandbox, request)
+        if isinstance(plan, BrokerDenial):
+            return plan
+        guard = RequestBodyGuard(table, state.index, sandbox, request) if plan.stream else None
+        if not plan.credentials:
+            return BrokerAllow(body_guard=guard)
+        materials = await self._materials(tenant, sandbox, plan)
+        if isinstance(materials, BrokerDenial):
+            return materials
+        mutations = build_mutations(plan, materials, request, datetime.fromtimestamp(self._clock(), UTC))
+        if isinstance(mutations, BrokerDenial):
+            return mutations
+        return BrokerAllow(
+            mutations=mutations,
+            credentials=tuple(c.name for c in plan.credentials),
+            injectors=tuple(c.kind for c in plan.credentials),
+            body_guard=guard,
+        )
+
+    async def _materials(self, tenant: str, sandbox: str, plan: Plan) -> dict[str, Material] | BrokerDenial:
+        out: dict[str, Material] = {}
+        for cred in plan.credentials:
+            try:
+                material = await self._material(tenant, cred)
+                self._remember(tenant, cred.name, material.scrub)
+            except SecretUnavailable as e:
+                log.warning(
+                    "broker.secret_unavailable",
+                    tenant=tenant,
+                    sandbox=sandbox,
+                    credential=cred.name,
+                    error=str(e),
+                )
+                return BrokerDenial(DenialCause.SECRET_UNAVAILABLE, (cred.name,), detail=str(e))
+            out[cred.name] = material
+        return out
+
+    async def _material(self, tenant: str, cred: CompiledCredential) -> Material:
+        inject = cred.credential.inject
+        if isinstance(inject, OAuth2Inject | GitHubAppInject):
+            return await self._provider(tenant, cred).material()
+        assert cred.credential.secret is not None
+        secret = await self._secrets.get(cred.ref(cred.credential.secret))
+        if isinstance(inject, BasicInject):
+            username = inject.basic.username
+            if username is None:
+                user, colon, password = secret.reveal().partition(":")
+                if not colon or not user or not password:
+                    raise SecretUnavailable(f"credential {cred.name}: the secret must hold 'user:password'")
+                username, secret = user, Secret(password)
+            return Material(secret=secret, username=username, scrub=(secret,))
+        if isinstance(inject, AwsSigV4Inject):
+            return await self._aws_material(cred, inject, secret)
+        return Material(secret=secret, scrub=(secret,))
+
+    async def _aws_material(
+        self, cred: CompiledCredential, inject: AwsSigV4Inject, secret: Secret
+    ) -> Material:
+        spec = inject.aws_sigv4
+        if spec.access_key_id is not None:
+            key_id = Secret(spec.access_key_id)
+        elif spec.access_key_id_ref is not None:
+            key_id = await self._secrets.get(cred.ref(spec.access_key_id_ref))
+        else:
+            key_text, colon, secret_text = secret.reveal().partition(":")
+            if not colon or not key_text or not secret_text:
+                raise SecretUnavailable(
+                    f"credential {cred.name}: the secret must hold 'ACCESS_KEY_ID:SECRET_KEY'"
+                )
+            key_id, secret = Secret(key_text), Secret(secret_text)
+        token = await self._secrets.get(cred.ref(spec.session_token_ref)) if spec.session_token_ref else None
+        scrub = tuple(s for s in (secret, key_id, token) if s is not None)
+        return Material(secret=secret, access_key_id=key_id, session_token=token, scrub=scrub)
+
+    def _provider(self, tenant: str, cred: CompiledCredential) -> _Provider:
+        inject = cred.credential.inject
+        key = (tenant, cred.name)
+        cached = self._providers.get(key)
+        if cached is not None and cached[0] == inject:
+            return cached[1]
+        provider: _Provider
+        if isinstance(inject, OAuth2Inject):
+            provider = OAuth2Provider(
+                inject.oauth2, secrets=self._secrets, http=self._http, clock=self._clock, resolve_ref=cred.ref
+            )
+        else:
+            assert isinstance(inject, GitHubAppInject)
+            provider = GitHubAppProvider(
+                inject.github_app,
+                secrets=self._secrets,
+                http=self._http,
+                clock=self._clock,
+                resolve_ref=cred.ref,
+            )
+        self._providers[key] = (inject, provider)
+        return provider
+
+    # --- responses -----------------------------------------------------------------
+
+    def _remember(self, tenant: str, credential: str, values: tuple[Secret, ...]) -> None:
+        """Record the values a credential resolved to (for scrubbing); refuse ones too short to scrub."""
+        for value in values:
+            if len(value.reveal_bytes()) < MIN_SCRUB_BYTES:
+                raise SecretUnavailable(
+                    f"credential {credential}: a secret value is shorter than {MIN_SCRUB_BYTES} bytes"
+                )
+        key = (tenant, credential)
+        known = self._known.get(key)
+        if (
+            known is not None
+            and len(known.current) == len(values)
+            and all(a == b for a, b in zip(known.current, values, strict=True))
+        ):
+            return
+        previous = known.current if known is not None else ()
+        self._known[key] = _Known(values, previous)
+        self._bump(tenant)
+
+    def _bump(self, tenant: str) -> None:
+        self._versions[tenant] = self._versions.get(tenant, 0) + 1
+
+    def scrubber(self, tenant: str, sandbox: str) -> Scrubber:
+        """The response scrubber of one sandbox: its tenant's known secret values → its placeholders.
+
+        Covers every value resolved since start-up for the tenant's credentials, the current
+        and the one before each rotation. Rebuilt only when those values change.
+        """
+        version = self._versions.get(tenant, 0)
+        cached = self._scrubbers.get((tenant, sandbox))
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        pairs: list[tuple[Secret, str]] = []
+        for (owner, credential), known in self._known.items():
+            if owner != tenant:
+                continue
+            placeholder = self.placeholder(tenant, sandbox, credential)
+            if placeholder is None:
+                continue
+            pairs.extend((value, placeholder) for value in (*known.current, *known.previous))
+        scrubber = Scrubber(pairs)
+        self._scrubbers[(tenant, sandbox)] = (version, scrubber)
+        return scrubber
+
+    async def aclose(self) -> None:
+        """Close the HTTP client the broker created."""
+        if self._owns_http and isinstance(self._http, HttpxClient):
+            await self._http.aclose()
+
+
+def _refs(cred: CompiledCredential) -> list[str]:
+    """Every secret reference a credential names."""
+    c = cred.credential
+    inject = c.inject
+    refs = [c.secret] if c.secret is not None else []
+    if isinstance(inject, AwsSigV4Inject):
+        refs += [r for r in (inject.aws_sigv4.access_key_id_ref, inject.aws_sigv4.session_token_ref) if r]
+    elif isinstance(inject, OAuth2Inject):
+        refs += [r for r in (inject.oauth2.client_secret, inject.oauth2.refresh_token) if r]
+    elif isinstance(inject, GitHubAppInject):
+        refs.append(inject.github_app.private_key)
+    return refs

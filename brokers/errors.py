@@ -1,0 +1,44 @@
+"""Faults of the credential broker. A denial is not an exception; these are.
+
+SandgateError
+ └── BrokerError
+      ├── BrokerConfigError        credentials that cannot be put in force (conflict, unknown source)
+      │    └── SecretReferenceError a secret reference that cannot be parsed (`env:`, `file:`, `cmd:` ...)
+      └── SecretUnavailable        a secret cannot be had right now (missing, unreadable, command failed)
+           └── TokenEndpointError  an OAuth2 or GitHub token endpoint failed or refused
+
+No message ever contains a secret value, a token, or the output of a secret command.
+"""
+
+from __future__ import annotations
+
+from sandgate.policy.errors import SandgateError
+
+__all__ = [
+    "BrokerConfigError",
+    "BrokerError",
+    "SandgateError",
+    "SecretReferenceError",
+    "SecretUnavailable",
+    "TokenEndpointError",
+]
+
+
+class BrokerError(SandgateError):
+    """A fault in secret handling or credential injection."""
+
+
+class BrokerConfigError(BrokerError):
+    """Credentials that cannot be put in force as written."""
+
+
+class SecretReferenceError(BrokerConfigError, ValueError):
+    """A secret reference that cannot be parsed or whose scheme no source handles."""
+
+
+class SecretUnavailable(BrokerError):
+    """A secret that cannot be had right now; the request that needs it is denied (fail closed)."""
+
+
+class TokenEndpointError(SecretUnavailable):
+    """A token endpoint (OAuth2, GitHub App) failed, refused, or answered something unusable."""

@@ -1,0 +1,92 @@
+"""What the broker decides for one request: a denial, or the mutations to apply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
+
+from sandgate.policy.reasons import Reason
+
+from .request import Mutation
+
+if TYPE_CHECKING:
+    from .guard import RequestBodyGuard
+
+__all__ = ["BrokerAllow", "BrokerDecision", "BrokerDenial", "DenialCause"]
+
+
+class DenialCause(StrEnum):
+    """Why the broker denied, finer than the reason code (audited as `detail`)."""
+
+    FOREIGN_PLACEHOLDER = "foreign_placeholder"  # another sandbox's or tenant's placeholder
+    UNBOUND_HOST = "unbound_host"
+    UNBOUND_PORT = "unbound_port"
+    UNBOUND_SCHEME = "unbound_scheme"  # plain http to a credential without `plaintext: true`
+    UNBOUND_METHOD = "unbound_method"
+    UNBOUND_PATH = "unbound_path"
+    MISPLACED = "misplaced"  # bound destination, but not where the injector puts the secret
+    CONFLICT = "conflict"  # two credentials would set the same header, parameter or signature
+    BODY_TOO_LARGE = "body_too_large"
+    UNSIGNABLE = "unsignable"  # a SigV4 payload mode the gateway cannot re-sign (signed chunks)
+    SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 (a cause, not a password)
+
+    @property
+    def reason(self) -> Reason:
+        """The reason code this cause is reported under."""
+        return _REASONS.get(self, Reason.CREDENTIAL_HOST_MISMATCH)
+
+
+_REASONS = {
+    DenialCause.CONFLICT: Reason.INVALID_REQUEST,
+    DenialCause.UNSIGNABLE: Reason.INVALID_REQUEST,
+    DenialCause.BODY_TOO_LARGE: Reason.BODY_TOO_LARGE,
+    DenialCause.SECRET_UNAVAILABLE: Reason.INTERNAL_ERROR,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDenial:
+    """Deny the request. Names and places only, never a value.
+
+    `credentials`: this tenant's credential names involved; `where`: places in the request
+    (`header:authorization`, `query:key`, `body`, `body:encoded`, `path`, `host`);
+    `foreign`: a placeholder of another sandbox or tenant was seen, whose owners
+    (`tenant/sandbox`, or `unknown` for a genuine placeholder of a sandbox this gateway does
+    not know) are in `foreign_owners` for the operator's log, not for the guest.
+    """
+
+    cause: DenialCause
+    credentials: tuple[str, ...] = ()
+    where: tuple[str, ...] = ()
+    foreign: bool = False
+    foreign_owners: tuple[str, ...] = ()
+    detail: str = ""
+    allowed: Literal[False] = False
+
+    @property
+    def reason(self) -> Reason:
+        return self.cause.reason
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAllow:
+    """Forward the request after applying `mutations` in order.
+
+    `credentials` and `injectors` (kinds) are for the audit record. When the request body
+    is streamed, `body_guard` must see every chunk before it is forwarded.
+    """
+
+    mutations: tuple[Mutation, ...] = ()
+    credentials: tuple[str, ...] = ()
+    injectors: tuple[str, ...] = ()
+    body_guard: RequestBodyGuard | None = None
+    allowed: Literal[True] = True
+
+    @property
+    def injected(self) -> bool:
+        """Whether a credential was injected (the response must then be scrubbed)."""
+        return bool(self.credentials)
+
+
+BrokerDecision = BrokerAllow | BrokerDenial

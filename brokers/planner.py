@@ -1,0 +1,181 @@
+"""The broker's pure decision: which placeholders a request carries, and which credentials to inject.
+
+Evaluation order (the first step that denies wins):
+
+1. Scan the host, path, query, every header and the buffered body for placeholders
+   (raw, any case, percent-encoded, JSON-escaped, base64; see `scan`).
+2. A placeholder of another sandbox or tenant (or a genuine one whose owner this gateway
+   does not know) → `credential_host_mismatch`, foreign.
+3. A placeholder of this sandbox whose credential is not bound to this destination
+   (host, port, scheme, method, path prefix) → `credential_host_mismatch`.
+4. A placeholder of a bound credential in a place its injector does not replace (a header
+   credential's placeholder in the body, a query credential's in a header, an encoded one
+   in a body credential's body) → `credential_host_mismatch`, cause `misplaced`. Replacing
+   it there instead would put the secret where the operator did not bind it (and where an
+   echoing or storing API could hand it back in a form the scrubber cannot recognise);
+   forwarding it would forward a placeholder. So the request is denied.
+5. A body credential's placeholder in a body larger than its `max_bytes` → `body_too_large`.
+6. The credentials to inject: those whose placeholder was seen, plus `apply: always` ones
+   bound to the destination. Two that set the same header or parameter, or two signers
+   → `invalid_request`, cause `conflict`.
+
+A streamed body (not buffered) is checked chunk by chunk by a `RequestBodyGuard`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .binding import CompiledCredential, CompiledTenant, request_path
+from .models import AwsSigV4Inject, BodyInject, QueryInject
+from .outcome import BrokerDenial, DenialCause
+from .placeholders import PlaceholderIndex, PlaceholderOwner
+from .request import BrokerRequest
+from .scan import Hit, Where, scan_request
+
+__all__ = ["Plan", "classify", "plan_request"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Credentials to inject, in order, and the raw body spans a body credential replaces."""
+
+    credentials: tuple[CompiledCredential, ...]
+    body_spans: tuple[tuple[int, int, str], ...] = ()
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Classified:
+    foreign: tuple[str, ...]
+    own: dict[str, list[Where]]
+
+
+def _owner_text(owner: PlaceholderOwner | None) -> str:
+    return "unknown" if owner is None else f"{owner.tenant}/{owner.sandbox}"
+
+
+def classify(
+    hits: list[Hit], index: PlaceholderIndex, table: CompiledTenant, sandbox: str
+) -> tuple[BrokerDenial | None, dict[str, list[Where]]]:
+    """Split hits into this sandbox's (by credential) and foreign ones; deny on any foreign one."""
+    foreign_owners: list[str] = []
+    foreign_names: list[str] = []
+    where: list[str] = []
+    own: dict[str, list[Where]] = {}
+    for hit in hits:
+        owner = index.owner(hit.placeholder)
+        if owner is None:
+            if index.minter.is_genuine(hit.placeholder):
+                foreign_owners.append(_owner_text(None))
+                where.append(str(hit.where))
+            continue  # A look-alike that no gateway of this fleet minted: not a credential.
+        if owner.tenant != table.tenant or owner.sandbox != sandbox or owner.credential not in table.by_name:
+            foreign_owners.append(_owner_text(owner))
+            if owner.tenant == table.tenant:
+                foreign_names.append(owner.credential)
+            where.append(str(hit.where))
+            continue
+        own.setdefault(owner.credential, []).append(hit.where)
+    if foreign_owners:
+        return (
+            BrokerDenial(
+                DenialCause.FOREIGN_PLACEHOLDER,
+                credentials=tuple(dict.fromkeys(foreign_names)),
+                where=tuple(dict.fromkeys(where)),
+                foreign=True,
+                foreign_owners=tuple(dict.fromkeys(foreign_owners)),
+            ),
+            own,
+        )
+    return None, own
+
+
+def _unbound(
+    own: dict[str, list[Where]], table: CompiledTenant, request: BrokerRequest, path: str | None
+) -> BrokerDenial | None:
+    causes: dict[str, DenialCause] = {}
+    for name in own:
+        cause = table.by_name[name].binding_failure(request, path)
+        if cause is not None:
+            causes[name] = cause
+    if not causes:
+        return None
+    names = tuple(causes)
+    return BrokerDenial(
+        causes[names[0]],
+        credentials=names,
+        where=tuple(dict.fromkeys(str(w) for n in names for w in own[n])),
+    )
+
+
+def _misplaced(own: dict[str, list[Where]], table: CompiledTenant) -> BrokerDenial | None:
+    names: list[str] = []
+    where: list[str] = []
+    for name, places in own.items():
+        cred = table.by_name[name]
+        stray = [w for w in places if not cred.consumes(w)]
+        if stray:
+            names.append(name)
+            where.extend(str(w) for w in stray)
+    if not names:
+        return None
+    return BrokerDenial(DenialCause.MISPLACED, credentials=tuple(names), where=tuple(dict.fromkeys(where)))
+
+
+def _conflict(creds: list[CompiledCredential]) -> BrokerDenial | None:
+    seen_headers: dict[str, str] = {}
+    seen_params: dict[str, str] = {}
+    signers: list[str] = []
+    for cred in creds:
+        inject = cred.credential.inject
+        for header in cred.managed_headers:
+            if header in seen_headers:
+                return BrokerDenial(
+                    DenialCause.CONFLICT, (seen_headers[header], cred.name), (f"header:{header}",)
+                )
+            seen_headers[header] = cred.name
+        if isinstance(inject, QueryInject):
+            if inject.query in seen_params:
+                return BrokerDenial(
+                    DenialCause.CONFLICT, (seen_params[inject.query], cred.name), (f"query:{inject.query}",)
+                )
+            seen_params[inject.query] = cred.name
+        if isinstance(inject, AwsSigV4Inject):
+            signers.append(cred.name)
+    if len(signers) > 1:
+        return BrokerDenial(DenialCause.CONFLICT, tuple(signers), ("header:authorization",))
+    return None
+
+
+def plan_request(
+    table: CompiledTenant, index: PlaceholderIndex, sandbox: str, request: BrokerRequest
+) -> Plan | BrokerDenial:
+    """Decide, without secrets, what to do with one request of `sandbox` (see the module docstring)."""
+    hits, body = scan_request(request)
+    denial, own = classify(hits, index, table, sandbox)
+    if denial is not None:
+        return denial
+    path = request_path(request)
+    denial = _unbound(own, table, request, path) or _misplaced(own, table)
+    if denial is not None:
+        return denial
+    spans: list[tuple[int, int, str]] = []
+    if body is not None:
+        for start, end, placeholder in body.raw:
+            owner = index.owner(placeholder)
+            assert owner is not None  # classify() accepted it as this sandbox's own.
+            cred = table.by_name[owner.credential]
+            inject = cred.credential.inject
+            assert isinstance(inject, BodyInject)  # _misplaced() refused raw body hits of other kinds.
+            if request.body is not None and len(request.body) > inject.max_bytes:
+                return BrokerDenial(DenialCause.BODY_TOO_LARGE, (cred.name,), ("body",))
+            spans.append((start, end, cred.name))
+    creds = [table.by_name[name] for name in own]
+    for cred in table.always:
+        if cred.name not in own and cred.binding_failure(request, path) is None:
+            creds.append(cred)
+    denial = _conflict(creds)
+    if denial is not None:
+        return denial
+    return Plan(tuple(creds), tuple(spans), stream=request.body is None)

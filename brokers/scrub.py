@@ -1,0 +1,182 @@
+"""Response scrubbing: every real secret value, and its common encodings, becomes the placeholder.
+
+Forms of each secret that are replaced: the raw bytes; base64 (standard and URL-safe) at
+each of the three byte alignments (only the characters that depend on the secret alone, so
+`Basic base64(user:secret)` is caught too; the replacement is the placeholder's base64 at the
+same alignment); percent-encoded (upper- and lower-case hex, `+` for space); JSON-escaped
+(`\\/`, `\\uXXXX`). All forms of all secrets go into one Aho-Corasick automaton
+(leftmost-longest), built once per set of secrets.
+
+A stream keeps a tail of `max_form_length - 1` bytes between chunks, so a form split
+across chunks is still replaced, and memory stays one chunk plus that tail.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Sequence
+from urllib.parse import quote, quote_plus
+
+import ahocorasick_rs
+
+from .secret import Secret
+
+__all__ = ["MIN_SCRUB_BYTES", "Scrubber", "StreamScrubber", "secret_forms"]
+
+# Shorter values cannot be replaced without mangling unrelated response text.
+MIN_SCRUB_BYTES = 8
+
+
+def _b64_core(data: bytes, align: int) -> bytes:
+    """The base64 characters that depend only on `data` when it starts `align` bytes into a group."""
+    encoded = base64.b64encode(b"\0" * align + data + b"\0\0")
+    return encoded[-(-8 * align // 6) : (8 * align + 8 * len(data)) // 6]
+
+
+def _json_forms(text: str) -> set[str]:
+    plain = json.dumps(text, ensure_ascii=False)[1:-1]
+    ascii_only = json.dumps(text, ensure_ascii=True)[1:-1]
+    return {plain, ascii_only, plain.replace("/", "\\/"), ascii_only.replace("/", "\\/")}
+
+
+def secret_forms(value: bytes, placeholder: bytes) -> dict[bytes, bytes]:
+    """Each encoded form of `value` → the same form of `placeholder`."""
+    forms: dict[bytes, bytes] = {value: placeholder}
+    for align in range(3):
+        std = _b64_core(value, align)
+        replacement = _b64_core(placeholder, align)
+        forms.setdefault(std, replacement)
+        forms.setdefault(
+            std.replace(b"+", b"-").replace(b"/", b"_"), replacement.replace(b"+", b"-").replace(b"/", b"_")
+        )
+    quoted = quote(value, safe="")
+    for form in (
+        quoted,
+        _lower_hex(quoted),
+        quote_plus(value, safe=""),
+        _lower_hex(quote_plus(value, safe="")),
+    ):
+        forms.setdefault(form.encode("ascii"), placeholder)
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        for form_text in _json_forms(text):
+            forms.setdefault(form_text.encode("utf-8"), placeholder)
+    return {k: v for k, v in forms.items() if len(k) >= MIN_SCRUB_BYTES}
+
+
+def _lower_hex(quoted: str) -> str:
+    parts = quoted.split("%")
+    return parts[0] + "".join("%" + p[:2].lower() + p[2:] for p in parts[1:])
+
+
+class Scrubber:
+    """Replaces secrets by placeholders in whole values (`scrub`, `scrub_text`) or streams (`stream`).
+
+    Built from (secret, placeholder) pairs; secrets shorter than MIN_SCRUB_BYTES are refused
+    by the broker before they get here and skipped if they do.
+    """
+
+    __slots__ = ("_automaton", "_patterns", "_replacements", "max_form_length")
+
+    def __init__(self, pairs: Iterable[tuple[Secret, str]]) -> None:
+        table: dict[bytes, bytes] = {}
+        for secret, placeholder in pairs:
+            value = secret.reveal_bytes()
+            if len(value) < MIN_SCRUB_BYTES:
+                continue
+            for form, replacement in secret_forms(value, placeholder.encode("ascii")).items():
+                table.setdefault(form, replacement)
+        self._patterns: Sequence[bytes] = list(table)
+        self._replacements: Sequence[bytes] = [table[p] for p in self._patterns]
+        self.max_form_length = max((len(p) for p in self._patterns), default=0)
+        self._automaton = (
+            ahocorasick_rs.BytesAhoCorasick(
+                self._patterns,
+                matchkind=ahocorasick_rs.MatchKind.LeftmostLongest,
+                implementation=ahocorasick_rs.Implementation.DFA,
+            )
+            if self._patterns
+            else None
+        )
+
+    def __repr__(self) -> str:
+        return f"Scrubber(<{len(self._patterns)} forms>)"
+
+    @property
+    def empty(self) -> bool:
+        """Whether there is nothing to scrub (no secret known yet)."""
+        return self._automaton is None
+
+    def scrub(self, data: bytes) -> bytes:
+        """`data` with every secret form replaced."""
+        out, rest = self._scrub_until(data, len(data))
+        return out + rest
+
+    def scrub_text(self, text: str) -> str:
+        """A header value (or any text) with every secret form replaced."""
+        if self._automaton is None:
+            return text
+        data = text.encode("utf-8", "surrogateescape")
+        return self.scrub(data).decode("utf-8", "surrogateescape")
+
+    def scrub_headers(self, headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Header pairs with every secret form replaced in names and values."""
+        return [(self.scrub_text(k), self.scrub_text(v)) for k, v in headers]
+
+    def stream(self) -> StreamScrubber:
+        """A scrubber for one streamed body."""
+        return StreamScrubber(self)
+
+    def _scrub_until(self, data: bytes, boundary: int) -> tuple[bytes, bytes]:
+        """Scrub matches starting before `boundary`; return (output, unprocessed tail)."""
+        automaton = self._automaton
+        if automaton is None:
+            return data[:boundary], data[boundary:]
+        matches = automaton.find_matches_as_indexes(data)
+        if not matches:
+            return data[:boundary], data[boundary:]
+        pieces: list[bytes] = []
+        pos = 0
+        for index, start, end in matches:
+            if start >= boundary:
+                break
+            pieces.append(data[pos:start])
+            pieces.append(self._replacements[index])
+            pos = end
+        cut = max(pos, boundary)
+        pieces.append(data[pos:cut])
+        return b"".join(pieces), data[cut:]
+
+
+class StreamScrubber:
+    """Scrubs one body chunk by chunk; `feed` returns what is safe to send, `flush` the rest.
+
+    Usable as a mitmproxy stream callable: called with b"" at the end, it flushes.
+    """
+
+    __slots__ = ("_keep", "_scrubber", "_tail")
+
+    def __init__(self, scrubber: Scrubber) -> None:
+        self._scrubber = scrubber
+        self._keep = max(scrubber.max_form_length - 1, 0)
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Scrub a chunk; up to max_form_length-1 bytes are held back until the next one."""
+        if self._scrubber.empty:
+            return chunk
+        data = self._tail + chunk if self._tail else chunk
+        out, self._tail = self._scrubber._scrub_until(data, max(len(data) - self._keep, 0))
+        return out
+
+    def flush(self) -> bytes:
+        """The held-back tail, scrubbed."""
+        data, self._tail = self._tail, b""
+        return self._scrubber.scrub(data) if data else b""
+
+    def __call__(self, chunk: bytes) -> bytes:
+        return self.feed(chunk) if chunk else self.flush()
