@@ -77,7 +77,10 @@ class JsonServer:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name=type(self).__name__, daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.02},
+            name=type(self).__name__,
+            daemon=True,
         )
         self._thread.start()
         return self
