@@ -76,7 +76,8 @@ def _prefix_cores() -> list[bytes]:
     return sorted(cores)
 
 
-_B64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{%d,}" % _min_b64_run())
+_MIN_RUN = _min_b64_run()
+_B64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{%d,}" % _MIN_RUN)
 _B64_PREFILTER = ahocorasick_rs.BytesAhoCorasick(
     _prefix_cores(), implementation=ahocorasick_rs.Implementation.DFA
 )
@@ -161,6 +162,8 @@ def _decoded_variants(data: bytes) -> list[bytes]:
 
 def _base64_hits(data: bytes) -> set[str]:
     """Placeholders inside base64 runs of `data`, at any of the four alignments."""
+    if len(data) < _MIN_RUN:
+        return set()
     if b"\n" in data:
         data = data.replace(b"\r", b"").replace(b"\n", b"")
     if not _B64_PREFILTER.find_matches_as_indexes(data):
@@ -181,19 +184,32 @@ def _base64_hits(data: bytes) -> set[str]:
     return found
 
 
+_PREFIX_BYTES = PLACEHOLDER_PREFIX.encode("ascii")
+_NOTHING = BodyScan((), frozenset())
+_NONE: frozenset[str] = frozenset()
+
+
 def scan_body(data: bytes) -> BodyScan:
     """Every placeholder in `data`: raw spans (for replacement) and those present only in an encoded form."""
-    raw = tuple(
-        (m.start(), m.end(), m.group().decode("ascii")) for m in PLACEHOLDER_PATTERN.finditer(data.lower())
-    )
-    raw_counts = Counter(p for _, _, p in raw)
+    if len(data) < _MIN_RUN and b"%" not in data and b"\\" not in data and _PREFIX_BYTES not in data.lower():
+        return _NOTHING  # The common short header value: too short for base64, nothing to decode.
+    lowered = data.lower()
+    raw: tuple[tuple[int, int, str], ...] = ()
+    if _PREFIX_BYTES in lowered:
+        raw = tuple(
+            (m.start(), m.end(), m.group().decode("ascii")) for m in PLACEHOLDER_PATTERN.finditer(lowered)
+        )
     encoded: set[str] = set()
     variants = _decoded_variants(data)
-    for variant in variants:
-        counts = Counter(p.decode("ascii") for p in PLACEHOLDER_PATTERN.findall(variant.lower()))
-        encoded.update(p for p, n in counts.items() if n > raw_counts.get(p, 0))
+    if variants:
+        raw_counts = Counter(p for _, _, p in raw)
+        for variant in variants:
+            counts = Counter(p.decode("ascii") for p in PLACEHOLDER_PATTERN.findall(variant.lower()))
+            encoded.update(p for p, n in counts.items() if n > raw_counts.get(p, 0))
     for variant in (data, *variants):
         encoded |= _base64_hits(variant)
+    if not raw and not encoded:
+        return _NOTHING
     return BodyScan(raw, frozenset(encoded))
 
 
@@ -201,7 +217,8 @@ def find_placeholders(data: bytes | str) -> frozenset[str]:
     """Every placeholder in `data`, raw or encoded, lower case."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogateescape")
-    return scan_body(data).placeholders
+    scan = scan_body(data)
+    return _NONE if scan is _NOTHING else scan.placeholders
 
 
 def _query_hits(query: str) -> list[Hit]:
