@@ -123,6 +123,12 @@ class TransparentConfig(_Strict):
     binding_max_ttl: Annotated[float, Field(ge=0)] = 3600.0
 
 
+class HostRulesConfig(_Strict):
+    """The nftables table `sandgate sandbox add` owns (one per gateway state directory)."""
+
+    table: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")] = "sandgate"
+
+
 class LogConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "console"
@@ -141,6 +147,7 @@ class GatewayConfig(_Strict):
         default=None, description="the guests' DNS listener (off when unset)"
     )
     transparent: TransparentConfig = Field(default_factory=TransparentConfig)
+    host_rules: HostRulesConfig = Field(default_factory=HostRulesConfig)
     rules_dir: str = "rules"
     state_dir: str = "~/.sandgate"
     resolver: ResolverConfig = Field(default_factory=ResolverConfig)

@@ -52,6 +52,12 @@ class Gate:
         dctx = self._context(flow, Phase.CONNECT)
         try:
             state = self._state(flow)
+            if state.transparent:
+                # A guest behind the transparent listener does not get an explicit proxy too.
+                await self._deny_flow(
+                    flow, dctx, self._fault(Reason.PROTOCOL_NOT_ALLOWED, "CONNECT in transparent mode")
+                )
+                return
             try:
                 host = normalise_host(flow.request.host)
             except HostError as e:

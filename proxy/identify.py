@@ -63,6 +63,13 @@ class Identify:
         self.ctx.connections.pop(client.id, None)
 
     async def http_connect(self, flow: http.HTTPFlow) -> None:
+        state = self.ctx.connections.get(flow.client_conn.id)
+        if state is not None and state.transparent:
+            # Never let a credential switch a transparent connection's identity.
+            flow.request.headers.pop("Proxy-Authorization", None)
+            if state.identity is not None:
+                flow.metadata[IDENTITY_KEY] = state.identity
+            return
         await self._identify(flow)
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:

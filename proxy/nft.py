@@ -38,15 +38,17 @@ class SandboxInterface:
     address: str
 
 
-def render_ruleset(sandboxes: Iterable[SandboxInterface], transparent_port: int, dns_port: int) -> str:
-    """The complete `inet sandgate` table for these interfaces."""
+def render_ruleset(
+    sandboxes: Iterable[SandboxInterface], transparent_port: int, dns_port: int, table: str = TABLE
+) -> str:
+    """The complete `inet <table>` table for these interfaces."""
     items = sorted(set(sandboxes), key=lambda s: s.interface)
     if not items:
         return ""
     ifaces = ", ".join(f'"{s.interface}"' for s in items)
     sources = ", ".join(f'"{s.interface}" . {s.address}' for s in items)
     addrs = ", ".join(s.address for s in items)
-    return f"""table inet {TABLE} {{
+    return f"""table inet {table} {{
   set ifaces {{ type ifname; elements = {{ {ifaces} }} }}
   set sources {{ type ifname . ipv4_addr; elements = {{ {sources} }} }}
   set addrs {{ type ipv4_addr; elements = {{ {addrs} }} }}
@@ -78,19 +80,21 @@ def render_ruleset(sandboxes: Iterable[SandboxInterface], transparent_port: int,
 """
 
 
-def apply_ruleset(sandboxes: Iterable[SandboxInterface], transparent_port: int, dns_port: int) -> None:
+def apply_ruleset(
+    sandboxes: Iterable[SandboxInterface], transparent_port: int, dns_port: int, table: str = TABLE
+) -> None:
     """Replace sandgate's table in one transaction (or remove it when there is nothing to guard)."""
-    body = render_ruleset(sandboxes, transparent_port, dns_port)
+    body = render_ruleset(sandboxes, transparent_port, dns_port, table)
     if not body:
-        remove_ruleset()
+        remove_ruleset(table)
         return
     # "add" makes "delete" safe when the table does not exist yet; all three are one transaction.
-    _nft(f"add table inet {TABLE}\ndelete table inet {TABLE}\n{body}")
+    _nft(f"add table inet {table}\ndelete table inet {table}\n{body}")
 
 
-def remove_ruleset() -> None:
+def remove_ruleset(table: str = TABLE) -> None:
     """Remove sandgate's table, if present."""
-    _nft(f"add table inet {TABLE}\ndelete table inet {TABLE}\n")
+    _nft(f"add table inet {table}\ndelete table inet {table}\n")
 
 
 def set_interface_sysctls(interface: str) -> None:

@@ -76,8 +76,9 @@ def unregister(config: GatewayConfig, sandbox_id: str, *, apply_rules: bool = Tr
 
 def _apply(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> None:
     interfaces = [SandboxInterface(s.interface, s.address) for s in sandboxes if s.interface]
+    table = config.host_rules.table
     if not interfaces:
-        apply_ruleset([], 0, 0)
+        apply_ruleset([], 0, 0, table)
         return
     transparent, dns = listener_ports(config)
-    apply_ruleset(interfaces, transparent, dns)
+    apply_ruleset(interfaces, transparent, dns, table)

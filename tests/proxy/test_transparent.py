@@ -395,6 +395,7 @@ def test_jail_needs_root(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
 def test_jail_starts_a_gateway_of_its_own_when_none_runs(lab: Lab, tmp_path: Path) -> None:
     config = yaml.safe_load(lab.config.read_text())
     config["state_dir"] = str(tmp_path / "state")
+    config["host_rules"] = {"table": "sandgate_jailtest"}  # its own table: the lab's stays in force
     own = tmp_path / "sandgate.yaml"
     own.write_text(yaml.safe_dump(config))
     result = subprocess.run(
@@ -422,6 +423,9 @@ def test_jail_starts_a_gateway_of_its_own_when_none_runs(lab: Lab, tmp_path: Pat
     audit = (tmp_path / "state" / "audit" / "audit.jsonl").read_text()
     assert '"path":"/own-gateway"' in audit
     assert _leftovers()[:2] == ([], [])
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    assert "sandgate_jailtest" not in tables, "the last jail removed its table"
+    assert "inet sandgate" in tables, "and left the other gateway's table alone"
 
 
 DNS_PROBE = """
@@ -461,4 +465,25 @@ def test_the_dns_listener_answers_only_what_it_should(lab: Lab) -> None:
     assert out["denied_txt"] == ["NXDOMAIN", []]
     assert out["garbage"] == [0x1234, 1], "a malformed query gets FORMERR"
     assert out["oversize"] == 1
-    assert {q.rdtype for q in lab.dns.queries} <= {"A", "AAAA"}, "only A/AAAA ever reach the upstream resolver"
+    assert {q.rdtype for q in lab.dns.queries} <= {"A", "AAAA"}, (
+        "only A/AAAA ever reach the upstream resolver"
+    )
+
+
+def test_a_connect_through_the_transparent_listener_is_refused(lab: Lab) -> None:
+    # mitmproxy refuses CONNECT on a transparent HTTP connection before any hook (400); the
+    # Gate would refuse it too (protocol_not_allowed). Either way no tunnel is opened.
+    lab.tls.reset()
+    result = lab.curl(
+        lab.g1,
+        "-p",
+        "-x",
+        f"http://{lab.up.addr}:80",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_connect}",
+        "https://pass.test/",
+    )
+    assert result.stdout in ("400", "403")
+    assert lab.tls.connections == []
