@@ -167,7 +167,8 @@ def _sigv4(
         path=request.path,
         query=final.query,
         headers=final.headers,
-        signed_headers=names & present,
+        # host and x-amz-date always: a request without a host header is the caller's fault (raises).
+        signed_headers=(names & present) | {"host", "x-amz-date"},
         payload_hash=payload_hash,
         region=spec.region,
         service=spec.service,

@@ -312,6 +312,7 @@ Inject = Annotated[
 class Credential(_Strict):
     """One credential: where it may go (hosts, ports, paths, methods) and how it is injected.
 
+    `env` names the guest environment variable that holds the placeholder.
     `apply: placeholder` (the default) injects only into a request that carries this
     credential's placeholder in the place the injector manages; `apply: always` injects into
     every request that matches the binding. `plaintext: true` allows injection over `http://`.
@@ -326,6 +327,8 @@ class Credential(_Strict):
     methods: tuple[Method, ...] | None = Field(default=None, min_length=1)
     inject: Inject
     apply: Literal["placeholder", "always"] = "placeholder"
+    # The guest environment variable that receives this credential's placeholder (sandgate jail).
+    env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
     @property
     def kind(self) -> InjectKind:

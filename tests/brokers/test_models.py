@@ -127,6 +127,7 @@ def test_valid_credentials(fields: dict[str, Any], kind: str, managed: set[str])
         ({"inject": {"header": "A"}, "secret": None}, "needs secret"),
         ({"inject": {"body": True}, "apply": "always"}, "apply: always means nothing"),
         ({"inject": {"basic": {"username": "a:b"}}}, "may not contain ':'"),
+        ({"inject": {"header": "A"}, "env": "OPENAI API KEY"}, "String should match pattern"),
         ({"inject": {"query": "a b"}}, "String should match pattern"),
         ({"inject": {"aws_sigv4": {"region": "eu-west-1"}}}, "service"),
         (
@@ -221,6 +222,7 @@ def test_valid_credentials(fields: dict[str, Any], kind: str, managed: set[str])
         "a header credential without a secret is refused",
         "a body credential cannot apply always",
         "a basic username with a colon is refused",
+        "an env name with spaces is refused",
         "a query parameter with a space is refused",
         "sigv4 without a service is refused",
         "sigv4 with two key ids is refused",
