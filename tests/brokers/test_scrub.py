@@ -152,3 +152,9 @@ def test_a_streamed_100_mib_body_is_scrubbed_in_flat_memory(scrubber: Scrubber) 
     # A chunk in, a chunk out, the joined pieces and the tail: a few chunks, never the body.
     assert peak < 6 * chunk_size, peak
     assert elapsed < 20, elapsed
+
+
+def test_the_longest_secret_wins_where_one_contains_another() -> None:
+    short, long = "abcdefgh-0123", "abcdefgh-0123-and-more"
+    scrubber = Scrubber([(Secret(short), P), (Secret(long), Q)])
+    assert scrubber.scrub(f"{long} {short}".encode()) == f"{Q} {P}".encode()
