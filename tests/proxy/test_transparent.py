@@ -51,6 +51,10 @@ class Lab:
     pki: TestPKI
 
     @property
+    def table(self) -> str:
+        return f"sgt_{self.lab.tag}"
+
+    @property
     def audit(self) -> Path:
         return self.root / "state" / "audit" / "audit.jsonl"
 
@@ -114,6 +118,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Lab]
                 "resolver": {"hosts": {}, "nameservers": [f"{up.addr}:53"], "ipv6": False},
                 "address_guard": {"reachable_by_name": [f"10.200.{nl.subnet}.0/24"]},
                 "upstream": {"trusted_ca": str(pki.ca_file)},
+                # A table of its own: concurrent test runs on one host must not replace each other's.
+                "host_rules": {"table": f"sgt_{nl.tag}"},
             },
         )
         with (root / "gateway.log").open("wb") as log:
@@ -157,7 +163,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Lab]
             for server in (web, tls, evil_web, evil_tls, dns):
                 server.stop()
             stop_echo()
-            subprocess.run(["nft", "delete", "table", "inet", "sandgate"], capture_output=True)
+            subprocess.run(["nft", "delete", "table", "inet", f"sgt_{nl.tag}"], capture_output=True)
 
 
 def _wait_for_registry(root: Path, count: int) -> None:
@@ -319,7 +325,7 @@ def test_ipv6_from_a_guest_goes_nowhere(lab: Lab) -> None:
     sysctl = Path(f"/proc/sys/net/ipv6/conf/{lab.g1.host_if}/disable_ipv6").read_text().strip()
     assert sysctl == "1"
     ruleset = subprocess.run(
-        ["nft", "list", "table", "inet", "sandgate"], capture_output=True, text=True
+        ["nft", "list", "table", "inet", lab.table], capture_output=True, text=True
     ).stdout
     assert "meta nfproto ipv6 drop" in ruleset
 
@@ -333,17 +339,29 @@ def test_sandbox_list_shows_registrations(lab: Lab) -> None:
 # -- sandgate jail -------------------------------------------------------------------------------
 
 
-def _leftovers() -> tuple[list[str], list[str], str]:
+def _jail_resources() -> set[str]:
+    """Jail namespaces and host links that exist now."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    nft = subprocess.run(["nft", "list", "table", "inet", "sandgate"], capture_output=True, text=True).stdout
-    return (
-        [n for n in netns.split() if n.startswith("sgj-")],
-        [w for w in links.split() if w.startswith("sgjh-")],
-        nft,
-    )
+    found = {n for n in netns.split() if n.startswith("sgj-")}
+    return found | {w.split("@")[0].rstrip(":") for w in links.split() if w.startswith("sgjh-")}
 
 
+def _ruleset() -> str:
+    return subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def no_jail_left() -> Iterator[None]:
+    """After the test, no jail namespace, link or rule that it created is left behind."""
+    before = _jail_resources()
+    yield
+    left = _jail_resources() - before
+    assert left == set(), f"left behind: {left}"
+    assert not any(name in _ruleset() for name in left)
+
+
+@pytest.mark.usefixtures("no_jail_left")
 def test_jail_runs_a_command_behind_the_running_gateway(lab: Lab) -> None:
     lab.web.reset()
     result = lab.sandgate(
@@ -351,36 +369,34 @@ def test_jail_runs_a_command_behind_the_running_gateway(lab: Lab) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["path"] == "/from-jail"
-    netns, links, nft = _leftovers()
-    assert netns == [] and links == [] and "sgjh-" not in nft
     assert {e["id"] for e in json.loads(lab.sandgate("sandbox", "list", "--format", "json").stdout)} == {
         "sb1",
         "sb2",
     }
 
 
+@pytest.mark.usefixtures("no_jail_left")
 def test_jail_returns_the_command_exit_code_and_its_denials(lab: Lab) -> None:
     assert lab.sandgate("jail", "--tenant", "t1", "--", "sh", "-c", "exit 7").returncode == 7
     denied = lab.sandgate("jail", "--tenant", "t1", "--", "curl", "-sS", "-m", "5", "http://open.test/")
     assert denied.returncode == 6
-    assert _leftovers()[:2] == ([], [])
 
 
+@pytest.mark.usefixtures("no_jail_left")
 def test_jail_cleans_up_when_it_is_terminated(lab: Lab) -> None:
     proc = subprocess.Popen(
         [SANDGATE, "jail", "--config", str(lab.config), "--tenant", "t1", "--", "sleep", "60"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    before = _jail_resources()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not _leftovers()[0]:
+    while time.monotonic() < deadline and not (_jail_resources() - before):
         time.sleep(0.1)
-    assert _leftovers()[0], "the jail's namespace existed while it ran"
+    assert _jail_resources() - before, "the jail's namespace existed while it ran"
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 128 + signal.SIGTERM
-    netns, links, nft = _leftovers()
-    assert netns == [] and links == [] and "sgjh-" not in nft
 
 
 def test_jail_needs_root(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -392,10 +408,11 @@ def test_jail_needs_root(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
     assert "needs root" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("no_jail_left")
 def test_jail_starts_a_gateway_of_its_own_when_none_runs(lab: Lab, tmp_path: Path) -> None:
     config = yaml.safe_load(lab.config.read_text())
     config["state_dir"] = str(tmp_path / "state")
-    config["host_rules"] = {"table": "sandgate_jailtest"}  # its own table: the lab's stays in force
+    config["host_rules"] = {"table": f"{lab.table}_own"}  # its own table: the lab's stays in force
     own = tmp_path / "sandgate.yaml"
     own.write_text(yaml.safe_dump(config))
     result = subprocess.run(
@@ -422,10 +439,9 @@ def test_jail_starts_a_gateway_of_its_own_when_none_runs(lab: Lab, tmp_path: Pat
     assert not (tmp_path / "state" / "gateway.json").exists(), "the jail's gateway stopped with it"
     audit = (tmp_path / "state" / "audit" / "audit.jsonl").read_text()
     assert '"path":"/own-gateway"' in audit
-    assert _leftovers()[:2] == ([], [])
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    assert "sandgate_jailtest" not in tables, "the last jail removed its table"
-    assert "inet sandgate" in tables, "and left the other gateway's table alone"
+    assert f"{lab.table}_own" not in tables, "the last jail removed its table"
+    assert f"inet {lab.table}\n" in tables + "\n", "and left the other gateway's table alone"
 
 
 DNS_PROBE = """
