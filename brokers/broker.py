@@ -122,6 +122,18 @@ class Broker:
         """Credential name → placeholder for one sandbox (to put in its environment)."""
         return self._state.index.for_sandbox(tenant, sandbox)
 
+    def binds(self, tenant: str, host: str, port: int) -> bool:
+        """Whether any credential of the tenant is bound to host:port (its TLS must be intercepted)."""
+        table = self._state.tenants.get(tenant)
+        if table is None:
+            return False
+        return any(c.host_ok(host) and port in c.credential.ports for c in table.by_name.values())
+
+    def has_credentials(self, tenant: str) -> bool:
+        """Whether the tenant declares any credential."""
+        table = self._state.tenants.get(tenant)
+        return bool(table and table.by_name)
+
     # --- requests ------------------------------------------------------------------
 
     async def decide(self, tenant: str, sandbox: str, request: BrokerRequest) -> BrokerDecision:

@@ -134,6 +134,7 @@ def _compile_tenant(
         deny=RuleIndex(_compile_rules(loaded, "deny", t.tenant, errors)),
         base_deny=base_deny,
         source=loaded.doc.file,
+        credentials=tuple(t.credentials),
     )
 
 

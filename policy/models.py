@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from sandgate.brokers.models import Credential
+
 from .addresses import parse_network
 from .errors import HostError
 from .hosts import normalise_host, parse_ip_literal
@@ -169,6 +171,19 @@ class TenantFile(_Strict):
     allow: list[Rule] = Field(default_factory=list)
     deny: list[Rule] = Field(default_factory=list)
     limits: Limits | None = None
+    credentials: list[Credential] = Field(
+        default_factory=list,
+        description="credentials the gateway injects for this tenant's sandboxes (placeholders in the guest)",
+    )
+
+    @model_validator(mode="after")
+    def _unique_credentials(self) -> TenantFile:
+        seen: set[str] = set()
+        for cred in self.credentials:
+            if cred.name in seen:
+                raise ValueError(f"credential {cred.name!r} is defined twice")
+            seen.add(cred.name)
+        return self
 
 
 class PresetFile(_Strict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .decision import Identity, Mode
 from .matcher import RuleIndex
@@ -28,6 +29,8 @@ class TenantPolicy:
     # The operator's base deny rules: the same index for every tenant, never relaxed.
     base_deny: RuleIndex
     source: str
+    # The tenant's credential declarations (sandgate.brokers.Credential), for the broker.
+    credentials: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.models import tenant_schema
 from sandgate.policy.tokens import digest_token, new_token
 
-from . import sandbox_cli
+from . import credentials_cli, sandbox_cli
 from .ca import export_ca, init_ca
 from .config import load_config
 from .errors import ConfigError
@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--output", type=Path, help="write the token to this file (mode 0600) instead of stdout")
 
     sandbox_cli.add_parsers(sub)
+    credentials_cli.add_parsers(sub)
 
     pol = sub.add_parser("policy", help="policy files")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
@@ -73,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _token(args)
         if args.command == "sandbox":
             return sandbox_cli.run_sandbox_command(args)
+        if args.command == "credentials":
+            return credentials_cli.run_credentials_command(args)
         if args.command == "jail":
             return sandbox_cli.run_jail_command(args)
         if args.command == "policy":

@@ -123,6 +123,19 @@ class TransparentConfig(_Strict):
     binding_max_ttl: Annotated[float, Field(ge=0)] = 3600.0
 
 
+class CredentialsConfig(_Strict):
+    """The credential broker."""
+
+    placeholder_key: str | None = Field(
+        default=None,
+        description=(
+            "reference to the key placeholders are minted from (env:VAR or file:PATH, 32+ bytes); "
+            "default: <state_dir>/placeholder.key, created on first start. Every gateway of a fleet "
+            "needs the same key so a sandbox's placeholders work on all of them"
+        ),
+    )
+
+
 class HostRulesConfig(_Strict):
     """The nftables table `sandgate sandbox add` owns (one per gateway state directory)."""
 
@@ -148,6 +161,7 @@ class GatewayConfig(_Strict):
     )
     transparent: TransparentConfig = Field(default_factory=TransparentConfig)
     host_rules: HostRulesConfig = Field(default_factory=HostRulesConfig)
+    credentials: CredentialsConfig = Field(default_factory=CredentialsConfig)
     rules_dir: str = "rules"
     state_dir: str = "~/.sandgate"
     resolver: ResolverConfig = Field(default_factory=ResolverConfig)
@@ -179,6 +193,10 @@ class GatewayConfig(_Strict):
     @property
     def registry_path(self) -> Path:
         return self.state_path / "sandboxes.json"
+
+    @property
+    def placeholder_key_ref(self) -> str:
+        return self.credentials.placeholder_key or f"file:{self.state_path / 'placeholder.key'}"
 
     @property
     def status_path(self) -> Path:

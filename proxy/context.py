@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from sandgate.brokers import Broker
 from sandgate.policy.decision import Decision, Identity
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.policyset import PolicySet
@@ -56,6 +57,7 @@ class GatewayContext:
         bindings: NameBindings | None = None,
         *,
         reroute: bool = False,
+        broker: Broker | None = None,
     ) -> None:
         self.policy = policy
         self.resolver = resolver
@@ -64,4 +66,15 @@ class GatewayContext:
         self.bindings = bindings or NameBindings()
         # Transparent mode: dial a name's pinned address even when the guest chose another IP.
         self.reroute = reroute
+        self.broker = broker
         self.connections: dict[str, ConnectionState] = {}
+
+    def with_credentials(
+        self, decision: Decision, identity: Identity | None, host: str, port: int
+    ) -> Decision:
+        """The decision, intercepting when a credential of the tenant is bound to host:port."""
+        if decision.inspect or not decision.allowed or identity is None or self.broker is None:
+            return decision
+        if self.broker.binds(identity.tenant, host, port):
+            return replace(decision, inspect=True)
+        return decision

@@ -35,6 +35,8 @@ __all__ = ["Gate"]
 log = structlog.get_logger("sandgate.gate")
 
 PENDING_KEY = "sandgate.pending"
+# Set by the broker addon: (credential names, injector kinds) used on this request.
+CREDENTIALS_KEY = "sandgate.credentials"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -66,6 +68,7 @@ class Gate:
             dctx.host, dctx.port = host, flow.request.port
             request = EgressRequest(Phase.CONNECT, host, flow.request.port)
             decision = await self._decide(dctx.identity, request)
+            decision = self.ctx.with_credentials(decision, dctx.identity, host, flow.request.port)
             if not decision.allowed or decision.address is None:
                 await self._deny_flow(flow, dctx, decision)
                 return
@@ -228,15 +231,19 @@ class Gate:
         if pending is None:
             return
         dctx, decision = pending
+        credentials, injectors = flow.metadata.get(CREDENTIALS_KEY, ((), ()))
         try:
             record = decision_record(
                 dctx,
                 decision,
+                credentials=credentials,
                 status=flow.response.status_code if flow.response else None,
                 bytes_up=len(flow.request.raw_content or b""),
                 bytes_down=len(flow.response.raw_content or b"") if flow.response else None,
                 error=error,
             )
+            if injectors:
+                record["injectors"] = list(injectors)
             await self.ctx.audit.emit(record)
         except Exception:
             log.exception("hook_failed", hook="response", decision_id=dctx.decision_id)

@@ -26,6 +26,7 @@ from types import FrameType
 import yaml
 
 from .config import DnsListenerConfig, GatewayConfig, ListenerConfig
+from .credentials_cli import placeholder_environment
 from .errors import ConfigError
 from .registry import DynamicSandbox, load_registry, registry_digest
 from .sandboxes import register, unregister
@@ -149,6 +150,8 @@ class Jail:
         env.update({name: str(bundle) for name in CA_ENV})
         env["NODE_EXTRA_CA_CERTS"] = str(ca_cert)
         env["SANDGATE_SANDBOX"] = self.sandbox
+        # The tenant's credentials, as placeholders: the real values never enter the jail.
+        env.update(placeholder_environment(self.config, self.sandbox))
         return env
 
     # -- run and clean up --------------------------------------------------------------------

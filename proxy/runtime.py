@@ -15,6 +15,7 @@ import structlog
 from mitmproxy import master, options
 from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
+from sandgate.brokers import Broker
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.loader import load_policy_dir, policy_files
 from sandgate.policy.policyset import PolicySet
@@ -29,13 +30,16 @@ from sandgate.policy.resolver import (
 
 from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
 from .bindings import NameBindings
+from .broker import CredentialBroker
 from .ca import ensure_ca
 from .config import GatewayConfig, ResolverConfig
 from .context import GatewayContext
+from .credentials import configure_broker
 from .dnslistener import DnsListener
 from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
+from .placeholder_key import load_placeholder_key
 from .registry import load_registry, merge_registry, registry_digest
 from .reload import PolicyReloader
 from .statusfile import remove_status, write_status
@@ -98,6 +102,7 @@ class _Lifecycle:
     async def done(self) -> None:
         remove_status(self.gateway.config.status_path)
         await self.gateway.reloader.stop()
+        await self.gateway.broker.aclose()
         if self.gateway.dns is not None:
             await self.gateway.dns.stop()
         await asyncio.to_thread(self.gateway.ctx.audit.close)
@@ -112,6 +117,7 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
         self.config = config
+        self.broker = Broker(placeholder_key=load_placeholder_key(config.placeholder_key_ref))
         policy = self._load_policy()
         ensure_ca(config.ca_dir)
         guard_cfg = config.address_guard
@@ -135,6 +141,7 @@ class Gateway:
             audit=audit,
             bindings=NameBindings(min_ttl=tcfg.binding_min_ttl, max_ttl=tcfg.binding_max_ttl),
             reroute=tcfg.reroute,
+            broker=self.broker,
         )
         self.dns: DnsListener | None = None
         if config.dns is not None:
@@ -162,6 +169,7 @@ class Gateway:
             next_layer.NextLayer(),
             tlsconfig.TlsConfig(),
             Gate(self.ctx),
+            CredentialBroker(self.ctx),
             _Lifecycle(self),
         )
         trusted = config.upstream.trusted_ca
@@ -178,7 +186,9 @@ class Gateway:
         """The rules directory plus the dynamic sandbox registry (runs in a worker thread)."""
         policy = load_policy_dir(self.config.rules_path)
         registry = load_registry(self.config.registry_path)
-        return merge_registry(policy, registry, self.config.registry_path)
+        merged = merge_registry(policy, registry, self.config.registry_path)
+        configure_broker(self.broker, merged)
+        return merged
 
     def _watched_files(self, policy: PolicySet) -> list[Path]:
         return [

@@ -181,7 +181,8 @@ class Transparent:
             return Decision(reason=Reason.SNI_MISMATCH, detail=str(e)), sni
         if name != ip and not await self._bound(state, name):
             return Decision(reason=Reason.HOST_MISMATCH, detail="not resolved by the gateway"), name
-        return await self._decide(state.identity, EgressRequest(Phase.TLS, name, port, sni=sni)), name
+        decision = await self._decide(state.identity, EgressRequest(Phase.TLS, name, port, sni=sni))
+        return self.ctx.with_credentials(decision, state.identity, name, port), name
 
     async def _bound(self, state: ConnectionState, name: str) -> bool:
         """Whether the gateway resolved `name` to the original destination for this sandbox.

@@ -228,10 +228,13 @@ def start_gateway(tmp_path: Path, pki: TestPKI) -> Iterator[GatewayFactory]:
         base: str | None = None,
         config: dict[str, Any] | None = None,
         expect_exit: bool = False,
+        prepare: Callable[[Path], None] | None = None,
     ) -> RunningGateway:
         root = tmp_path / f"gw{len(started)}"
         cfg = {"upstream": {"trusted_ca": str(pki.ca_file)}, **(config or {})}
         config_path, port = write_gateway_files(root, tenants, base=base, config=cfg)
+        if prepare is not None:
+            prepare(root)
         log_path = root / "gateway.log"
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(

@@ -1,0 +1,225 @@
+"""Addon: credential brokering on requests the policy allowed, scrubbing on their responses.
+
+The guest holds placeholders. On an allowed, intercepted (or plain HTTP) request the broker
+swaps a placeholder for the real credential where the credential is bound (host, port,
+scheme, method, path), replaces any guest-supplied copy of the header it manages, and denies
+(`credential_host_mismatch`) a placeholder seen anywhere else, its own or another sandbox's;
+the placeholder is never forwarded. Responses are scrubbed: a real secret value coming back
+(echo endpoints, error messages) is replaced by its placeholder before the guest sees it.
+Every hook is guarded: a fault denies with `internal_error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from mitmproxy import http
+
+from sandgate.brokers import (
+    BrokerAllow,
+    BrokerDenial,
+    BrokerRequest,
+    apply_mutations,
+)
+from sandgate.policy.decision import Decision
+from sandgate.policy.reasons import Reason
+
+from .context import GatewayContext
+from .gate import CREDENTIALS_KEY, PENDING_KEY
+from .records import DecisionContext, decision_record
+from .respond import denied_response
+
+__all__ = ["CREDENTIALS_KEY", "CredentialBroker"]
+
+log = structlog.get_logger("sandgate.broker")
+
+_DECIDED_KEY = "sandgate.brokered"
+_SCRUB_KEY = "sandgate.scrub"
+# Request bodies up to this size are read whole and scanned; larger ones stream past the guard.
+MAX_BUFFERED_BODY = 1024 * 1024
+
+
+class CredentialBroker:
+    """Applies the broker to allowed requests and scrubs their responses."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None or PENDING_KEY not in flow.metadata:
+            return
+        if _streamed(flow.request):
+            # Too large to buffer: decide now, and guard every chunk on its way through.
+            await self._broker(flow, body=None)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None or PENDING_KEY not in flow.metadata:
+            return
+        if _DECIDED_KEY not in flow.metadata:
+            await self._broker(flow, body=flow.request.raw_content or b"")
+
+    async def _broker(self, flow: http.HTTPFlow, body: bytes | None) -> None:
+        flow.metadata[_DECIDED_KEY] = True
+        dctx, decision = flow.metadata[PENDING_KEY]
+        broker = self.ctx.broker
+        try:
+            if broker is None or dctx.identity is None:
+                return
+            request = _broker_request(flow, dctx, body)
+            outcome = await broker.decide(dctx.identity.tenant, dctx.identity.sandbox, request)
+            if isinstance(outcome, BrokerDenial):
+                await self._deny(flow, dctx, decision, outcome)
+                return
+            self._apply(flow, request, outcome)
+            if outcome.credentials:
+                flow.metadata[CREDENTIALS_KEY] = (outcome.credentials, outcome.injectors)
+            if not broker.scrubber(dctx.identity.tenant, dctx.identity.sandbox).empty:
+                flow.metadata[_SCRUB_KEY] = (dctx.identity.tenant, dctx.identity.sandbox)
+        except Exception:
+            log.exception("hook_failed", hook="broker", decision_id=dctx.decision_id)
+            fault = Decision(
+                reason=Reason.INTERNAL_ERROR, policy_version=decision.policy_version, mode=decision.mode
+            )
+            await self._record_and_refuse(flow, dctx, fault, extra={})
+
+    def _apply(self, flow: http.HTTPFlow, request: BrokerRequest, outcome: BrokerAllow) -> None:
+        if outcome.mutations:
+            applied = apply_mutations(request, outcome.mutations)
+            headers = http.Headers(
+                [(k.encode(), v.encode()) for k, v in applied.headers if k.lower() != "host"]
+            )
+            if flow.request.host_header is not None:
+                headers["Host"] = flow.request.host_header
+            flow.request.headers = headers
+            if applied.query != request.query:
+                path = flow.request.path.partition("?")[0]
+                flow.request.path = f"{path}?{applied.query}" if applied.query else path
+            if applied.body is not None and applied.body != request.body:
+                _replace_body(flow.request, applied.body)
+        guard = outcome.body_guard
+        if guard is not None:
+
+            def check(chunk: bytes) -> bytes:
+                if guard.feed(chunk) is not None:
+                    flow.kill()
+                    return b""
+                return chunk
+
+            flow.request.stream = check
+
+    async def _deny(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, outcome: BrokerDenial
+    ) -> None:
+        if outcome.foreign:
+            log.warning(
+                "broker.foreign_placeholder",
+                decision_id=dctx.decision_id,
+                owners=list(outcome.foreign_owners),
+            )
+        denial = Decision(
+            reason=outcome.reason,
+            rule_id=decision.rule_id,
+            policy_version=decision.policy_version,
+            mode=decision.mode,
+            address=decision.address,
+            detail=outcome.cause.value,
+        )
+        extra = {
+            "credentials": list(outcome.credentials),
+            "where": list(outcome.where),
+            "foreign": outcome.foreign,
+        }
+        await self._record_and_refuse(flow, dctx, denial, extra=extra)
+
+    async def _record_and_refuse(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, *, extra: dict[str, Any]
+    ) -> None:
+        flow.metadata.pop(PENDING_KEY, None)
+        record = decision_record(dctx, decision, credentials=tuple(extra.pop("credentials", ())))
+        if extra:
+            record["broker"] = extra
+        queued = await self.ctx.audit.emit(record)
+        reason = decision.reason if queued else Reason.INTERNAL_ERROR
+        flow.response = denied_response(reason, dctx.host, dctx.decision_id)
+
+    # -- responses ---------------------------------------------------------------------------
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        owner = flow.metadata.get(_SCRUB_KEY)
+        if owner is None or flow.response is None or self.ctx.broker is None:
+            return
+        try:
+            scrubber = self.ctx.broker.scrubber(*owner)
+            response = flow.response
+            response.headers = http.Headers(
+                [
+                    (k.encode(), v.encode())
+                    for k, v in scrubber.scrub_headers(list(response.headers.items(multi=True)))
+                ]
+            )
+            if _streamed(response) and "content-encoding" not in response.headers:
+                response.stream = scrubber.stream()
+                flow.metadata.pop(_SCRUB_KEY, None)
+        except Exception:
+            log.exception("hook_failed", hook="broker.responseheaders")
+            flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        owner = flow.metadata.pop(_SCRUB_KEY, None)
+        if owner is None or flow.response is None or self.ctx.broker is None:
+            return
+        try:
+            scrubber = self.ctx.broker.scrubber(*owner)
+            response = flow.response
+            if "content-encoding" in response.headers:
+                # Decoded, scrubbed, encoded again: a compressed echo must not slip past.
+                content = response.get_content(strict=False) or b""
+                response.set_content(scrubber.scrub(content))
+            elif response.raw_content:
+                scrubbed = scrubber.scrub(response.raw_content)
+                if scrubbed != response.raw_content:
+                    _replace_body(response, scrubbed)
+        except Exception:
+            log.exception("hook_failed", hook="broker.response")
+            flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
+
+
+def _replace_body(message: http.Message, body: bytes) -> None:
+    """Set a raw body and its Content-Length (a placeholder and its secret differ in length)."""
+    message.raw_content = body
+    if "content-length" in message.headers:
+        message.headers["content-length"] = str(len(body))
+
+
+def _streamed(message: http.Message) -> bool:
+    """Whether a message's body is too large (or of unknown size) to buffer."""
+    length = message.headers.get("content-length")
+    if length is not None:
+        try:
+            return int(length) > MAX_BUFFERED_BODY
+        except ValueError:
+            return True
+    return "chunked" in message.headers.get("transfer-encoding", "").lower()
+
+
+def _broker_request(flow: http.HTTPFlow, dctx: DecisionContext, body: bytes | None) -> BrokerRequest:
+    req = flow.request
+    headers = [(k, v) for k, v in req.headers.items(multi=True)]
+    if not any(k.lower() == "host" for k, _ in headers):
+        headers.append(("host", req.host_header or dctx.host or ""))
+    path, _, query = req.path.partition("?")
+    assert dctx.host is not None and dctx.port is not None
+    return BrokerRequest(
+        method=req.method,
+        scheme=req.scheme,
+        host=dctx.host,
+        port=dctx.port,
+        path=path,
+        query=query,
+        headers=tuple(headers),
+        body=body,
+        body_too_large=body is None,
+    )

