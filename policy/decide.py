@@ -6,13 +6,25 @@ import ipaddress
 from dataclasses import replace
 
 from .decision import RELAXABLE_IN_REPORT_MODE, Decision, EgressRequest, Identity, Mode
+from .engine import PolicyEngine, RegoQuery, RegoVerdict, fault, make_engine
 from .errors import ResolveError
 from .guard import AddressGuard, IPAddress
 from .policyset import PolicySet, TenantPolicy
 from .reasons import Reason
+from .rego_input import input_document
 from .resolver import Resolver
 
-__all__ = ["decide", "literal_ip"]
+__all__ = ["decide", "default_engine", "literal_ip", "pick_address"]
+
+_default_engine: PolicyEngine | None = None
+
+
+def default_engine() -> PolicyEngine:
+    """The engine `decide` uses when none is passed: embedded, with a decision cache."""
+    global _default_engine
+    if _default_engine is None:
+        _default_engine = make_engine("embedded")
+    return _default_engine
 
 
 async def decide(
@@ -23,6 +35,7 @@ async def decide(
     guard: AddressGuard,
     *,
     address: str | None = None,
+    engine: PolicyEngine | None = None,
 ) -> Decision:
     """Decide one request. The order, and the reason each step denies with:
 
@@ -39,10 +52,12 @@ async def decide(
        it for dialling                                                  → dns_failure,
                                                                           host_denied,
                                                                           private_address
-    6. (Rego, when the tenant has a policy module)                      → policy_denied
-    In report mode, denials by the tenant's own host rules in steps 3, 4 and 6 allow and are
-    recorded as would-deny; the operator's base rules, deny networks and the address guard
-    always hold.
+    6. Rego, for a tenant with `rego:` or `data:`: data.sandgate.decision
+       must allow too (the input document carries the address of step 5) → policy_denied or
+       the code the policy names; an engine fault                        → policy_error
+    In report mode, denials by the tenant's own rules in steps 3, 4 and 6 allow and are
+    recorded as would-deny; the operator's base rules, deny networks, the address guard and
+    policy_error always hold.
 
     Names are resolved only after the rules allow them (step 5 after 3–4), so the gateway
     never looks up a name a tenant may not reach: its resolver is no DNS exfiltration channel.
@@ -69,7 +84,7 @@ async def decide(
     dial: str | None = str(ip) if ip is not None else None
     if dial is None:
         try:
-            picked = await _pick_address(tenant, request, resolver, guard, address)
+            picked = await pick_address(tenant, request, resolver, guard, address)
         except ResolveError as e:
             return _deny(policy, Reason.DNS_FAILURE, tenant, detail=str(e))
         if isinstance(picked, Decision):
@@ -84,6 +99,18 @@ async def decide(
         index.needs_inspection(request.host, ip, request.port)
         for index in (tenant.allow, tenant.deny, tenant.base_deny)
     ) or any(index.needs_inspection("", dial_ip, request.port) for index in (tenant.deny, tenant.base_deny))
+    if tenant.rego is not None:
+        # A policy that reads the request can only be applied to intercepted traffic.
+        inspect = inspect or tenant.rego.reads_request
+        verdict = await _rego(engine or default_engine(), tenant, identity, request, dial)
+        if not verdict.allowed:
+            if verdict.fault or tenant.mode is not Mode.REPORT:
+                return _deny(
+                    policy, verdict.reason, tenant, rule_id=f"{tenant.name}/rego", detail=verdict.message
+                )
+            if not relaxed:
+                rule_decision = _deny(policy, verdict.reason, tenant, rule_id=f"{tenant.name}/rego")
+                relaxed = True
     if rule_decision.allowed:
         return Decision(
             allowed=True,
@@ -107,6 +134,17 @@ async def decide(
             address=dial,
         )
     return rule_decision
+
+
+async def _rego(
+    engine: PolicyEngine, tenant: TenantPolicy, identity: Identity, request: EgressRequest, dial: str
+) -> RegoVerdict:
+    """Step 6: the tenant's Rego decision; any exception is a fault, never an allow."""
+    assert tenant.rego is not None
+    try:
+        return await engine.evaluate(RegoQuery(tenant.rego, input_document(identity, request, dial)))
+    except Exception as e:
+        return fault(f"the policy engine failed ({type(e).__name__})")
 
 
 def literal_ip(host: str) -> IPAddress | None:
@@ -146,7 +184,7 @@ def _rules(
     return _deny(policy, match.reason, tenant, rule_id=nearest), True
 
 
-async def _pick_address(
+async def pick_address(
     tenant: TenantPolicy, request: EgressRequest, resolver: Resolver, guard: AddressGuard, pinned: str | None
 ) -> str | Decision:
     """The first resolved address that no deny network covers and the guard permits."""

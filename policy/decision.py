@@ -53,7 +53,10 @@ class EgressRequest:
     """One question to the policy: may this sandbox reach this destination now?
 
     `host` is normalised (lowercase A-labels, or a canonical IP literal); `path` is the
-    normalised path without query, or None before the HTTP layer.
+    normalised path without query, or None before the HTTP layer. The fields after `sni`
+    feed the Rego input document only: `query` is the raw query string, `headers` the
+    request's (name, value) pairs as sent, `body_size` the declared length, `client` the
+    guest's address, `credentials` the names of the credentials the broker would use.
     """
 
     phase: Phase
@@ -63,6 +66,11 @@ class EgressRequest:
     method: str | None = None
     path: str | None = None
     sni: str | None = None
+    query: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    body_size: int | None = None
+    client: str | None = None
+    credentials: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

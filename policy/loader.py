@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .decision import Mode
@@ -19,6 +19,7 @@ from .errors import PolicyLoadError, PolicySetError, SourceLocation, TokenRefere
 from .matcher import ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
 from .models import BaseFile, PresetFile, Rule, TenantFile
 from .policyset import PolicySet, SandboxRecord, TenantPolicy
+from .rego_loader import load_rego, rego_watch_files
 from .tokens import resolve_token_reference
 from .yamlsource import YamlDocument, load_yaml, validate
 
@@ -40,7 +41,7 @@ def policy_files(rules_dir: Path) -> list[Path]:
         folder = rules_dir / sub
         if folder.is_dir():
             files += sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
-    return files
+    return files + rego_watch_files(rules_dir)
 
 
 def load_policy_dir(rules_dir: Path) -> PolicySet:
@@ -55,6 +56,8 @@ def load_policy_dir(rules_dir: Path) -> PolicySet:
     presets: dict[str, _Loaded[PresetFile]] = {}
     tenant_files: list[_Loaded[TenantFile]] = []
     for p in files:
+        if p.suffix == ".rego":
+            continue
         if p.parent == rules_dir:
             base = _load_one(p, BaseFile, errors)
         elif p.parent.name == "presets" and (preset := _load_one(p, PresetFile, errors)) is not None:
@@ -85,16 +88,20 @@ def load_policy_dir(rules_dir: Path) -> PolicySet:
             continue
         tenants[tenant.name] = tenant
         _register_sandboxes(loaded, sandboxes, by_address, token_files, token_digests, errors)
+    rego = load_rego(rules_dir, [(x.doc, x.model) for x in tenant_files], errors)
     if errors:
         raise PolicySetError(errors)
+    for name, program in rego.programs.items():
+        tenants[name] = replace(tenants[name], rego=program)
     docs = [x.doc for x in (base, *presets.values(), *tenant_files) if x is not None]
     return PolicySet(
-        version=_version(docs, rules_dir, token_digests),
+        version=_version(docs, rules_dir, [*token_digests, *(d.encode() for d in rego.digests)]),
         tenants=tenants,
         sandboxes=sandboxes,
         by_address=by_address,
-        files=tuple(str(p) for p in files),
+        files=(*(str(p) for p in files if p.suffix != ".rego"), *rego.files),
         token_files=tuple(str(p) for p in token_files),
+        rego_files=rego.files,
     )
 
 

@@ -7,7 +7,7 @@ non-normalised hosts and networks refused with "use X instead".
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -30,6 +30,7 @@ __all__ = [
 NAME_PATTERN = r"^[a-z0-9](?:[a-z0-9._-]{0,62})$"
 _METHOD = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
 _PATH_GLOB = re.compile(r"^/[\x21-\x7e]*$")
+_REGO_PATH = re.compile(r"^[^\x00-\x1f]+\.rego$")
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 
@@ -83,11 +84,20 @@ def check_path_glob(value: str) -> str:
     return value
 
 
+def check_rego_path(value: str) -> str:
+    if not _REGO_PATH.match(value):
+        raise ValueError(f"{value!r}: a Rego module is a file path ending in '.rego'")
+    if value.endswith("_test.rego"):
+        raise ValueError(f"{value!r} is a test module: `sandgate policy test` finds it next to the modules")
+    return value
+
+
 # Validated one entry at a time, so an error names the entry (`allow.0.hosts.2`), not the list.
 HostPattern = Annotated[str, AfterValidator(check_host_pattern)]
 Network = Annotated[str, AfterValidator(check_network)]
 Method = Annotated[str, AfterValidator(check_method)]
 PathGlob = Annotated[str, AfterValidator(check_path_glob)]
+RegoPath = Annotated[str, AfterValidator(check_rego_path)]
 
 
 class Rule(_Strict):
@@ -174,6 +184,16 @@ class TenantFile(_Strict):
     credentials: list[Credential] = Field(
         default_factory=list,
         description="credentials the gateway injects for this tenant's sandboxes (placeholders in the guest)",
+    )
+    rego: list[RegoPath] = Field(
+        default_factory=list,
+        description=(
+            "Rego modules (paths relative to this file) in package sandgate.tenants.<tenant>; "
+            "data.sandgate.decision must allow too"
+        ),
+    )
+    data: dict[str, Any] | None = Field(
+        default=None, description="the tenant's Rego data: data.tenants.<tenant> (data.sandgate.params)"
     )
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ from typing import Any
 
 from .decision import Identity, Mode
 from .matcher import RuleIndex
+from .rego_program import RegoProgram
 from .tokens import digest_token, tokens_equal
 
 __all__ = ["PolicySet", "SandboxRecord", "TenantPolicy"]
@@ -31,6 +32,9 @@ class TenantPolicy:
     source: str
     # The tenant's credential declarations (sandgate.brokers.Credential), for the broker.
     credentials: tuple[Any, ...] = ()
+    # The tenant's Rego (its modules, the operator's, its data, the compiled bundle), or None:
+    # then the allowlist decides alone.
+    rego: RegoProgram | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,8 @@ class PolicySet:
     files: tuple[str, ...] = ()
     # Token files referenced by sandboxes: a reload watches them too.
     token_files: tuple[str, ...] = ()
+    # Rego modules the tenants use (the operator's and their own): a reload watches them too.
+    rego_files: tuple[str, ...] = ()
 
     def authenticate(self, sandbox_id: str, token: str) -> Identity | None:
         """The identity for a sandbox id and proxy token, compared in constant time."""

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SandgateError
-from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.models import tenant_schema
 from sandgate.policy.tokens import digest_token, new_token
 
-from . import credentials_cli, sandbox_cli
+from . import credentials_cli, policy_cli, sandbox_cli
 from .ca import export_ca, init_ca
 from .config import load_config
 from .errors import ConfigError
@@ -54,12 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     sandbox_cli.add_parsers(sub)
     credentials_cli.add_parsers(sub)
 
-    pol = sub.add_parser("policy", help="policy files")
-    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
-    check = pol_sub.add_parser("check", help="validate a rules directory")
-    check.add_argument("rules_dir", type=Path, nargs="?", default=Path("rules"))
-    check.add_argument("--format", choices=("text", "json"), default="text")
-    pol_sub.add_parser("schema", help="print the JSON Schema of tenant files")
+    policy_cli.add_parser(sub)
     return p
 
 
@@ -126,49 +118,7 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace) -> int:
-    if args.policy_command == "schema":
-        print(json.dumps(tenant_schema(), indent=2))
-        return EXIT_OK
-    try:
-        policy = load_policy_dir(args.rules_dir)
-    except PolicySetError as e:
-        if args.format == "json":
-            print(
-                json.dumps(
-                    {
-                        "ok": False,
-                        "errors": [
-                            {
-                                "file": x.location.file,
-                                "line": x.location.line,
-                                "column": x.location.column,
-                                "field": x.field,
-                                "problem": x.problem,
-                            }
-                            for x in e.errors
-                        ],
-                    },
-                    indent=2,
-                )
-            )
-        else:
-            print(str(e), file=sys.stderr)
-        return EXIT_USAGE
-    if args.format == "json":
-        print(
-            json.dumps(
-                {
-                    "ok": True,
-                    "version": policy.version,
-                    "tenants": sorted(policy.tenants),
-                    "files": list(policy.files),
-                },
-                indent=2,
-            )
-        )
-    else:
-        print(f"ok: {len(policy.files)} files, {len(policy.tenants)} tenants, version {policy.version}")
-    return EXIT_OK
+    return policy_cli.run(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""Why a request is allowed or denied: each step of the evaluation order and what matched.
+
+The steps are recomputed with the same matcher, guard, resolver and engine `decide` uses,
+for display; the decision itself is `decide`'s, so an explanation never disagrees with the
+gateway. Steps after the one that decided are shown as not reached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .decide import decide, literal_ip, pick_address
+from .decision import Decision, EgressRequest, Identity
+from .engine import PolicyEngine, RegoQuery, RegoVerdict
+from .errors import ResolveError
+from .guard import AddressGuard
+from .matcher import CompiledRule
+from .policyset import PolicySet, TenantPolicy
+from .reasons import Reason
+from .rego_input import input_document
+from .resolver import Resolver
+
+__all__ = ["Explanation", "Step", "explain"]
+
+STEP_NAMES = ("identity", "address guard", "deny rules", "allow rules", "resolve", "rego")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of the evaluation order: what it found, and the rule when one matched."""
+
+    number: int
+    name: str
+    outcome: str
+    detail: str
+    rule_id: str | None = None
+    origin: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.number,
+            "name": self.name,
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "rule_id": self.rule_id,
+            "origin": self.origin,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """The decision, the steps that led to it, and the Rego input and verdict when there is Rego."""
+
+    decision: Decision
+    steps: tuple[Step, ...]
+    rego_input: dict[str, Any] | None = None
+    rego_verdict: RegoVerdict | None = None
+    rego_modules: tuple[str, ...] = field(default=())
+
+
+async def explain(
+    policy: PolicySet,
+    identity: Identity | None,
+    request: EgressRequest,
+    resolver: Resolver,
+    guard: AddressGuard,
+    engine: PolicyEngine,
+) -> Explanation:
+    """Decide `request` with `decide`, and describe each step of the order on the way."""
+    decision = await decide(policy, identity, request, resolver, guard, engine=engine)
+    steps: list[Step] = []
+    tenant = policy.tenant(identity.tenant) if identity else None
+    if identity is None or tenant is None:
+        detail = "no sandbox identity" if identity is None else f"tenant {identity.tenant!r} is not defined"
+        steps.append(Step(1, "identity", "deny", detail))
+        return Explanation(decision, _pad(steps))
+    steps.append(Step(1, "identity", "ok", f"sandbox {identity.sandbox} of tenant {tenant.name}"))
+    ip = literal_ip(request.host)
+    if ip is None:
+        steps.append(
+            Step(2, "address guard", "skip", f"{request.host} is a name: its addresses are checked in step 5")
+        )
+    elif guard.permits(ip, by_name=False, tenant_covers=tenant.allow.covers_address(ip, request.port)):
+        steps.append(Step(2, "address guard", "ok", f"{ip} may be dialled"))
+    else:
+        steps.append(Step(2, "address guard", "deny", f"{ip} is an internal address"))
+        return Explanation(decision, _pad(steps))
+    if not _rule_steps(steps, tenant, request, ip, decision):
+        return Explanation(decision, _pad(steps))
+    dial = await _resolve_step(steps, tenant, request, resolver, guard, ip)
+    if dial is None:
+        return Explanation(decision, _pad(steps))
+    if tenant.rego is None:
+        steps.append(Step(6, "rego", "skip", "the tenant has no Rego: the allowlist decides alone"))
+        return Explanation(decision, tuple(steps))
+    assert identity is not None
+    document = input_document(identity, request, dial)
+    verdict = await engine.evaluate(RegoQuery(tenant.rego, document))
+    if verdict.allowed:
+        outcome = "ok"
+    elif verdict.fault:
+        outcome = "error"
+    else:
+        outcome = "would deny" if decision.allowed else "deny"
+    detail = verdict.reason.value + (f": {verdict.message}" if verdict.message else "")
+    steps.append(Step(6, "rego", outcome, detail, rule_id=f"{tenant.name}/rego"))
+    modules = tuple(m.path for m in tenant.rego.modules)
+    return Explanation(decision, tuple(steps), document, verdict, modules)
+
+
+def _rule_steps(
+    steps: list[Step], tenant: TenantPolicy, request: EgressRequest, ip: Any, decision: Decision
+) -> bool:
+    """Steps 3 and 4; False when one of them denied (report mode relaxes: "would deny")."""
+    args = (request.host, ip, request.port, request.method, request.path)
+    denied = "would deny" if decision.allowed else "deny"
+    for index, whose in ((tenant.base_deny, "the operator's base"), (tenant.deny, "the tenant's")):
+        rule = index.deny_match(*args)
+        if rule is not None:
+            steps.append(_rule_step(3, "deny rules", denied, f"{whose} deny rule matches", rule))
+            return decision.allowed
+    steps.append(Step(3, "deny rules", "ok", "no deny rule matches"))
+    match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED)
+    if match.rule is not None:
+        steps.append(_rule_step(4, "allow rules", "ok", "an allow rule matches", match.rule))
+        return True
+    nearest = match.nearest
+    if nearest is not None:
+        steps.append(_rule_step(4, "allow rules", denied, f"{match.reason.value} (nearest rule)", nearest))
+    else:
+        steps.append(Step(4, "allow rules", denied, f"{match.reason.value}: no rule names this destination"))
+    return decision.allowed
+
+
+async def _resolve_step(
+    steps: list[Step],
+    tenant: TenantPolicy,
+    request: EgressRequest,
+    resolver: Resolver,
+    guard: AddressGuard,
+    ip: Any,
+) -> str | None:
+    """Step 5: the address that will be dialled, or None when resolution denied."""
+    if ip is not None:
+        steps.append(Step(5, "resolve", "skip", f"{ip} is an address"))
+        return str(ip)
+    try:
+        picked = await pick_address(tenant, request, resolver, guard, None)
+    except ResolveError as e:
+        steps.append(Step(5, "resolve", "deny", f"cannot resolve: {e}"))
+        return None
+    if isinstance(picked, Decision):
+        steps.append(
+            Step(5, "resolve", "deny", f"{picked.reason.value}: {picked.detail}", rule_id=picked.rule_id)
+        )
+        return None
+    steps.append(Step(5, "resolve", "ok", f"{request.host} → {picked}"))
+    return picked
+
+
+def _rule_step(number: int, name: str, outcome: str, detail: str, rule: CompiledRule) -> Step:
+    return Step(number, name, outcome, detail, rule_id=rule.rule_id, origin=rule.origin or None)
+
+
+def _pad(steps: list[Step]) -> tuple[Step, ...]:
+    """The steps taken, then the rest as not reached."""
+    done = {s.number for s in steps}
+    rest = [Step(i + 1, n, "not reached", "") for i, n in enumerate(STEP_NAMES) if i + 1 not in done]
+    return (*steps, *rest)

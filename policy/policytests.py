@@ -1,0 +1,289 @@
+"""Policy tests: Rego `test_` rules, and YAML cases (a request → the expected decision).
+
+A case file (rules/tests/*.yaml):
+
+    rules: ..                    # the rules directory, relative to this file (default: the
+                                 # folder above tests/)
+    resolve:                     # name → addresses for this file's cases; other names resolve
+      api.github.com: [140.82.112.6]   # to 93.184.215.14 (nothing is ever dialled)
+    cases:
+      - name: reads from the API are allowed
+        tenant: acme             # or sandbox: acme-1 (its tenant is looked up)
+        request: GET https://api.github.com/repos/acme/tools   # or: CONNECT api.github.com:443
+        headers: {accept: application/json}
+        body_size: 0
+        expect: {decision: allow}                # allow | deny | would_deny
+      - name: writes elsewhere are not
+        tenant: acme
+        request: POST https://api.github.com/repos/evil/tools/issues
+        expect: {decision: deny, reason: policy_denied}
+
+Cases are decided by `decide` with the embedded engine and no cache, exactly as the gateway
+would, except for the resolver. Rego tests run in a compiler process (`rego_compile`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .decide import decide
+from .decision import EgressRequest, Identity, Phase
+from .engine import PolicyEngine, make_engine
+from .errors import HostError, PolicyLoadError, SourceLocation
+from .guard import AddressGuard
+from .hosts import normalise_host, normalise_path
+from .loader import load_policy_dir
+from .matcher import UNPARSEABLE_PATH
+from .models import NAME_PATTERN
+from .policyset import PolicySet
+from .reasons import Reason
+from .rego_compile import RegoTestResult, run_rego_tests
+from .rego_program import RegoModule
+from .rego_source import module_facts, ref_text
+from .resolver import Resolution, StaticResolver
+from .yamlsource import load_yaml, validate
+
+__all__ = [
+    "UNLISTED_ADDRESS",
+    "CaseFile",
+    "TestOutcome",
+    "TestReport",
+    "parse_request",
+    "rego_test_modules",
+    "run_case_file",
+    "run_rego_dir",
+]
+
+# rego-cpp mis-evaluates (or cannot compile) `with input as {...}` over rules that read other rules.
+WHOLE_INPUT_HINT = (
+    "rego-cpp cannot replace the whole input under nested rules: use `with input.x as` per field"
+)
+_WHOLE_INPUT = re.compile(r"\bwith\s+input\s+as\b")
+
+# Where names a case file does not list resolve to: public, so the address guard lets it be.
+UNLISTED_ADDRESS = "93.184.215.14"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Expect(_Strict):
+    """The expected decision, and the reason when given."""
+
+    decision: Literal["allow", "deny", "would_deny"]
+    reason: Reason | None = None
+
+
+class Case(_Strict):
+    """One request and what the policy must answer."""
+
+    name: str
+    tenant: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    sandbox: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    request: str = Field(description="'METHOD URL', or 'CONNECT host:port'")
+    headers: dict[str, str] = Field(default_factory=dict)
+    body_size: Annotated[int, Field(ge=0)] | None = None
+    client: str | None = None
+    credentials: list[str] = Field(default_factory=list)
+    expect: Expect
+
+
+class CaseFile(_Strict):
+    """A file of cases against one rules directory."""
+
+    rules: str | None = None
+    resolve: dict[str, list[str]] = Field(default_factory=dict)
+    cases: list[Case] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TestOutcome:
+    """One test: its name, pass/fail/error, and what went wrong."""
+
+    name: str
+    result: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TestReport:
+    """The tests of one source (a case file or a Rego test module)."""
+
+    source: str
+    outcomes: tuple[TestOutcome, ...]
+
+
+def parse_request(
+    text: str, *, headers: Iterable[tuple[str, str]] = (), body_size: int | None = None
+) -> EgressRequest:
+    """'GET https://host/path?q' or 'CONNECT host:port' → an EgressRequest (host and path normalised)."""
+    method, _, target = text.strip().partition(" ")
+    method, target = method.upper(), target.strip()
+    if not method or not target:
+        raise ValueError("a request is 'METHOD URL' or 'CONNECT host:port'")
+    if method == "CONNECT":
+        host, port = _authority(target.removeprefix("//"), 443)
+        return EgressRequest(Phase.CONNECT, host, port)
+    parts = urlsplit(target)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{target!r}: the URL needs http:// or https:// and a host")
+    host, port = _authority(parts.netloc, 443 if parts.scheme == "https" else 80)
+    try:
+        path = normalise_path(parts.path or "/")
+    except HostError:
+        path = UNPARSEABLE_PATH
+    return EgressRequest(
+        Phase.REQUEST,
+        host,
+        port,
+        scheme=parts.scheme,
+        method=method,
+        path=path,
+        sni=host if parts.scheme == "https" else None,
+        query=parts.query or None,
+        headers=tuple(headers),
+        body_size=body_size,
+    )
+
+
+def _authority(text: str, default_port: int) -> tuple[str, int]:
+    host, port = text, default_port
+    if text.startswith("["):
+        end = text.find("]")
+        host, rest = text[: end + 1], text[end + 1 :]
+        port = int(rest[1:]) if rest.startswith(":") else default_port
+    elif text.count(":") == 1:
+        host, _, p = text.partition(":")
+        port = int(p)
+    try:
+        return normalise_host(host), port
+    except HostError as e:
+        raise ValueError(str(e)) from None
+
+
+class _TestResolver:
+    """Listed names resolve as listed; any other name to UNLISTED_ADDRESS."""
+
+    def __init__(self, hosts: dict[str, list[str]]) -> None:
+        self._static = StaticResolver(hosts)
+
+    async def resolve(self, host: str) -> Resolution:
+        if self._static.knows(host):
+            return await self._static.resolve(host)
+        return Resolution((UNLISTED_ADDRESS,), 300.0)
+
+
+def run_case_file(path: Path, *, policies: dict[Path, PolicySet] | None = None) -> TestReport:
+    """Run the cases of one file; a file (or its rules) that does not load raises PolicyLoadError."""
+    doc = load_yaml(path)
+    spec = validate(CaseFile, doc)
+    rules_dir = (path.parent / spec.rules).resolve() if spec.rules else path.resolve().parent.parent
+    cache = policies if policies is not None else {}
+    policy = cache.get(rules_dir)
+    if policy is None:
+        policy = cache[rules_dir] = load_policy_dir(rules_dir)
+    where = [doc.locate(("cases", i)) for i in range(len(spec.cases))]
+    outcomes = asyncio.run(_run_cases(spec, policy, where))
+    return TestReport(str(path), tuple(outcomes))
+
+
+async def _run_cases(spec: CaseFile, policy: PolicySet, where: list[SourceLocation]) -> list[TestOutcome]:
+    resolver = _TestResolver(spec.resolve)
+    engine = make_engine("embedded", cache_size=0)
+    return [
+        await _run_case(case, policy, resolver, engine, at)
+        for case, at in zip(spec.cases, where, strict=True)
+    ]
+
+
+async def _run_case(
+    case: Case, policy: PolicySet, resolver: _TestResolver, engine: PolicyEngine, where: SourceLocation
+) -> TestOutcome:
+    identity = _identity(case, policy)
+    if isinstance(identity, str):
+        return TestOutcome(case.name, "error", f"{where}: {identity}")
+    try:
+        request = parse_request(case.request, headers=case.headers.items(), body_size=case.body_size)
+    except ValueError as e:
+        return TestOutcome(case.name, "error", f"{where}: {e}")
+    if case.client or case.credentials:
+        request = replace(request, client=case.client, credentials=tuple(case.credentials))
+    decision = await decide(policy, identity, request, resolver, AddressGuard(), engine=engine)
+    got = (decision.verdict, decision.reason)
+    want = case.expect
+    if got[0] == want.decision and (want.reason is None or got[1] == want.reason):
+        return TestOutcome(case.name, "pass")
+    expected = want.decision + (f" {want.reason.value}" if want.reason else "")
+    rule = f", rule {decision.rule_id}" if decision.rule_id else ""
+    detail = f"expected {expected}, got {got[0]} {got[1].value}{rule}"
+    if decision.detail:
+        detail += f" ({decision.detail})"
+    return TestOutcome(case.name, "fail", f"{where}: {detail}")
+
+
+def _identity(case: Case, policy: PolicySet) -> Identity | str:
+    if case.sandbox:
+        record = policy.sandboxes.get(case.sandbox)
+        if record is None:
+            return f"sandbox {case.sandbox!r} is not registered"
+        if case.tenant and case.tenant != record.tenant:
+            return f"sandbox {case.sandbox!r} belongs to tenant {record.tenant!r}"
+        return Identity(record.tenant, record.sandbox)
+    if case.tenant:
+        return Identity(case.tenant, "test")
+    return "a case names a tenant or a sandbox"
+
+
+def rego_test_modules(paths: Sequence[Path]) -> list[RegoModule]:
+    """Every .rego file under `paths` (files or folders), read and scanned."""
+    files: list[Path] = []
+    for p in paths:
+        files += sorted(p.rglob("*.rego")) if p.is_dir() else [p]
+    out = []
+    for f in dict.fromkeys(files):
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise PolicyLoadError(SourceLocation(str(f)), "", f"cannot read: {e}") from e
+        out.append(RegoModule(str(f), text, module_facts(text)))
+    return out
+
+
+def run_rego_dir(modules: Sequence[RegoModule], data: dict[str, object]) -> list[TestReport]:
+    """Run every `test_` rule in `modules` with `data`. Each test module (`*_test.rego`) runs
+    apart, with every other module: rego-cpp compiles a set of modules as a whole, and one test
+    module it cannot compile must not take the others' tests with it."""
+    shared = [m for m in modules if not m.path.endswith("_test.rego")]
+    groups: list[tuple[RegoModule, list[tuple[str, str, str]]]] = []
+    for m in modules:
+        pkg = m.facts.package
+        if pkg is None or not m.facts.tests:
+            continue
+        tests = [
+            (f"data.{ref_text(pkg)}.{name}", f"{m.path}\0{name}", "/".join((*pkg, name)))
+            for name in m.facts.tests
+        ]
+        groups.append((m, tests))
+    # A module with tests that is not a *_test.rego is shared; it is not sent twice.
+    results: list[RegoTestResult] = run_rego_tests(shared, groups, data) if groups else []
+    by_module: dict[str, list[TestOutcome]] = {}
+    for r in results:
+        source, name = r.name.split("\0", 1)
+        detail = r.detail
+        if r.result != "pass" and _WHOLE_INPUT.search(_text_of(modules, source)):
+            detail += f" ({WHOLE_INPUT_HINT})"
+        by_module.setdefault(source, []).append(TestOutcome(name, r.result, detail))
+    return [TestReport(source, tuple(outcomes)) for source, outcomes in by_module.items()]
+
+
+def _text_of(modules: Sequence[RegoModule], path: str) -> str:
+    return next((m.text for m in modules if m.path == path), "")
