@@ -14,7 +14,7 @@ from pathlib import Path
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SandgateError
 from sandgate.policy.tokens import digest_token, new_token
 
-from . import credentials_cli, policy_cli, sandbox_cli
+from . import audit_cli, credentials_cli, policy_cli, sandbox_cli
 from .ca import export_ca, init_ca
 from .config import load_config
 from .errors import ConfigError
@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sandbox_cli.add_parsers(sub)
     credentials_cli.add_parsers(sub)
+    audit_cli.add_parsers(sub)
 
     policy_cli.add_parser(sub)
     return p
@@ -70,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return credentials_cli.run_credentials_command(args)
         if args.command == "jail":
             return sandbox_cli.run_jail_command(args)
+        if args.command == "audit":
+            return audit_cli.run_audit_command(args)
         if args.command == "policy":
             return _policy(args)
     except (ConfigError, PolicyLoadError) as e:

@@ -1,0 +1,199 @@
+"""`sandgate audit tail|query|stats|suggest`: read the audit trail.
+
+Exit codes: 0 ok (also when nothing matched), 2 usage or invalid input (a bad time, no audit
+file). Malformed lines are skipped and counted on stderr. Output to a closed pipe ends quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sandgate.policy.decision import Phase
+from sandgate.policy.reasons import Reason
+
+from .audit_format import json_line, table_header, table_row
+from .audit_query import AuditInputError, Query, Record, parse_time
+from .audit_source import JsonlSource, Source, audit_files
+from .audit_stats import collect as collect_stats
+from .audit_stats import stats_document, stats_table
+from .audit_suggest import collect as collect_evidence
+from .audit_suggest import render_suggestions
+from .config import load_config
+
+__all__ = ["add_parsers", "build_query", "open_source", "run_audit_command"]
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+def _add_source(p: argparse.ArgumentParser) -> None:
+    """`--config F` or `--file PATH`: where the audit trail is."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--config", type=Path, help="gateway config: read its audit.path (default: defaults)")
+    where.add_argument("--file", type=Path, help="an audit.jsonl file (its rotated .1 … .N are read too)")
+
+
+def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bool) -> None:
+    """The record filters shared by every audit subcommand (repeat one to accept any of its values)."""
+    f = p.add_argument_group("filters (AND across filters, OR within a repeated one)")
+    f.add_argument("--tenant", action="append", default=[])
+    f.add_argument("--sandbox", action="append", default=[], required=one_sandbox)
+    f.add_argument("--host", action="append", default=[], help="exact host, or *.suffix for its subdomains")
+    f.add_argument(
+        "--reason", action="append", default=[], choices=[r.value for r in Reason], metavar="REASON"
+    )
+    f.add_argument("--decision", action="append", default=[], choices=("allow", "deny", "would_deny"))
+    f.add_argument("--phase", action="append", default=[], choices=[p.value for p in Phase])
+    f.add_argument(
+        "--credential", action="append", default=[], metavar="NAME", help="records that injected it"
+    )
+    if any_event:
+        f.add_argument("--event", choices=("decision", "policy_reload"), default="decision")
+    f.add_argument("--since", metavar="T", help="from this time: RFC 3339, or 15m, 2h, 1d ago")
+    f.add_argument("--until", metavar="T", help="before this time: RFC 3339, or 15m, 2h, 1d ago")
+
+
+def _add_format(p: argparse.ArgumentParser, default: str) -> None:
+    """`--format json|table`."""
+    p.add_argument("--format", choices=("json", "table"), default=default)
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `audit` subcommand and its `tail`, `query`, `stats` and `suggest`."""
+    audit = sub.add_parser("audit", help="read the audit trail: tail, query, stats, suggest")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+
+    tail = audit_sub.add_parser("tail", help="the last records, optionally following new ones")
+    tail.add_argument("-n", "--lines", type=_count(0), default=10, metavar="N", help="how many (default 10)")
+    tail.add_argument("-f", "--follow", action="store_true", help="keep printing records as they are written")
+    query = audit_sub.add_parser("query", help="records matching filters, oldest first")
+    query.add_argument("--limit", type=_count(1), metavar="N", help="stop after N records")
+    stats = audit_sub.add_parser("stats", help="per tenant: counts by decision and reason, top denials")
+    stats.add_argument("--top", type=_count(1), default=10, metavar="N", help="entries in top lists (10)")
+    suggest = audit_sub.add_parser(
+        "suggest", help="allow rules (YAML, to review) that would permit a sandbox's repeated denials"
+    )
+    suggest.add_argument("--min-count", type=_count(1), default=2, metavar="N", help="denials per rule (2)")
+    for p in (tail, query, stats, suggest):
+        _add_source(p)
+        # stats and suggest count decisions; suggest is about one sandbox.
+        _add_filters(p, any_event=p in (tail, query), one_sandbox=p is suggest)
+        if p is not suggest:
+            _add_format(p, "table")
+
+
+def build_query(args: argparse.Namespace, now: datetime) -> Query:
+    """The query the filter options describe."""
+    return Query(
+        event=getattr(args, "event", "decision"),
+        tenants=frozenset(args.tenant),
+        sandboxes=frozenset(args.sandbox),
+        hosts=tuple(h.lower() for h in args.host),
+        reasons=frozenset(args.reason),
+        decisions=frozenset(args.decision),
+        phases=frozenset(args.phase),
+        credentials=frozenset(args.credential),
+        since=parse_time(args.since, now) if args.since else None,
+        until=parse_time(args.until, now) if args.until else None,
+    )
+
+
+def open_source(args: argparse.Namespace) -> Source:
+    """The audit trail the options name: `--file`, else the config's audit path."""
+    path = args.file if args.file else load_config(args.config).audit_path
+    if not audit_files(path):
+        raise AuditInputError(f"no audit file at {path}")
+    return JsonlSource(path)
+
+
+def run_audit_command(args: argparse.Namespace) -> int:
+    """Run one `sandgate audit` subcommand."""
+    query = build_query(args, datetime.now(UTC))
+    source = open_source(args)
+    command = {"tail": _tail, "query": _query, "stats": _stats, "suggest": _suggest}[args.audit_command]
+    try:
+        command(args, source, query)
+    except KeyboardInterrupt:
+        pass  # the way to end `tail --follow`
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python's exit flush from failing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    finally:
+        if source.malformed:
+            plural = "" if source.malformed == 1 else "s"
+            print(f"sandgate audit: skipped {source.malformed} malformed line{plural}", file=sys.stderr)
+        if source.gaps:
+            print(
+                f"sandgate audit: fell behind rotation ({source.gaps}x): records may be missing",
+                file=sys.stderr,
+            )
+    return EXIT_OK
+
+
+def _print_records(records: Iterable[Record], fmt: str, event: str, *, flush: bool = False) -> None:
+    """Records as JSON lines or table rows, on stdout."""
+    for record in records:
+        print(json_line(record) if fmt == "json" else table_row(record, event), flush=flush)
+
+
+def _tail(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit tail`: the last N records, then new ones with --follow."""
+    if args.format == "table":
+        print(table_header(query.event), flush=args.follow)
+    _print_records(source.latest(query, args.lines), args.format, query.event, flush=args.follow)
+    if args.follow:
+        with contextlib.closing(source.follow(query, threading.Event())) as new:
+            _print_records(new, args.format, query.event, flush=True)
+
+
+def _query(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit query`: matching records, oldest first, up to --limit."""
+    if args.format == "table":
+        print(table_header(query.event))
+    with contextlib.closing(source.records(query)) as records:
+        for i, record in enumerate(records, 1):
+            _print_records([record], args.format, query.event)
+            if args.limit is not None and i >= args.limit:
+                break
+
+
+def _stats(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit stats`: counts per tenant."""
+    with contextlib.closing(source.records(query)) as records:
+        document = stats_document(collect_stats(records), args.top)
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print("\n".join(stats_table(document)))
+
+
+def _suggest(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit suggest`: allow rules for one sandbox's denials, as YAML to review."""
+    if len(args.sandbox) != 1:
+        raise AuditInputError("suggest takes exactly one --sandbox")
+    with contextlib.closing(source.records(query)) as records:
+        evidence = collect_evidence(records, args.sandbox[0])
+    sys.stdout.write(render_suggestions(evidence, args.min_count))
