@@ -142,6 +142,7 @@ def make_engine(
     token: str | None = None,
     cache_size: int = 10_000,
     cache_ttl: float | None = None,
+    max_loaded_bundles: int = 1_000,
 ) -> PolicyEngine:
     """An engine from plain settings, behind a decision cache (`cache_size=0`: none).
 
@@ -149,6 +150,7 @@ def make_engine(
     `timeout`: seconds per OPA call. `token`: bearer token for the OPA server.
     `cache_ttl`: seconds a cached decision lives (default: forever for embedded, which
     is exact per policy version; 1 s for opa, whose server may change under us).
+    `max_loaded_bundles`: tenants' bundles the embedded engine keeps loaded (~150 KB each).
     """
     from .decision_cache import CachingEngine, DecisionCache
 
@@ -156,7 +158,7 @@ def make_engine(
     if kind == "embedded":
         from .rego_embedded import EmbeddedEngine
 
-        engine = EmbeddedEngine()
+        engine = EmbeddedEngine(max_loaded=max_loaded_bundles)
     elif kind == "opa":
         from .rego_opa import OpaEngine
 

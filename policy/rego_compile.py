@@ -1,16 +1,22 @@
-"""Compile tenants' Rego into bundles, in separate processes, and load the bundles here.
+"""Compile tenants' Rego into bundle files, in separate processes, kept by content digest.
 
 Compiling happens in `rego_worker` processes (rego-cpp can abort a process on some inputs;
-the gateway must not be that process), several at once on several cores. The bundles come
-back as files and are loaded in ~40 µs each. A compiled bundle is kept per content digest
-(modules + data), so a reload recompiles only the tenants whose Rego or data changed.
+the gateway must not be that process), several at once on several cores. Each bundle is a
+file `<digest>.rbb` in the bundle store, named by a digest of its modules and data: a reload
+recompiles only the tenants whose Rego or data changed, and the embedded engine loads a
+tenant's bundle when the tenant is first asked about (and again after it was evicted).
+
+The store is a private temporary folder, removed at exit, unless `use_store` names one that
+outlives the process (then gateways on the host and restarts reuse what was compiled).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,24 +28,85 @@ from pathlib import Path
 from typing import Any
 
 from .decision import EgressRequest, Identity, Phase
+from .errors import PolicyError
 from .rego_input import input_document
 from .rego_program import DECISION_ENTRYPOINT, RegoModule, RegoProgram
 from .rego_source import byte_to_char_offset, line_column
 from .rego_worker import BUNDLE_STEP
 
 __all__ = [
+    "BundleStore",
     "RegoProblem",
     "RegoTestResult",
+    "bundle_store",
     "check_modules",
     "compile_programs",
     "run_rego_tests",
     "sample_inputs",
+    "use_store",
 ]
 
 # Jobs per worker process before another process is worth starting.
 _JOBS_PER_WORKER = 25
-_cache_lock = threading.Lock()
-_compiled: dict[str, Any] = {}
+
+
+class BundleStore:
+    """A folder of compiled bundles named by digest; private ones forget old generations."""
+
+    def __init__(self, directory: Path, *, private: bool) -> None:
+        self.directory = directory
+        self.private = private
+        self._lock = threading.Lock()
+        self._previous: set[str] = set()
+
+    def path(self, digest: str) -> Path:
+        return self.directory / f"{digest}.rbb"
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def add(self, digest: str, built: Path) -> None:
+        """Move a freshly built bundle in (atomically: readers never see half a file)."""
+        os.replace(built, self.path(digest))
+
+    def retain(self, digests: Iterable[str]) -> None:
+        """After a load: a private store keeps this generation and the one before it."""
+        current = set(digests)
+        with self._lock:
+            keep, self._previous = current | self._previous, current
+        if not self.private:
+            return
+        for f in self.directory.glob("*.rbb"):
+            if f.stem not in keep:
+                f.unlink(missing_ok=True)
+
+
+_store: BundleStore | None = None
+_store_lock = threading.Lock()
+
+
+def bundle_store() -> BundleStore:
+    """The store in use (a private temporary folder unless `use_store` chose one)."""
+    global _store
+    with _store_lock:
+        if _store is None:
+            directory = Path(tempfile.mkdtemp(prefix="sandgate-rego-"))
+            atexit.register(shutil.rmtree, directory, ignore_errors=True)
+            _store = BundleStore(directory, private=True)
+        return _store
+
+
+def use_store(directory: Path) -> None:
+    """Keep compiled bundles in `directory` (created 0700; refused if others may write to it)."""
+    global _store
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = directory.stat()
+    if st.st_mode & 0o022 or st.st_uid != os.getuid():
+        raise PolicyError(
+            f"{directory}: the Rego bundle store must be owned by this user and not writable by others"
+        )
+    with _store_lock:
+        _store = BundleStore(directory, private=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,47 +139,32 @@ def sample_inputs(tenant: str) -> list[dict[str, Any]]:
 def compile_programs(
     programs: Sequence[RegoProgram], *, workers: int | None = None
 ) -> tuple[dict[str, RegoProgram], dict[str, list[RegoProblem]]]:
-    """Compile each tenant's program (reusing earlier bundles); (compiled, problems) by tenant."""
-    done: dict[str, RegoProgram] = {}
-    todo: dict[str, RegoProgram] = {}
-    with _cache_lock:
-        for p in programs:
-            bundle = _compiled.get(p.digest)
-            if bundle is not None:
-                done[p.tenant] = p.with_bundle(bundle)
-            else:
-                todo.setdefault(p.digest, p)
+    """Compile what the store does not hold yet; (programs with their bundle file, problems), by tenant."""
+    store = bundle_store()
+    todo = {p.digest: p for p in programs if not store.has(p.digest)}
     problems: dict[str, list[RegoProblem]] = {}
     if todo:
-        by_digest = {p.digest: p for p in todo.values()}
-        with tempfile.TemporaryDirectory(prefix="sandgate-rego-") as out_dir:
-            results = _run_jobs("build", list(by_digest.values()), out_dir, workers)
-            for digest, program in by_digest.items():
+        with tempfile.TemporaryDirectory(prefix="sandgate-rego-build-", dir=store.directory) as out_dir:
+            results = _run_jobs("build", list(todo.values()), out_dir, workers)
+            for digest, program in todo.items():
                 errors = results.get(digest)
                 if errors:
                     problems[digest] = _problems(errors, program.modules)
-                    continue
-                bundle = _load_bundle(Path(out_dir) / f"{digest}.rbb")
-                with _cache_lock:
-                    _compiled[digest] = bundle
+                else:
+                    store.add(digest, Path(out_dir) / f"{digest}.rbb")
+    done: dict[str, RegoProgram] = {}
     by_tenant_problems: dict[str, list[RegoProblem]] = {}
     for p in programs:
-        if p.tenant in done:
-            continue
         if p.digest in problems:
             by_tenant_problems[p.tenant] = problems[p.digest]
-            continue
-        with _cache_lock:
-            done[p.tenant] = p.with_bundle(_compiled[p.digest])
+        else:
+            done[p.tenant] = p.compiled(str(store.path(p.digest)))
     return done, by_tenant_problems
 
 
 def keep_only(programs: Iterable[RegoProgram]) -> None:
-    """Forget compiled bundles no program in `programs` uses (after a successful load)."""
-    keep = {p.digest for p in programs}
-    with _cache_lock:
-        for digest in [d for d in _compiled if d not in keep]:
-            del _compiled[digest]
+    """After a successful load: the store may forget bundles neither this load nor the last used."""
+    bundle_store().retain(p.digest for p in programs)
 
 
 def check_modules(modules: Sequence[RegoModule]) -> list[RegoProblem]:
@@ -269,11 +321,3 @@ def _problems(errors: list[dict[str, Any]], modules: Sequence[RegoModule]) -> li
             line, column = line_column(module.text, byte_to_char_offset(module.text, e["offset"]))
         out.append(RegoProblem(module.path if module else None, line, column, str(e.get("message", ""))))
     return out
-
-
-def _load_bundle(path: Path) -> Any:
-    from regopy import BundleFormat, Interpreter, LogLevel
-
-    r = Interpreter()
-    r.log_level = LogLevel.NONE
-    return r.load_bundle(str(path), BundleFormat.Binary)

@@ -11,6 +11,7 @@ tenant's modules (package sandgate.tenants.<tenant>) and `data.tenants`.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,10 +24,13 @@ from .rego_program import RegoModule
 __all__ = ["OpaEngine", "module_id"]
 
 
-def module_id(path: str) -> str:
-    """The policy id a module is uploaded under (stable, URL-safe)."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "/" for c in path.lstrip("./"))
-    return "sandgate/" + "/".join(p for p in safe.split("/") if p and p != "..")
+def module_id(path: str, root: str | None = None) -> str:
+    """The policy id a module is uploaded under: sandgate/<path relative to root>, URL-safe."""
+    if root is not None:
+        relative = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+        path = relative if not relative.startswith("..") else path
+    safe = "".join(c if c.isalnum() or c in "._-" else "/" for c in path)
+    return "sandgate/" + "/".join(p for p in safe.split("/") if p and p not in (".", ".."))
 
 
 class OpaEngine:
@@ -101,7 +105,12 @@ class OpaEngine:
             return False
 
     async def push(
-        self, modules: Iterable[RegoModule], tenants_data: Mapping[str, Any], *, prune: bool = True
+        self,
+        modules: Iterable[RegoModule],
+        tenants_data: Mapping[str, Any],
+        *,
+        prune: bool = True,
+        root: str | None = None,
     ) -> tuple[list[str], list[str]]:
         """Upload modules in order (one policy id each) and data.tenants; drop other sandgate/ ids.
 
@@ -110,7 +119,7 @@ class OpaEngine:
         client = await self._session()
         ids = []
         for module in modules:
-            mid = module_id(module.path)
+            mid = module_id(module.path, root)
             await client.update_policy_from_string(module.text, mid, rego_compat=False)
             ids.append(mid)
         await client.update_or_create_data(dict(tenants_data), "tenants")

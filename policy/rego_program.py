@@ -1,8 +1,9 @@
 """A tenant's Rego policy, ready to evaluate: its modules, its data, what it reads, its bundle.
 
 Built by the loader (off the hot path) and held by the tenant's TenantPolicy, so it is
-swapped together with the rest of the PolicySet. The embedded engine evaluates `bundle`;
-the opa engine asks a server that was given the same modules and data (`policy push`).
+swapped together with the rest of the PolicySet. The embedded engine evaluates the bundle
+compiled into `bundle_file`; the opa engine asks a server that was given the same modules
+and data (`policy push`).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class RegoProgram:
     tenant: str
     modules: tuple[RegoModule, ...]
     data: Mapping[str, Any] = field(repr=False)
-    # The compiled regopy bundle (embedded engine); None until compiled.
-    bundle: Any = field(default=None, repr=False)
+    # The compiled bundle's file in the bundle store (embedded engine); None until compiled.
+    bundle_file: str | None = field(default=None, repr=False)
     digest: str = field(init=False)
     input_paths: InputPaths = field(init=False, repr=False)
     tree: PathTree | None = field(init=False, repr=False)
@@ -83,6 +84,6 @@ class RegoProgram:
         """The base document compiled into the bundle: data.tenants.<tenant>."""
         return {"tenants": {self.tenant: dict(self.data)}}
 
-    def with_bundle(self, bundle: Any) -> RegoProgram:
-        """The same program with its compiled bundle."""
-        return RegoProgram(self.tenant, self.modules, self.data, bundle)
+    def compiled(self, bundle_file: str) -> RegoProgram:
+        """The same program, compiled into `bundle_file`."""
+        return RegoProgram(self.tenant, self.modules, self.data, bundle_file)

@@ -406,7 +406,9 @@ def _push(args: argparse.Namespace) -> int:
     data = _tenants_data(policy)["tenants"]
     try:
         ids, removed = asyncio.run(
-            _push_async(args.url, token, args.timeout, modules, data, prune=not args.keep)
+            _push_async(
+                args.url, token, args.timeout, modules, data, prune=not args.keep, root=args.rules_dir
+            )
         )
     except EngineError as e:
         print(f"sandgate: {e}", file=sys.stderr)
@@ -447,11 +449,12 @@ async def _push_async(
     data: dict[str, Any],
     *,
     prune: bool,
+    root: Path,
 ) -> tuple[list[str], list[str]]:
     from sandgate.policy.rego_opa import OpaEngine
 
     engine = OpaEngine(url, timeout=seconds, token=token)
     try:
-        return await engine.push(modules, data, prune=prune)
+        return await engine.push(modules, data, prune=prune, root=str(root))
     finally:
         await engine.close()

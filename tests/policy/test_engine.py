@@ -121,7 +121,10 @@ def test_make_engine_refuses_bad_settings(kwargs: dict[str, Any], problem: str) 
 
 def test_module_ids_are_stable_and_url_safe() -> None:
     assert module_id("rules/rego/sandgate.rego") == "sandgate/rules/rego/sandgate.rego"
-    assert module_id("../x/../y z.rego") == "sandgate/x/y/z.rego"
+    assert module_id("rules/rego/sandgate.rego", "rules") == "sandgate/rego/sandgate.rego"
+    assert module_id("/etc/rules/tenants/a b.rego", "/etc/rules") == "sandgate/tenants/a/b.rego"
+    assert module_id("../x/../y.rego") == "sandgate/x/y.rego"
+    assert module_id("/elsewhere/m.rego", "/etc/rules") == "sandgate/elsewhere/m.rego"
 
 
 # --- the decision cache --------------------------------------------------------------------

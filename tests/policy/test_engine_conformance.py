@@ -327,22 +327,19 @@ async def test_the_server_gets_the_whole_redacted_input(
     assert seen[0]["request"]["headers"] == {"authorization": "REDACTED"}
 
 
-class _Boom:
-    """A bundle that fails before any call into rego-cpp (a bad pointer would crash the process)."""
-
-    @property
-    def _impl(self) -> int:
-        raise RuntimeError("boom")
-
-
-def test_embedded_engine_faults_never_allow(acme: RegoProgram) -> None:
+def test_embedded_engine_faults_never_allow(acme: RegoProgram, tmp_path: Path) -> None:
     engine = EmbeddedEngine()
-    uncompiled = RegoProgram(acme.tenant, acme.modules, acme.data)
-    broken = RegoProgram(acme.tenant, acme.modules, acme.data, bundle=_Boom())
-    for program, message in (
-        (uncompiled, "the tenant's policy is not compiled"),
-        (broken, "the embedded engine failed (RuntimeError)"),
-    ):
+    garbage = tmp_path / "garbage.rbb"
+    garbage.write_bytes(b"not a bundle")
+    cases = [
+        (RegoProgram(acme.tenant, acme.modules, acme.data), "the tenant's policy is not compiled"),
+        (acme.compiled(str(tmp_path / "missing.rbb")), "the tenant's compiled policy cannot be loaded"),
+        (
+            RegoProgram("other", acme.modules, acme.data, str(garbage)),
+            "the tenant's compiled policy cannot be loaded",
+        ),
+    ]
+    for program, message in cases:
         verdict: RegoVerdict = engine.evaluate_now(RegoQuery(program, READ))
         assert (verdict.allowed, verdict.reason, verdict.fault, verdict.message) == (
             False,
@@ -350,3 +347,20 @@ def test_embedded_engine_faults_never_allow(acme: RegoProgram) -> None:
             True,
             message,
         )
+    assert engine.evaluate_now(RegoQuery(acme, READ)).allowed
+
+
+def test_embedded_engine_keeps_a_bounded_set_of_bundles(acme: RegoProgram) -> None:
+    engine = EmbeddedEngine(max_loaded=1)
+    trial = load_policy_dir(GOOD).tenants["trial"].rego
+    assert trial is not None
+    trial_doc = input_document(Identity("trial", "trial-1"), req("GET", "pypi.org"), "1.2.3.4")
+    for _ in range(3):
+        assert engine.evaluate_now(RegoQuery(acme, READ)).allowed
+        assert engine.evaluate_now(RegoQuery(trial, trial_doc)).allowed
+    assert engine.loads == 6
+    engine = EmbeddedEngine(max_loaded=2)
+    for _ in range(3):
+        engine.evaluate_now(RegoQuery(acme, READ))
+        engine.evaluate_now(RegoQuery(trial, trial_doc))
+    assert engine.loads == 2

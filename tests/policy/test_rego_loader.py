@@ -52,7 +52,7 @@ def test_the_good_fixture_loads_with_a_program_for_tenants_with_rego_only() -> N
     ]
     assert acme.rego.modules[0].operator and not acme.rego.modules[1].operator
     assert acme.rego.data["methods"] == {"pypi.org": ["GET", "HEAD"]}
-    assert acme.rego.bundle is not None
+    assert acme.rego.bundle_file is not None and Path(acme.rego.bundle_file).is_file()
     assert acme.rego.deterministic
     assert acme.rego.reads_request
     assert str(GOOD / "tenants" / "acme.rego") in policy.rego_files

@@ -81,6 +81,13 @@ def test_check_broken_rego(capsys: pytest.CaptureFixture[str], case: str) -> Non
     golden(f"check_broken_{case}", err)
 
 
+@pytest.mark.parametrize("case", ["unknown-key", "many-errors", "yaml-unclosed"])
+def test_check_broken_yaml(capsys: pytest.CaptureFixture[str], case: str) -> None:
+    code, out, err = run(capsys, "check", f"tests/data/rules/broken/{case}")
+    assert (code, out) == (2, "")
+    golden(f"check_broken_yaml_{case}", err)
+
+
 def test_check_broken_rego_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "check", f"{BROKEN}/syntax", "--format", "json")
     assert code == 2
@@ -263,7 +270,8 @@ def test_push_uploads_modules_and_data_and_prunes(capsys: pytest.CaptureFixture[
         value = json.loads(out)
         assert value["removed"] == ["sandgate/old.rego"]
         assert value["tenants"] == ["acme", "trial"]
-        assert value["modules"][0].endswith("good/rego/sandgate.rego")
+        assert value["modules"][0] == "sandgate/rego/sandgate.rego"
+        assert "sandgate/tenants/acme.rego" in value["modules"]
         assert set(server.policies) == {*value["modules"], "theirs"}
         assert server.data["tenants"]["acme"]["github_orgs"] == ["acme"]
         answer = server.query(

@@ -12,15 +12,13 @@ package sandgate.examples.methods
 
 import rego.v1
 
-allowed := object.get(_config, input.dest.host, object.get(_config, "*", null))
-
-_config := object.get(data.sandgate.params, "methods", {})
-
 deny contains {
 	"reason": "method_not_allowed",
 	"message": sprintf("%s is not allowed to %s", [input.request.method, input.dest.host]),
 } if {
 	input.phase == "request"
+	config := object.get(data.sandgate.params, "methods", {})
+	allowed := object.get(config, input.dest.host, object.get(config, "*", null))
 	is_array(allowed)
 	not input.request.method in allowed
 }

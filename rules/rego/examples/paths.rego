@@ -11,13 +11,12 @@ package sandgate.examples.paths
 
 import rego.v1
 
-globs := object.get(object.get(data.sandgate.params, "paths", {}), input.dest.host, null)
-
 deny contains {
 	"reason": "path_not_allowed",
 	"message": sprintf("%s is not an allowed path on %s", [input.request.path, input.dest.host]),
 } if {
 	input.phase == "request"
+	globs := object.get(object.get(data.sandgate.params, "paths", {}), input.dest.host, null)
 	is_array(globs)
 	not _matches(globs, input.request.path)
 }
