@@ -13,7 +13,7 @@ Every problem is reported as file:line:column.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +25,7 @@ from .errors import PolicyLoadError, SourceLocation
 from .models import TenantFile
 from .rego_compile import compile_programs, keep_only
 from .rego_program import RegoModule, RegoProgram, tenant_package
-from .rego_source import ModuleFacts, line_column, module_facts
+from .rego_source import line_column, module_facts
 from .rego_source import ref_text as _dotted
 from .yamlsource import YamlDocument
 
@@ -55,12 +55,15 @@ def rego_watch_files(rules_dir: Path) -> list[Path]:
     return out
 
 
+# Scans of module texts, kept across loads: a reload rescans only what changed.
+_facts = functools.lru_cache(maxsize=65_536)(module_facts)
+
+
 class _Modules:
     """Module files read once per load, with their scans (the same file serves many tenants)."""
 
     def __init__(self) -> None:
         self._by_path: dict[str, RegoModule | PolicyLoadError] = {}
-        self._facts: dict[str, ModuleFacts] = {}
 
     def get(self, path: Path, operator: bool) -> RegoModule | PolicyLoadError:
         key = os.path.normpath(path)
@@ -75,11 +78,7 @@ class _Modules:
             text = Path(key).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             return PolicyLoadError(SourceLocation(key), "", f"cannot read: {e}")
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        facts = self._facts.get(digest)
-        if facts is None:
-            facts = self._facts[digest] = module_facts(text)
-        return RegoModule(key, text, facts, operator=operator)
+        return RegoModule(key, text, _facts(text), operator=operator)
 
 
 def load_rego(
@@ -100,7 +99,7 @@ def _load(
 ) -> RegoLoad:
     modules = _Modules()
     operator = _operator_modules(rules_dir, modules, errors)
-    library = Path(os.path.abspath(operator_modules_dir(rules_dir)))
+    library = os.path.abspath(operator_modules_dir(rules_dir)) + os.sep
     programs: list[RegoProgram] = []
     used: dict[str, RegoModule] = {m.path: m for m in operator}
     for doc, tenant in wanted:
@@ -158,7 +157,7 @@ def _operator_modules(rules_dir: Path, modules: _Modules, errors: list[PolicyLoa
 
 
 def _tenant_modules(
-    doc: YamlDocument, tenant: TenantFile, library: Path, modules: _Modules, errors: list[PolicyLoadError]
+    doc: YamlDocument, tenant: TenantFile, library: str, modules: _Modules, errors: list[PolicyLoadError]
 ) -> list[RegoModule] | None:
     base = Path(doc.file).parent
     ok = True
@@ -183,7 +182,7 @@ def _tenant_modules(
     return out if ok else None
 
 
-def _package_problem(module: RegoModule, tenant: str, library: Path) -> str:
+def _package_problem(module: RegoModule, tenant: str, library: str) -> str:
     pkg = module.facts.package
     own = tenant_package(tenant)
     if pkg is None:
@@ -192,7 +191,7 @@ def _package_problem(module: RegoModule, tenant: str, library: Path) -> str:
         return ""
     if pkg[:2] == ("sandgate", "tenants") and len(pkg) > 2:
         return f"package {_dotted(pkg)} belongs to tenant {pkg[2]!r}; this tenant's is {_dotted(own)}"
-    if Path(os.path.abspath(module.path)).is_relative_to(library):
+    if os.path.abspath(module.path).startswith(library):
         return ""  # the operator's library (rules/rego/...), e.g. the examples
     return f"a tenant's module must be in package {_dotted(own)} (or below it), not {_dotted(pkg)}"
 

@@ -8,6 +8,7 @@ and data (`policy push`).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -85,5 +86,7 @@ class RegoProgram:
         return {"tenants": {self.tenant: dict(self.data)}}
 
     def compiled(self, bundle_file: str) -> RegoProgram:
-        """The same program, compiled into `bundle_file`."""
-        return RegoProgram(self.tenant, self.modules, self.data, bundle_file)
+        """The same program, compiled into `bundle_file` (what was derived is not derived again)."""
+        done = copy.copy(self)
+        object.__setattr__(done, "bundle_file", bundle_file)
+        return done

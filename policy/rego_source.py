@@ -32,7 +32,18 @@ __all__ = [
 
 # Builtins whose result differs between two evaluations of the same input: no caching.
 NONDETERMINISTIC_BUILTINS = frozenset(
-    {"time.now_ns", "rand.intn", "uuid.rfc4122", "http.send", "net.lookup_ip_addr", "opa.runtime"}
+    {
+        "time.now_ns",
+        "rand.intn",
+        "uuid.rfc4122",
+        "http.send",
+        "net.lookup_ip_addr",
+        "opa.runtime",
+        # These read the clock to check expiry.
+        "io.jwt.decode_verify",
+        "crypto.x509.parse_and_verify_certificates",
+        "crypto.x509.parse_and_verify_certificates_with_options",
+    }
 )
 # Builtins that reach the network or the host from inside a policy: refused at load.
 FORBIDDEN_BUILTINS = frozenset({"http.send", "net.lookup_ip_addr", "opa.runtime"})
@@ -119,6 +130,8 @@ def module_facts(source: str) -> ModuleFacts:
     forbidden: list[tuple[str, int]] = []
     tests: list[str] = []
     for i, tok in enumerate(toks):
+        if tok.kind == "string" and i > 0 and toks[i - 1].text == "$":
+            paths = None  # a template string's {expressions} are not scanned: assume anything
         if tok.kind != "ident":
             continue
         after_dot = i > 0 and toks[i - 1].text == "."
@@ -129,8 +142,11 @@ def module_facts(source: str) -> ModuleFacts:
             else:
                 paths.add(path)
         if not after_dot:
-            name = _dotted_name(toks, i)
-            if name in NONDETERMINISTIC_BUILTINS or name in FORBIDDEN_BUILTINS:
+            name = next(
+                (n for n in _prefixes(_dotted_name(toks, i)) if n in NONDETERMINISTIC_BUILTINS),
+                "",
+            )
+            if name:
                 builtins.add(name)
                 if name in FORBIDDEN_BUILTINS:
                     forbidden.append((name, tok.offset))
@@ -200,13 +216,18 @@ def _ref_path(toks: list[Token], i: int) -> tuple[str, ...] | None:
 
 
 def _dotted_name(toks: list[Token], i: int) -> str:
+    """The dotted name starting at toks[i] (`crypto.x509.parse_and_verify_certificates`)."""
     parts = [toks[i].text]
-    while i + 2 < len(toks) and toks[i + 1].text == "." and toks[i + 2].kind == "ident":
+    while i + 2 < len(toks) and toks[i + 1].text == "." and toks[i + 2].kind == "ident" and len(parts) < 4:
         parts.append(toks[i + 2].text)
         i += 2
-        if len(parts) == 2:
-            break
     return ".".join(parts)
+
+
+def _prefixes(name: str) -> list[str]:
+    """a.b.c → [a.b.c, a.b, a]: a call is `f(...)`, but a chain may continue past the builtin."""
+    parts = name.split(".")
+    return [".".join(parts[:n]) for n in range(len(parts), 0, -1)]
 
 
 def _unquote(text: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from sandgate.policy import rego_compile
 from sandgate.policy.engine import RegoQuery, make_engine
-from sandgate.policy.errors import PolicyLoadError, PolicySetError
+from sandgate.policy.errors import PolicyError, PolicyLoadError, PolicySetError
 from sandgate.policy.loader import load_policy_dir, policy_files
 from sandgate.policy.rego_compile import sample_inputs
 
@@ -23,7 +23,7 @@ REPO_REGO = Path(__file__).parents[2] / "rules" / "rego"
 def rules_with(tmp_path: Path, tenants: dict[str, str]) -> Path:
     """A rules directory with the shipped Rego and the given tenants/ files."""
     shutil.copytree(REPO_REGO, tmp_path / "rego")
-    (tmp_path / "tenants").mkdir()
+    (tmp_path / "tenants").mkdir(parents=True)
     for name, text in tenants.items():
         (tmp_path / "tenants" / name).write_text(text)
     return tmp_path
@@ -225,3 +225,30 @@ def test_a_broken_reload_raises_and_the_old_policy_still_evaluates(tmp_path: Pat
 def test_shipped_rules_still_load() -> None:
     policy = load_policy_dir(Path(__file__).parents[2] / "rules")
     assert all(t.rego is None for t in policy.tenants.values())
+
+
+def test_a_private_store_keeps_two_generations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rego_compile, "_store", None)
+    rules_with(tmp_path, {"t.yaml": TENANT, "t.rego": MODULE})
+    files = []
+    for method in ("DELETE", "PUT", "PATCH"):
+        (tmp_path / "tenants" / "t.rego").write_text(MODULE.replace("DELETE", method))
+        program = load_policy_dir(tmp_path).tenants["t"].rego
+        assert program is not None and program.bundle_file is not None
+        files.append(Path(program.bundle_file))
+    assert [f.is_file() for f in files] == [False, True, True]
+
+
+def test_a_shared_store_outlives_the_process_and_must_be_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rego_compile, "_store", None)
+    store = tmp_path / "store"
+    rego_compile.use_store(store)
+    assert store.stat().st_mode & 0o777 == 0o700
+    rules = rules_with(tmp_path / "rules", {"t.yaml": TENANT, "t.rego": MODULE})
+    program = load_policy_dir(rules).tenants["t"].rego
+    assert program is not None and Path(program.bundle_file or "").parent == store
+    store.chmod(0o777)
+    with pytest.raises(PolicyError, match="not writable by others"):
+        rego_compile.use_store(store)

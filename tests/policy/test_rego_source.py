@@ -91,6 +91,24 @@ def test_builtins_that_change_between_calls_are_found() -> None:
     assert facts.forbidden == ()
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        'io.jwt.decode_verify(input.request.headers.authorization, {"secret": "s"})',
+        "crypto.x509.parse_and_verify_certificates(x)",
+        "rand.intn(\"k\", 10)",
+    ],
+    ids=["JWT verification reads the clock", "certificate verification reads the clock", "random numbers"],
+)
+def test_more_builtins_that_change_between_calls(call: str) -> None:
+    facts = module_facts(f"package p\nimport rego.v1\nx := {call}\n")
+    assert facts.builtins and facts.forbidden == ()
+
+
+def test_a_template_string_reads_anything() -> None:
+    assert paths_of('x := $"{input.request.method}" if input.phase') is None
+
+
 def test_network_builtins_are_forbidden_with_their_position() -> None:
     text = 'package p\nimport rego.v1\n\nx := http.send({"url": "http://a"})\n'
     facts = module_facts(text)
