@@ -96,7 +96,7 @@ def test_builtins_that_change_between_calls_are_found() -> None:
     [
         'io.jwt.decode_verify(input.request.headers.authorization, {"secret": "s"})',
         "crypto.x509.parse_and_verify_certificates(x)",
-        "rand.intn(\"k\", 10)",
+        'rand.intn("k", 10)',
     ],
     ids=["JWT verification reads the clock", "certificate verification reads the clock", "random numbers"],
 )
