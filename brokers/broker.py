@@ -129,6 +129,13 @@ class Broker:
             return False
         return any(c.host_ok(host) and port in c.credential.ports for c in table.by_name.values())
 
+    def bound_names(self, tenant: str, host: str, port: int) -> tuple[str, ...]:
+        """The names of the tenant's credentials bound to host:port (for the Rego input)."""
+        table = self._state.tenants.get(tenant)
+        if table is None:
+            return ()
+        return tuple(n for n, c in table.by_name.items() if c.host_ok(host) and port in c.credential.ports)
+
     def has_credentials(self, tenant: str) -> bool:
         """Whether the tenant declares any credential."""
         table = self._state.tenants.get(tenant)

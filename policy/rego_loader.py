@@ -99,6 +99,14 @@ def _load(
 ) -> RegoLoad:
     modules = _Modules()
     operator = _operator_modules(rules_dir, modules, errors)
+    decision_module = Path(operator_modules_dir(rules_dir)) / "sandgate.rego"
+    if not decision_module.is_file():
+        # Without the module that defines data.sandgate.decision every request would be
+        # denied as "undefined": say so at load instead.
+        for doc, _ in wanted:
+            problem = f"{decision_module} (the decision module, shipped in sandgate's rules/rego/) is missing"
+            errors.append(PolicyLoadError(doc.locate(("rego",)), "rego", problem))
+        return RegoLoad({}, (), ())
     library = os.path.abspath(operator_modules_dir(rules_dir)) + os.sep
     programs: list[RegoProgram] = []
     used: dict[str, RegoModule] = {m.path: m for m in operator}

@@ -136,6 +136,31 @@ class CredentialsConfig(_Strict):
     )
 
 
+class OpaServerConfig(_Strict):
+    """An OPA server reached over its REST API (fleet mode)."""
+
+    url: str = "http://127.0.0.1:8181"
+    timeout_seconds: Annotated[float, Field(gt=0, le=30)] = 0.5
+    token: str | None = Field(default=None, description="bearer token reference: env:VAR or file:PATH")
+
+
+class RegoCacheConfig(_Strict):
+    size: Annotated[int, Field(ge=0)] = 10_000
+    ttl_seconds: Annotated[float, Field(gt=0)] | None = None
+
+
+class RegoConfig(_Strict):
+    """Which engine evaluates tenants' Rego (data.sandgate.decision)."""
+
+    engine: Literal["embedded", "opa"] = "embedded"
+    opa: OpaServerConfig = Field(default_factory=OpaServerConfig)
+    cache: RegoCacheConfig = Field(default_factory=RegoCacheConfig)
+    max_loaded_bundles: Annotated[int, Field(ge=1)] = 1_000
+    bundle_store: str | None = Field(
+        default=None, description="a 0700 folder for compiled bundles that outlives the process"
+    )
+
+
 class HostRulesConfig(_Strict):
     """The nftables table `sandgate sandbox add` owns (one per gateway state directory)."""
 
@@ -162,6 +187,7 @@ class GatewayConfig(_Strict):
     transparent: TransparentConfig = Field(default_factory=TransparentConfig)
     host_rules: HostRulesConfig = Field(default_factory=HostRulesConfig)
     credentials: CredentialsConfig = Field(default_factory=CredentialsConfig)
+    rego: RegoConfig = Field(default_factory=RegoConfig)
     rules_dir: str = "rules"
     state_dir: str = "~/.sandgate"
     resolver: ResolverConfig = Field(default_factory=ResolverConfig)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sandgate.brokers import Broker
-from sandgate.policy.decision import Decision, Identity
+from sandgate.policy.decide import decide
+from sandgate.policy.decision import Decision, EgressRequest, Identity
+from sandgate.policy.engine import PolicyEngine
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.policyset import PolicySet
 from sandgate.policy.reasons import Reason
@@ -58,6 +60,7 @@ class GatewayContext:
         *,
         reroute: bool = False,
         broker: Broker | None = None,
+        engine: PolicyEngine | None = None,
     ) -> None:
         self.policy = policy
         self.resolver = resolver
@@ -67,7 +70,21 @@ class GatewayContext:
         # Transparent mode: dial a name's pinned address even when the guest chose another IP.
         self.reroute = reroute
         self.broker = broker
+        # Evaluates tenants' Rego (step 6 of decide); None: decide's default embedded engine.
+        self.engine = engine
         self.connections: dict[str, ConnectionState] = {}
+
+    async def decide(
+        self, identity: Identity | None, request: EgressRequest, *, address: str | None = None
+    ) -> Decision:
+        """The policy's decision (the evaluation order in sandgate.policy.decide), Rego included."""
+        if identity is not None and self.broker is not None and not request.credentials:
+            names = self.broker.bound_names(identity.tenant, request.host, request.port)
+            if names:
+                request = replace(request, credentials=names)
+        return await decide(
+            self.policy, identity, request, self.resolver, self.guard, address=address, engine=self.engine
+        )
 
     def with_credentials(
         self, decision: Decision, identity: Identity | None, host: str, port: int

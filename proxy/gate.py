@@ -18,7 +18,7 @@ from mitmproxy import http, tcp
 from mitmproxy.proxy import server_hooks
 from mitmproxy.tls import ClientHelloData
 
-from sandgate.policy.decide import decide, literal_ip
+from sandgate.policy.decide import literal_ip
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import normalise_host, normalise_path, split_authority
@@ -66,8 +66,8 @@ class Gate:
                 await self._deny_flow(flow, dctx, self._fault(Reason.INVALID_REQUEST, str(e)))
                 return
             dctx.host, dctx.port = host, flow.request.port
-            request = EgressRequest(Phase.CONNECT, host, flow.request.port)
-            decision = await self._decide(dctx.identity, request)
+            request = EgressRequest(Phase.CONNECT, host, flow.request.port, client=_client_ip(flow))
+            decision = await self.ctx.decide(dctx.identity, request)
             decision = self.ctx.with_credentials(decision, dctx.identity, host, flow.request.port)
             if not decision.allowed or decision.address is None:
                 await self._deny_flow(flow, dctx, decision)
@@ -180,8 +180,13 @@ class Gate:
                 scheme=flow.request.scheme,
                 method=flow.request.method,
                 path=_match_path(flow.request.path),
+                sni=state.sni,
+                query=flow.request.path.partition("?")[2],
+                headers=tuple(flow.request.headers.items(multi=True)),
+                body_size=_declared_length(flow.request),
+                client=_client_ip(flow),
             )
-            decision = await self._decide(dctx.identity, request, address=address)
+            decision = await self.ctx.decide(dctx.identity, request, address=address)
             if not decision.allowed or decision.address is None:
                 await self._deny_flow(flow, dctx, decision)
                 return
@@ -272,13 +277,6 @@ class Gate:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    async def _decide(
-        self, identity: Identity | None, request: EgressRequest, address: str | None = None
-    ) -> Decision:
-        return await decide(
-            self.ctx.policy, identity, request, self.ctx.resolver, self.ctx.guard, address=address
-        )
-
     def _state(self, flow: http.HTTPFlow) -> ConnectionState:
         state = self.ctx.connections.get(flow.client_conn.id)
         if state is None:
@@ -306,7 +304,9 @@ class Gate:
     async def _deny_flow(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> None:
         queued = await self._record(dctx, decision)
         reason = decision.reason if queued else Reason.INTERNAL_ERROR
-        flow.response = denied_response(reason, dctx.host, dctx.decision_id)
+        # Only a Rego author's message reaches the guest; other details stay in the audit trail.
+        message = decision.detail if reason is Reason.POLICY_DENIED else None
+        flow.response = denied_response(reason, dctx.host, dctx.decision_id, message)
         state = self.ctx.connections.get(flow.client_conn.id)
         if flow.request.method == "CONNECT" and state is not None:
             state.denied = reason
@@ -331,6 +331,19 @@ def _sni_matches(sni: str | None, host: str | None) -> bool:
         return normalise_host(sni) == host
     except HostError:
         return False
+
+
+def _client_ip(flow: http.HTTPFlow) -> str | None:
+    peer = flow.client_conn.peername
+    return str(peer[0]) if peer else None
+
+
+def _declared_length(request: http.Request) -> int | None:
+    try:
+        length = request.headers.get("content-length")
+        return int(length) if length is not None else None
+    except ValueError:
+        return None
 
 
 def _match_path(path: str) -> str:

@@ -16,13 +16,16 @@ __all__ = ["MIN_KEY_BYTES", "load_placeholder_key"]
 MIN_KEY_BYTES = 32
 
 
-def load_placeholder_key(reference: str, *, create: bool = True) -> Secret:
-    """The key from `env:VAR` or `file:PATH`; a missing file is created (mode 0600) when allowed."""
+def load_placeholder_key(reference: str, *, create: bool = True, min_bytes: int = MIN_KEY_BYTES) -> Secret:
+    """The key from `env:VAR` or `file:PATH`; a missing file is created (mode 0600) when allowed.
+
+    Also reads other small secrets of the gateway's own (an OPA token) with `min_bytes`.
+    """
     scheme, _, value = reference.partition(":")
     if scheme == "env":
         text = os.environ.get(value, "")
-        if len(text.encode()) < MIN_KEY_BYTES:
-            raise ConfigError(f"placeholder key: {value} must hold at least {MIN_KEY_BYTES} bytes")
+        if len(text.encode()) < min_bytes:
+            raise ConfigError(f"placeholder key: {value} must hold at least {min_bytes} bytes")
         return Secret(text)
     if scheme != "file":
         raise ConfigError("placeholder key: use env:VAR or file:PATH")
@@ -39,6 +42,6 @@ def load_placeholder_key(reference: str, *, create: bool = True) -> Secret:
         text = path.read_text().strip()
     except OSError as e:
         raise ConfigError(f"placeholder key {path}: {e.strerror}") from None
-    if len(text.encode()) < MIN_KEY_BYTES:
-        raise ConfigError(f"placeholder key {path} must hold at least {MIN_KEY_BYTES} bytes")
+    if len(text.encode()) < min_bytes:
+        raise ConfigError(f"placeholder key {path} must hold at least {min_bytes} bytes")
     return Secret(text)

@@ -14,11 +14,22 @@ REASON_HEADER = "X-Sandgate-Reason"
 DECISION_HEADER = "X-Sandgate-Decision-Id"
 
 
-def denied_response(reason: Reason, host: str | None, decision_id: str) -> http.Response:
-    """403 with the reason in a header and a JSON body an agent can read."""
-    body = json.dumps(
-        {"error": "egress denied", "reason": reason.value, "host": host, "decision_id": decision_id}
-    ).encode()
+def denied_response(
+    reason: Reason, host: str | None, decision_id: str, message: str | None = None
+) -> http.Response:
+    """403 with the reason in a header and a JSON body an agent can read.
+
+    `message` is a policy author's explanation (a Rego denial's), never gateway internals.
+    """
+    fields: dict[str, object] = {
+        "error": "egress denied",
+        "reason": reason.value,
+        "host": host,
+        "decision_id": decision_id,
+    }
+    if message:
+        fields["message"] = message
+    body = json.dumps(fields).encode()
     return http.Response.make(
         403,
         body,

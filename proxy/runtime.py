@@ -16,9 +16,11 @@ from mitmproxy import master, options
 from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
 from sandgate.brokers import Broker
+from sandgate.policy.engine import PolicyEngine, make_engine
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.loader import load_policy_dir, policy_files
 from sandgate.policy.policyset import PolicySet
+from sandgate.policy.rego_compile import use_store
 from sandgate.policy.resolver import (
     CachingResolver,
     ChainResolver,
@@ -50,6 +52,23 @@ __all__ = ["Gateway", "build_resolver", "serve"]
 log = structlog.get_logger("sandgate.runtime")
 
 
+def build_engine(config: GatewayConfig) -> PolicyEngine:
+    """The Rego engine the config names, behind the decision cache."""
+    rego = config.rego
+    token = None
+    if rego.opa.token:
+        token = load_placeholder_key(rego.opa.token, create=False, min_bytes=1).reveal()
+    return make_engine(
+        rego.engine,
+        url=rego.opa.url if rego.engine == "opa" else None,
+        timeout=rego.opa.timeout_seconds,
+        token=token,
+        cache_size=rego.cache.size,
+        cache_ttl=rego.cache.ttl_seconds,
+        max_loaded_bundles=rego.max_loaded_bundles,
+    )
+
+
 def build_resolver(cfg: ResolverConfig) -> Resolver:
     """Static hosts first, then the nameservers (or the system), behind a TTL cache."""
     base: Resolver = (
@@ -78,6 +97,12 @@ class _Lifecycle:
             gw.shutdown()
             return
         await gw.reloader.start()
+        if gw.config.rego.engine == "opa" and not await gw.engine.health():
+            # Decisions still fail closed (policy_error) until the server answers.
+            log.error("rego.opa_unhealthy", url=gw.config.rego.opa.url)
+        if gw.config.rego.engine == "opa" and not await gw.engine.health():
+            # Decisions still fail closed (policy_error) until the server answers.
+            log.error("rego.opa_unhealthy", url=gw.config.rego.opa.url)
         if gw.dns is not None:
             try:
                 await gw.dns.start()
@@ -103,6 +128,7 @@ class _Lifecycle:
         remove_status(self.gateway.config.status_path)
         await self.gateway.reloader.stop()
         await self.gateway.broker.aclose()
+        await self.gateway.engine.close()
         if self.gateway.dns is not None:
             await self.gateway.dns.stop()
         await asyncio.to_thread(self.gateway.ctx.audit.close)
@@ -118,6 +144,9 @@ class Gateway:
     def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
         self.config = config
         self.broker = Broker(placeholder_key=load_placeholder_key(config.placeholder_key_ref))
+        if config.rego.bundle_store:
+            use_store(config.path(config.rego.bundle_store))
+        self.engine = build_engine(config)
         policy = self._load_policy()
         ensure_ca(config.ca_dir)
         guard_cfg = config.address_guard
@@ -142,6 +171,7 @@ class Gateway:
             bindings=NameBindings(min_ttl=tcfg.binding_min_ttl, max_ttl=tcfg.binding_max_ttl),
             reroute=tcfg.reroute,
             broker=self.broker,
+            engine=self.engine,
         )
         self.dns: DnsListener | None = None
         if config.dns is not None:
@@ -194,6 +224,7 @@ class Gateway:
         return [
             *policy_files(self.config.rules_path),
             *map(Path, policy.token_files),
+            *map(Path, policy.rego_files),
             self.config.registry_path,
         ]
 

@@ -16,8 +16,7 @@ from mitmproxy import connection, http
 from mitmproxy.proxy import layer, layers
 from mitmproxy.tls import ClientHelloData
 
-from sandgate.policy.decide import decide
-from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
+from sandgate.policy.decision import Decision, EgressRequest, Phase
 from sandgate.policy.errors import HostError, ResolveError
 from sandgate.policy.hosts import normalise_host, split_authority
 from sandgate.policy.reasons import Reason
@@ -80,11 +79,13 @@ class Transparent:
                 reason=Reason.PROTOCOL_NOT_ALLOWED, policy_version=policy.version, mode=tenant.mode
             )
         # Raw TCP rules: by network for the address itself, or by a name bound to it.
-        by_ip = await self._decide(state.identity, EgressRequest(Phase.CONNECT, ip, port))
+        by_ip = await self.ctx.decide(state.identity, EgressRequest(Phase.CONNECT, ip, port))
         if by_ip.allowed and by_ip.raw_tcp:
             return by_ip
         for name in self.ctx.bindings.names_for(state.identity.sandbox, ip):
-            by_name = await self._decide(state.identity, EgressRequest(Phase.CONNECT, name, port), address=ip)
+            by_name = await self.ctx.decide(
+                state.identity, EgressRequest(Phase.CONNECT, name, port), address=ip
+            )
             if by_name.allowed and by_name.raw_tcp:
                 return by_name
         return None
@@ -174,14 +175,14 @@ class Transparent:
         assert state.original_dst is not None
         ip, port = state.original_dst
         if sni is None:
-            return await self._decide(state.identity, EgressRequest(Phase.TLS, ip, port)), ip
+            return await self.ctx.decide(state.identity, EgressRequest(Phase.TLS, ip, port)), ip
         try:
             name = normalise_host(sni)
         except HostError as e:
             return Decision(reason=Reason.SNI_MISMATCH, detail=str(e)), sni
         if name != ip and not await self._bound(state, name):
             return Decision(reason=Reason.HOST_MISMATCH, detail="not resolved by the gateway"), name
-        decision = await self._decide(state.identity, EgressRequest(Phase.TLS, name, port, sni=sni))
+        decision = await self.ctx.decide(state.identity, EgressRequest(Phase.TLS, name, port, sni=sni))
         return self.ctx.with_credentials(decision, state.identity, name, port), name
 
     async def _bound(self, state: ConnectionState, name: str) -> bool:
@@ -205,13 +206,6 @@ class Transparent:
             return ip in (await self.ctx.resolver.resolve(name)).addresses
         except ResolveError:
             return False
-
-    async def _decide(
-        self, identity: Identity | None, request: EgressRequest, address: str | None = None
-    ) -> Decision:
-        return await decide(
-            self.ctx.policy, identity, request, self.ctx.resolver, self.ctx.guard, address=address
-        )
 
     def _dctx(self, state: ConnectionState, phase: Phase, host: str | None) -> DecisionContext:
         return DecisionContext(
