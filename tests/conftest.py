@@ -45,6 +45,21 @@ TEST_HOSTS = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _demo_token() -> Iterator[None]:
+    """The shipped demo tenant reads rules/tenants/demo-1.token, which quickstart creates on a
+    fresh clone; tests that load the shipped rules get one for the session (and it goes again)."""
+    path = REPO / "rules" / "tenants" / "demo-1.token"
+    created = not path.exists()
+    if created:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("test-demo-token-0123456789abcdef\n")
+    yield
+    if created:
+        path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPKI]:
     names = ["api.test", "*.api.test", "pass.test", "open.test", "other.test", UPSTREAM_IP, ATTACKER_IP]
