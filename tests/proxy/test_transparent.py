@@ -503,3 +503,9 @@ def test_a_connect_through_the_transparent_listener_is_refused(lab: Lab) -> None
     )
     assert result.stdout in ("400", "403")
     assert lab.tls.connections == []
+
+
+@pytest.mark.usefixtures("no_jail_left")
+def test_jail_reports_a_killed_command_and_still_cleans_up(lab: Lab) -> None:
+    result = lab.sandgate("jail", "--tenant", "t1", "--", "sh", "-c", "kill -KILL $$")
+    assert result.returncode == 128 + signal.SIGKILL
