@@ -7,6 +7,7 @@ folder (or the working directory when there is no file).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -189,7 +190,8 @@ class GatewayConfig(_Strict):
     credentials: CredentialsConfig = Field(default_factory=CredentialsConfig)
     rego: RegoConfig = Field(default_factory=RegoConfig)
     rules_dir: str = "rules"
-    state_dir: str = "~/.sandgate"
+    # $SANDGATE_HOME when set (the quick-start script and its messages use it too).
+    state_dir: str = Field(default_factory=lambda: os.environ.get("SANDGATE_HOME") or "~/.sandgate")
     resolver: ResolverConfig = Field(default_factory=ResolverConfig)
     address_guard: AddressGuardConfig = Field(default_factory=AddressGuardConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)

@@ -75,3 +75,14 @@ def test_a_bad_config_names_file_and_line(tmp_path: Path, capsys: pytest.Capture
     config.write_text("listeners:\n  - port: 8080\n    hots: x\n")
     assert main(["run", "--config", str(config)]) == 2
     assert f"{config}:3:5: listeners.0.hots: unknown key (did you mean 'host'?)" in capsys.readouterr().err
+
+
+def test_the_state_directory_defaults_to_sandgate_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandgate.proxy.config import load_config
+
+    monkeypatch.setenv("SANDGATE_HOME", str(tmp_path / "home"))
+    assert load_config(None).state_path == tmp_path / "home"
+    monkeypatch.delenv("SANDGATE_HOME")
+    assert load_config(None).state_path == Path("~/.sandgate").expanduser()
