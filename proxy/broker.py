@@ -40,6 +40,18 @@ _SCRUB_KEY = "sandgate.scrub"
 MAX_BUFFERED_BODY = 1024 * 1024
 
 
+class StreamDenied(Exception):
+    """Raised from a request body stream to abort it: a placeholder was found on its way."""
+
+
+def refuse(flow: http.HTTPFlow, reason: Reason, dctx: DecisionContext) -> None:
+    """Answer 403, or cut the connection when the request is already streaming upstream."""
+    if flow.request.stream:
+        flow.kill()  # mitmproxy cannot answer a request whose body it is streaming
+    else:
+        flow.response = denied_response(reason, dctx.host, dctx.decision_id)
+
+
 class CredentialBroker:
     """Applies the broker to allowed requests and scrubs their responses."""
 
@@ -51,14 +63,19 @@ class CredentialBroker:
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.error is not None or PENDING_KEY not in flow.metadata:
             return
-        if _streamed(flow.request):
-            # Too large to buffer: decide now, and guard every chunk on its way through.
+        if _request_streamed(flow.request):
+            # Too large (or of unknown size) to buffer: decide now, guard every chunk on its way.
             await self._broker(flow, body=None)
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.error is not None or PENDING_KEY not in flow.metadata:
             return
         if _DECIDED_KEY not in flow.metadata:
+            if flow.request.stream:
+                # The body already went upstream unseen: never let that pass silently.
+                log.error("broker.unguarded_stream", decision_id=flow.metadata[PENDING_KEY][0].decision_id)
+                flow.kill()
+                return
             await self._broker(flow, body=flow.request.raw_content or b"")
 
     async def _broker(self, flow: http.HTTPFlow, body: bytes | None) -> None:
@@ -101,11 +118,21 @@ class CredentialBroker:
                 _replace_body(flow.request, applied.body)
         guard = outcome.body_guard
         if guard is not None:
+            dctx, decision = flow.metadata[PENDING_KEY]
 
             def check(chunk: bytes) -> bytes:
-                if guard.feed(chunk) is not None:
+                denial = guard.feed(chunk)
+                if denial is not None:
+                    denied = Decision(
+                        reason=denial.reason,
+                        policy_version=decision.policy_version,
+                        detail="in a streamed body",
+                    )
+                    self.ctx.audit.emit_nowait(decision_record(dctx, denied, credentials=denial.credentials))
+                    flow.metadata.pop(PENDING_KEY, None)
                     flow.kill()
-                    return b""
+                    # Raising aborts the message: returning would let mitmproxy complete it upstream.
+                    raise StreamDenied(denial.reason.value)
                 return chunk
 
             flow.request.stream = check
@@ -138,12 +165,12 @@ class CredentialBroker:
         self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, *, extra: dict[str, Any]
     ) -> None:
         flow.metadata.pop(PENDING_KEY, None)
+        # Refuse first, record second: a fault while recording must not leave the request going.
+        refuse(flow, decision.reason, dctx)
         record = decision_record(dctx, decision, credentials=tuple(extra.pop("credentials", ())))
         if extra:
             record["broker"] = extra
-        queued = await self.ctx.audit.emit(record)
-        reason = decision.reason if queued else Reason.INTERNAL_ERROR
-        flow.response = denied_response(reason, dctx.host, dctx.decision_id)
+        await self.ctx.audit.emit(record)
 
     # -- responses ---------------------------------------------------------------------------
 
@@ -160,12 +187,21 @@ class CredentialBroker:
                     for k, v in scrubber.scrub_headers(list(response.headers.items(multi=True)))
                 ]
             )
-            if _streamed(response) and "content-encoding" not in response.headers:
+            if not _response_buffered(response):
+                if "content-encoding" in response.headers:
+                    # A compressed body we cannot buffer cannot be scrubbed: it does not pass.
+                    log.warning("broker.unscrubbable_response", host=flow.request.pretty_host)
+                    flow.kill()
+                    return
+                # Every other body streams through the scrubber (its length changes).
+                response.headers.pop("content-length", None)
+                if response.http_version == "HTTP/1.1":
+                    response.headers["transfer-encoding"] = "chunked"
                 response.stream = scrubber.stream()
                 flow.metadata.pop(_SCRUB_KEY, None)
         except Exception:
             log.exception("hook_failed", hook="broker.responseheaders")
-            flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
+            flow.kill()
 
     def response(self, flow: http.HTTPFlow) -> None:
         owner = flow.metadata.pop(_SCRUB_KEY, None)
@@ -194,15 +230,32 @@ def _replace_body(message: http.Message, body: bytes) -> None:
         message.headers["content-length"] = str(len(body))
 
 
-def _streamed(message: http.Message) -> bool:
-    """Whether a message's body is too large (or of unknown size) to buffer."""
-    length = message.headers.get("content-length")
+def _declared_length(message: http.Message) -> int | None:
+    try:
+        length = message.headers.get("content-length")
+        return int(length) if length is not None else None
+    except ValueError:
+        return None
+
+
+def _request_streamed(request: http.Request) -> bool:
+    """Whether a request body is too large, or of unknown size, to buffer and scan first.
+
+    HTTP/2 and chunked bodies without a length count as unknown: mitmproxy would start
+    streaming them upstream past 1 MiB, before the broker saw them.
+    """
+    length = _declared_length(request)
     if length is not None:
-        try:
-            return int(length) > MAX_BUFFERED_BODY
-        except ValueError:
-            return True
-    return "chunked" in message.headers.get("transfer-encoding", "").lower()
+        return length > MAX_BUFFERED_BODY
+    if "chunked" in request.headers.get("transfer-encoding", "").lower():
+        return True
+    return not request.http_version.startswith("HTTP/1")
+
+
+def _response_buffered(response: http.Response) -> bool:
+    """Whether mitmproxy will hand the `response` hook the whole body (a known, small length)."""
+    length = _declared_length(response)
+    return length is not None and length <= MAX_BUFFERED_BODY
 
 
 def _broker_request(flow: http.HTTPFlow, dctx: DecisionContext, body: bytes | None) -> BrokerRequest:

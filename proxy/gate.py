@@ -223,6 +223,19 @@ class Gate:
         port_ok = claimed_port == port or (":" not in host_header.rsplit("]", 1)[-1])
         if claimed_host != host or not port_ok:
             return self._fault(Reason.HOST_MISMATCH, "Host does not name the approved destination")
+        authority = flow.request.authority
+        if authority and flow.request.http_version.startswith("HTTP/1"):
+            # An absolute-form target is forwarded as is, and servers obey it over Host
+            # (RFC 9112 3.2.2): it must name the approved destination too, then go.
+            try:
+                target_host, target_port = split_authority(authority, default_port)
+            except HostError as e:
+                return self._fault(Reason.HOST_MISMATCH, str(e))
+            if target_host != host or target_port != port:
+                return self._fault(
+                    Reason.HOST_MISMATCH, "the request target does not name the approved destination"
+                )
+            flow.request.authority = ""
         return host, port, address
 
     async def response(self, flow: http.HTTPFlow) -> None:
@@ -302,14 +315,18 @@ class Gate:
         return await self.ctx.audit.emit(decision_record(dctx, decision))
 
     async def _deny_flow(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> None:
-        queued = await self._record(dctx, decision)
-        reason = decision.reason if queued else Reason.INTERNAL_ERROR
-        # Only a Rego author's message reaches the guest; other details stay in the audit trail.
-        message = decision.detail if reason is Reason.POLICY_DENIED else None
-        flow.response = denied_response(reason, dctx.host, dctx.decision_id, message)
+        # Refuse first, record second: a fault while recording must not leave the request going.
+        reason = decision.reason
         state = self.ctx.connections.get(flow.client_conn.id)
         if flow.request.method == "CONNECT" and state is not None:
             state.denied = reason
+        if flow.request.stream:
+            flow.kill()  # mitmproxy cannot answer a request whose large body it already streams
+        else:
+            # Only a Rego author's message reaches the guest; other details stay in the audit trail.
+            message = decision.detail if reason is Reason.POLICY_DENIED else None
+            flow.response = denied_response(reason, dctx.host, dctx.decision_id, message)
+        await self._record(dctx, decision)
 
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:
         if state is not None:

@@ -348,3 +348,34 @@ def test_every_decision_has_exactly_one_well_formed_record(
         json.dumps(r)
     assert TOKEN not in gateway.audit_path.read_text()
     assert TOKEN not in gateway.log()
+
+
+def test_an_absolute_form_target_inside_a_tunnel_must_name_the_approved_host(
+    gateway: RunningGateway, https_upstream: RecordingUpstream
+) -> None:
+    """Servers obey an absolute-form target over Host (RFC 9112 3.2.2): it is checked too."""
+    import base64
+    import socket
+
+    port = https_upstream.port
+    auth = base64.b64encode(f"sb1:{TOKEN}".encode()).decode()
+    results = []
+    for target in (f"https://other.example:{port}/x", f"https://api.test:{port}/y"):
+        raw = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+        raw.sendall(
+            f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode()
+        )
+        assert b" 200 " in raw.recv(4096)
+        tls = ssl.create_default_context(cafile=str(gateway.ca_file)).wrap_socket(
+            raw, server_hostname="api.test"
+        )
+        tls.sendall(f"GET {target} HTTP/1.1\r\nHost: api.test:{port}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+        tls.close()
+        results.append(data.split(b"\r\n", 1)[0])
+    assert results == [b"HTTP/1.1 403 Forbidden", b"HTTP/1.1 200 OK"]
+    assert [r.target for r in https_upstream.requests] == ["/y"], (
+        "forwarded in origin-form, to the approved host only"
+    )
