@@ -36,6 +36,7 @@ log = structlog.get_logger("sandgate.broker")
 
 _DECIDED_KEY = "sandgate.brokered"
 _SCRUB_KEY = "sandgate.scrub"
+_WS_SCRUB_KEY = "sandgate.scrub.websocket"
 # Request bodies up to this size are read whole and scanned; larger ones stream past the guard.
 MAX_BUFFERED_BODY = 1024 * 1024
 
@@ -95,6 +96,8 @@ class CredentialBroker:
                 flow.metadata[CREDENTIALS_KEY] = (outcome.credentials, outcome.injectors)
             if not broker.scrubber(dctx.identity.tenant, dctx.identity.sandbox).empty:
                 flow.metadata[_SCRUB_KEY] = (dctx.identity.tenant, dctx.identity.sandbox)
+                # Kept for the connection's life: a WebSocket on it is scrubbed message by message.
+                flow.metadata[_WS_SCRUB_KEY] = flow.metadata[_SCRUB_KEY]
         except Exception:
             log.exception("hook_failed", hook="broker", decision_id=dctx.decision_id)
             fault = Decision(
@@ -187,7 +190,12 @@ class CredentialBroker:
                     for k, v in scrubber.scrub_headers(list(response.headers.items(multi=True)))
                 ]
             )
-            if not _response_buffered(response):
+            bodiless = (
+                response.status_code < 200
+                or response.status_code in (204, 304)
+                or flow.request.method == "HEAD"
+            )
+            if not bodiless and not _response_buffered(response):
                 if "content-encoding" in response.headers:
                     # A compressed body we cannot buffer cannot be scrubbed: it does not pass.
                     log.warning("broker.unscrubbable_response", host=flow.request.pretty_host)
@@ -202,6 +210,19 @@ class CredentialBroker:
         except Exception:
             log.exception("hook_failed", hook="broker.responseheaders")
             flow.kill()
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        owner = flow.metadata.get(_WS_SCRUB_KEY)
+        if owner is None or flow.websocket is None or self.ctx.broker is None:
+            return
+        message = flow.websocket.messages[-1]
+        if message.from_client:
+            return
+        try:
+            message.content = self.ctx.broker.scrubber(*owner).scrub(message.content)
+        except Exception:
+            log.exception("hook_failed", hook="broker.websocket_message")
+            message.drop()
 
     def response(self, flow: http.HTTPFlow) -> None:
         owner = flow.metadata.pop(_SCRUB_KEY, None)

@@ -362,3 +362,102 @@ def test_large_echoes_never_carry_the_secret_back(
             assert received.count(f"AUTH=Bearer {ph}".encode()) == 2
     finally:
         echo.close()
+
+
+class _WebSocketEcho:
+    """An HTTPS WebSocket server that sends the Authorization header it got back as a message."""
+
+    def __init__(self, pki: Any) -> None:
+        import socket
+        import threading
+
+        self.ctx = pki.server_context()
+        self.sock = socket.create_server(("127.0.0.2", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        from wsproto import ConnectionType, WSConnection
+        from wsproto.events import AcceptConnection, Request, TextMessage
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                with self.ctx.wrap_socket(conn, server_side=True) as tls:
+                    ws = WSConnection(ConnectionType.SERVER)
+                    ws.receive_data(tls.recv(65536))
+                    for event in ws.events():
+                        if isinstance(event, Request):
+                            auth = next(
+                                (v for k, v in event.extra_headers if k.lower() == b"authorization"), b""
+                            )
+                            tls.sendall(ws.send(AcceptConnection()))
+                            tls.sendall(ws.send(TextMessage(data="you sent: " + auth.decode())))
+                    tls.recv(65536)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_websocket_messages_from_a_bound_host_are_scrubbed(
+    start_gateway: GatewayFactory, pki: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import Request, TextMessage
+
+    monkeypatch.setenv("SANDGATE_TEST_SECRET", REAL)
+    server = _WebSocketEcho(pki)
+    try:
+        creds = [
+            {
+                "name": "openai",
+                "secret": "env:SANDGATE_TEST_SECRET",
+                "hosts": ["api.test"],
+                "ports": [server.port],
+                "env": "OPENAI_API_KEY",
+                "inject": {"header": "Authorization", "format": "Bearer {secret}"},
+            }
+        ]
+        gw = start_gateway(
+            {
+                "t1.yaml": tenant(
+                    "t1", "sb1", TOKEN_REF, [{"hosts": ["api.test"], "ports": [server.port]}], creds
+                )
+            }
+        )
+        ph = placeholders(gw, "sb1")["OPENAI_API_KEY"]
+        auth = base64.b64encode(f"sb1:{TOKEN}".encode()).decode()
+        raw = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+        raw.sendall(
+            f"CONNECT api.test:{server.port} HTTP/1.1\r\nHost: api.test\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode()
+        )
+        assert b" 200 " in raw.recv(4096)
+        tls = ssl.create_default_context(cafile=str(gw.ca_file)).wrap_socket(raw, server_hostname="api.test")
+        ws = WSConnection(ConnectionType.CLIENT)
+        tls.sendall(
+            ws.send(
+                Request(
+                    host=f"api.test:{server.port}",
+                    target="/ws",
+                    extra_headers=[(b"authorization", f"Bearer {ph}".encode())],
+                )
+            )
+        )
+        texts: list[str] = []
+        while not texts:
+            data = tls.recv(65536)
+            assert data, "the connection closed before a message arrived"
+            ws.receive_data(data)
+            texts += [e.data for e in ws.events() if isinstance(e, TextMessage)]
+        tls.close()
+    finally:
+        server.close()
+    assert texts == [f"you sent: Bearer {ph}"], "the server saw the real key; the guest sees the placeholder"
+    assert_no_secret_anywhere(gw)
