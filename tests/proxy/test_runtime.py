@@ -90,6 +90,9 @@ async def test_an_exception_inside_a_step_denies_with_internal_error(
 
 def test_the_gateway_stops_cleanly_on_sigterm(start_gateway: GatewayFactory) -> None:
     gw = start_gateway({"t1.yaml": tenant_yaml("t1", [])})
+    deadline = time.monotonic() + 20
+    while "gateway.ready" not in gw.log() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the port opens a moment before the ready event is logged
     started = time.monotonic()
     assert gw.stop() == 0
     assert time.monotonic() - started < 10
