@@ -22,8 +22,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from sandgate.policy.errors import HostError
-from sandgate.policy.hosts import normalise_host, parse_ip_literal
+from sandgate.policy.hosts import not_normal, parse_host_pattern, parse_ip_literal
 
 from .refs import check_ref
 
@@ -87,20 +86,9 @@ def check_header_name(value: str) -> str:
 
 def check_credential_host(value: str) -> str:
     """`host` or `*.suffix` in normal form; no bare `*`, no wildcard over a top-level domain."""
-    if value in ("*", "*.", ""):
-        raise ValueError(f"{value!r} would bind the credential to every host; name its hosts")
-    wildcard = value.startswith("*.")
-    bare = value[2:] if wildcard else value
-    if "*" in bare:
-        raise ValueError(f"{value!r}: a wildcard is only allowed as a leading '*.'")
-    try:
-        normal = normalise_host(bare)
-    except HostError as e:
-        raise ValueError(f"{value!r}: {e}") from None
-    if normal != bare:
-        raise ValueError(
-            f"{value!r} is not in normal form: use {('*.' if wildcard else '') + normal!r} instead"
-        )
+    wildcard, bare, normal = parse_host_pattern(value, "bind the credential to every host; name its hosts")
+    if (error := not_normal(value, wildcard, bare, normal)) is not None:
+        raise error
     if wildcard and (parse_ip_literal(bare) is not None or "." not in bare):
         raise ValueError(f"{value!r}: a wildcard needs a domain of at least two labels")
     return value

@@ -20,6 +20,8 @@ from .errors import HostError
 __all__ = [
     "normalise_host",
     "normalise_path",
+    "not_normal",
+    "parse_host_pattern",
     "parse_ip_literal",
     "split_authority",
 ]
@@ -292,6 +294,32 @@ def normalise_host(raw: str) -> str:
     if len(result) > _MAX_HOST:
         raise _fail("host is longer than 253 characters", raw)
     return result
+
+
+def parse_host_pattern(value: str, everything: str) -> tuple[bool, str, str]:
+    """(wildcard?, the host as written, its normal form) of `host` or `*.suffix`.
+
+    Raises ValueError for a bare `*` (`everything` says what it would match), a wildcard
+    anywhere but a leading `*.`, or a host that cannot be normalised. Whether the written
+    form must already be the normal one is the caller's rule (see `not_normal`).
+    """
+    if value in ("*", "*.", ""):
+        raise ValueError(f"{value!r} would {everything}")
+    wildcard = value.startswith("*.")
+    bare = value[2:] if wildcard else value
+    if "*" in bare:
+        raise ValueError(f"{value!r}: a wildcard is only allowed as a leading '*.'")
+    try:
+        return wildcard, bare, normalise_host(bare)
+    except HostError as e:
+        raise ValueError(f"{value!r}: {e}") from None
+
+
+def not_normal(value: str, wildcard: bool, bare: str, normal: str) -> ValueError | None:
+    """The error for a pattern not written in normal form ("use X instead"), or None."""
+    if normal == bare:
+        return None
+    return ValueError(f"{value!r} is not in normal form: use {('*.' if wildcard else '') + normal!r} instead")
 
 
 @functools.lru_cache(maxsize=16_384)

@@ -15,7 +15,7 @@ from sandgate.brokers.models import Credential
 
 from .addresses import parse_network
 from .errors import HostError
-from .hosts import normalise_host, parse_ip_literal
+from .hosts import not_normal, parse_host_pattern, parse_ip_literal
 
 __all__ = [
     "BaseFile",
@@ -41,23 +41,12 @@ class _Strict(BaseModel):
 
 def check_host_pattern(value: str) -> str:
     """Validate `host` or `*.suffix`; refuse what is not already in normal form."""
-    if value in ("*", "*.", ""):
-        raise ValueError(f"{value!r} would match every host; name the hosts to allow")
-    wildcard = value.startswith("*.")
-    bare = value[2:] if wildcard else value
-    if "*" in bare:
-        raise ValueError(f"{value!r}: a wildcard is only allowed as a leading '*.'")
-    try:
-        normal = normalise_host(bare)
-    except HostError as e:
-        raise ValueError(f"{value!r}: {e}") from None
+    wildcard, bare, normal = parse_host_pattern(value, "match every host; name the hosts to allow")
     literal = parse_ip_literal(bare)
     if literal is not None:
         raise ValueError(f"{value!r} is an address: use cidrs: [{literal}/{literal.max_prefixlen}] instead")
-    if normal != bare:
-        raise ValueError(
-            f"{value!r} is not in normal form: use {('*.' if wildcard else '') + normal!r} instead"
-        )
+    if (error := not_normal(value, wildcard, bare, normal)) is not None:
+        raise error
     return value
 
 
