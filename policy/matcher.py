@@ -103,7 +103,7 @@ def compile_path_globs(globs: Iterable[str]) -> re.Pattern[str]:
 class RuleIndex:
     """The rules of one list (a tenant's allow or deny), indexed for lookup by destination."""
 
-    __slots__ = ("_any_port", "_cidr_rules", "_cidrs", "_exact", "_ports", "_suffix", "rules")
+    __slots__ = ("_any_port", "_cidr_rules", "_cidrs", "_exact", "_ports", "_suffix", "has_raw_tcp", "rules")
 
     def __init__(self, rules: Iterable[CompiledRule]) -> None:
         self.rules = tuple(rules)
@@ -124,6 +124,7 @@ class RuleIndex:
         self._cidrs = CidrSet(c for r in self.rules for c in r.cidrs)
         self._ports = frozenset(p for r in self.rules for p in r.ports)
         self._any_port = any(not r.ports for r in self.rules)
+        self.has_raw_tcp = any(r.raw_tcp for r in self.rules)
 
     def candidates(
         self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None

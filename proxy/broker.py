@@ -84,8 +84,10 @@ class CredentialBroker:
         dctx, decision = flow.metadata[PENDING_KEY]
         broker = self.ctx.broker
         try:
-            if broker is None or dctx.identity is None:
-                return
+            if broker is None:
+                return  # no broker, no credentials: nothing to inject or guard
+            if dctx.identity is None:
+                raise RuntimeError("an allowed request without an identity")
             request = _broker_request(flow, dctx, body)
             outcome = await broker.decide(dctx.identity.tenant, dctx.identity.sandbox, request)
             if isinstance(outcome, BrokerDenial):

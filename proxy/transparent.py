@@ -78,6 +78,8 @@ class Transparent:
             return Decision(
                 reason=Reason.PROTOCOL_NOT_ALLOWED, policy_version=policy.version, mode=tenant.mode
             )
+        if not tenant.allow.has_raw_tcp:
+            return None  # no `protocol: tcp` rule to look for: the first bytes decide
         # Raw TCP rules: by network for the address itself, or by a name bound to it.
         by_ip = await self.ctx.decide(state.identity, EgressRequest(Phase.CONNECT, ip, port))
         if by_ip.allowed and by_ip.raw_tcp:
