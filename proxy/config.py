@@ -20,10 +20,12 @@ from sandgate.policy.yamlsource import load_yaml, validate
 from .errors import ConfigError
 
 __all__ = [
+    "AdminConfig",
     "AuditConfig",
     "DnsListenerConfig",
     "GatewayConfig",
     "ListenerConfig",
+    "RedisConfig",
     "ResolverConfig",
     "TransparentConfig",
     "load_config",
@@ -162,6 +164,35 @@ class RegoConfig(_Strict):
     )
 
 
+class RedisConfig(_Strict):
+    """Shared state for a fleet of gateways. Off when unset: one machine needs no redis."""
+
+    url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="redis://host:port/db, rediss://... (TLS) or unix:///path/to/socket",
+    )
+    password: str | None = Field(default=None, description="reference: env:VAR or file:PATH")
+    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "sandgate:"
+    timeout_seconds: Annotated[float, Field(gt=0, le=30)] = 0.5
+    max_connections: Annotated[int, Field(ge=2, le=1024)] = 32
+    max_staleness_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=300.0,
+        description="how long sandboxes registered in redis are still served after redis is lost",
+    )
+    audit_stream_maxlen: Annotated[int, Field(ge=1000)] = 1_000_000
+
+
+class AdminConfig(_Strict):
+    """The admin API (and /metrics): a unix socket by default, never a guest-facing listener."""
+
+    enabled: bool = True
+    socket: str | None = Field(default=None, description="default: <state_dir>/admin.sock (mode 0600)")
+    listen: str | None = Field(default=None, description="also serve on host:port (needs a token)")
+    token: str | None = Field(
+        default=None, description="bearer token reference (env:VAR or file:PATH); required with listen"
+    )
+
+
 class HostRulesConfig(_Strict):
     """The nftables table `sandgate sandbox add` owns (one per gateway state directory)."""
 
@@ -198,6 +229,8 @@ class GatewayConfig(_Strict):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     reload: ReloadConfig = Field(default_factory=ReloadConfig)
+    redis: RedisConfig | None = Field(default=None, description="fleet mode's shared state (off when unset)")
+    admin: AdminConfig = Field(default_factory=AdminConfig)
     # Filled in by load_config: the folder relative paths are resolved against.
     base_dir: str = Field(default=".", exclude=True)
 
@@ -229,6 +262,10 @@ class GatewayConfig(_Strict):
     @property
     def status_path(self) -> Path:
         return self.state_path / "gateway.json"
+
+    @property
+    def admin_socket_path(self) -> Path:
+        return self.path(self.admin.socket) if self.admin.socket else self.state_path / "admin.sock"
 
     @property
     def audit_path(self) -> Path:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import RecordingUpstream, TestPKI, free_port, wait_for_port
+from support import RecordingUpstream, RedisServer, TestPKI, free_port, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
 SANDGATE = str(Path(sys.executable).with_name("sandgate"))
@@ -58,6 +58,14 @@ def _demo_token() -> Iterator[None]:
     yield
     if created:
         path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real, empty redis-server on a free loopback port, for one test."""
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

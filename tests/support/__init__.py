@@ -6,6 +6,7 @@ serves from a background thread, and is used as a context manager or with start(
 from .dnsserver import DNSQuery, ScriptedDNSServer
 from .pki import TestPKI
 from .ports import free_port, wait_for_port
+from .redisserver import RedisServer
 from .upstream import RecordedConnection, RecordedRequest, RecordingUpstream
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "RecordedConnection",
     "RecordedRequest",
     "RecordingUpstream",
+    "RedisServer",
     "ScriptedDNSServer",
     "TestPKI",
     "free_port",

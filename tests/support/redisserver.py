@@ -1,0 +1,80 @@
+"""A real redis-server on loopback for fleet tests: started, killed and restarted on one port."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from .ports import free_port, wait_for_port
+
+__all__ = ["RedisServer"]
+
+
+class RedisServer:
+    """`redis-server` bound to 127.0.0.1 on a free port, no persistence, in its own folder.
+
+    `kill()` takes it away abruptly (SIGKILL: what a crashed or unreachable redis looks like
+    to the gateway); `start()` brings a fresh, empty one back on the same port.
+    """
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (deploy/install.sh --dev installs it)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.workdir),
+                "--loglevel", "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for_port("127.0.0.1", self.port, timeout=10)
+        return self
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.process = None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_gone(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
