@@ -30,6 +30,7 @@ from typing import Any
 from .decision import EgressRequest, Identity, Phase
 from .errors import PolicyError
 from .rego_input import input_document
+from .rego_decision import DENY_SETS_ENTRYPOINT, DENY_SETS_MODULE, DENY_SETS_MODULE_NAME
 from .rego_program import DECISION_ENTRYPOINT, RegoModule, RegoProgram
 from .rego_source import byte_to_char_offset, line_column
 from .rego_worker import BUNDLE_STEP
@@ -257,7 +258,9 @@ def _run_chunk(op: str, programs: list[RegoProgram], out_dir: str | None) -> dic
         "jobs": [
             {
                 "id": p.digest,
-                "modules": [[m.path, m.text] for m in p.modules if not (shared and m.operator)],
+                "modules": [[m.path, m.text] for m in p.modules if not (shared and m.operator)]
+                + ([[DENY_SETS_MODULE_NAME, DENY_SETS_MODULE]] if p.fast_path and op == "build" else []),
+                "entrypoints": [DENY_SETS_ENTRYPOINT] if p.fast_path and op == "build" else [],
                 "data": p.data_document(),
                 "samples": sample_inputs(p.tenant) if op == "build" else [],
             }

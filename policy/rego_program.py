@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .rego_decision import DENY_SETS_MODULE, fast_path_applies
 from .rego_input import PathTree, path_tree
 from .rego_source import NONDETERMINISTIC_BUILTINS, InputPaths, ModuleFacts, merge_paths
 
@@ -58,9 +59,15 @@ class RegoProgram:
     input_paths: InputPaths = field(init=False, repr=False)
     tree: PathTree | None = field(init=False, repr=False)
     deterministic: bool = field(init=False)
+    # The bundle also answers DENY_SETS_ENTRYPOINT, reduced in Python (policy/rego_decision.py).
+    fast_path: bool = field(init=False)
 
     def __post_init__(self) -> None:
+        fast = fast_path_applies(self.modules)
+        object.__setattr__(self, "fast_path", fast)
         h = hashlib.sha256(f"{DECISION_ENTRYPOINT}\0{self.tenant}\0".encode())
+        if fast:
+            h.update(f"fast\0{DENY_SETS_MODULE}\0".encode())
         for m in self.modules:
             h.update(f"{m.path}\0{m.digest}\0".encode())
         h.update(json.dumps(self.data, sort_keys=True, separators=(",", ":")).encode())

@@ -119,6 +119,8 @@ class ModuleFacts:
     # (name, offset) of each use of a builtin in FORBIDDEN_BUILTINS.
     forbidden: tuple[tuple[str, int], ...]
     tests: tuple[str, ...]
+    # Names of the rules the module defines (heads at the start of a top-level line).
+    heads: frozenset[str] = frozenset()
 
 
 def module_facts(source: str) -> ModuleFacts:
@@ -129,6 +131,7 @@ def module_facts(source: str) -> ModuleFacts:
     builtins: set[str] = set()
     forbidden: list[tuple[str, int]] = []
     tests: list[str] = []
+    heads: set[str] = set()
     for i, tok in enumerate(toks):
         if tok.kind == "string" and i > 0 and toks[i - 1].text == "$":
             paths = None  # a template string's {expressions} are not scanned: assume anything
@@ -150,8 +153,13 @@ def module_facts(source: str) -> ModuleFacts:
                 builtins.add(name)
                 if name in FORBIDDEN_BUILTINS:
                     forbidden.append((name, tok.offset))
-        if tok.line_start and tok.depth == 0 and tok.text.startswith("test_"):
-            tests.append(tok.text)
+        if tok.line_start and tok.depth == 0:
+            if tok.text == "default" and i + 1 < len(toks) and toks[i + 1].kind == "ident":
+                heads.add(toks[i + 1].text)
+            elif tok.text not in {"package", "import"}:
+                heads.add(tok.text)
+            if tok.text.startswith("test_"):
+                tests.append(tok.text)
     return ModuleFacts(
         package=package,
         package_offset=package_offset,
@@ -159,6 +167,7 @@ def module_facts(source: str) -> ModuleFacts:
         builtins=frozenset(builtins),
         forbidden=tuple(forbidden),
         tests=tuple(dict.fromkeys(tests)),
+        heads=frozenset(heads),
     )
 
 

@@ -6,7 +6,8 @@ parent (`rego_compile`) starts `python -m sandgate.policy.rego_worker`, writes o
 request on stdin and reads one JSON line per step on stdout:
 
     {"op": "build", "out_dir": D, "entrypoint": "sandgate/decision", "shared": [[name, text], ...],
-     "jobs": [{"id": K, "modules": [[name, text], ...], "data": {...}, "samples": [input, ...]}]}
+     "jobs": [{"id": K, "modules": [[name, text], ...], "data": {...}, "samples": [input, ...],
+               "entrypoints": [more entrypoints the bundle answers]}]}
         → {"start": K} then {"id": K, "ok": true} (bundle in D/K.rbb) or {"id": K, "errors": [...]}
     {"op": "check", "jobs": [...]}          → the same, without a bundle
     {"op": "test", "shared": [[name, text], ...], "data": {...},
@@ -100,7 +101,8 @@ def _build(job: dict[str, Any], shared: list[list[str]], entrypoint: str | None,
         _emit({"id": job["id"], "errors": errors})
         return
     try:
-        bundle = r.build(None, [entrypoint]) if entrypoint else r.build("x := true", [])
+        entrypoints = [entrypoint, *job.get("entrypoints", [])]
+        bundle = r.build(None, entrypoints) if entrypoint else r.build("x := true", [])
     except RegoError as e:
         _emit({"id": job["id"], "errors": parse_errors(str(e))})
         return
