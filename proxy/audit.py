@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from .records import format_time
+from .audit_redis import RedisStreamSink
+from .records import format_time, new_decision_id
 
 __all__ = ["AuditLog", "AuditSink", "JsonlFileSink", "StdoutSink"]
 
@@ -104,9 +105,15 @@ class AuditLog:
         self._thread: threading.Thread | None = None
         self.overflow_denials = 0
         self.written = 0
+        # The fleet stream's counters (written, spooled, replayed, spool_depth), for metrics.
+        self.stream = next((s for s in sinks if isinstance(s, RedisStreamSink)), None)
 
     def start(self) -> None:
         if self._thread is None:
+            for sink in self._sinks:
+                start = getattr(sink, "start", None)
+                if callable(start):
+                    start()  # e.g. the stream sink's replay thread
             self._thread = threading.Thread(target=self._run, name="sandgate-audit", daemon=True)
             self._thread.start()
 
@@ -193,8 +200,10 @@ class AuditLog:
 
 
 def _with_time(record: Record) -> Record:
-    """The record with an epoch `time` rendered as RFC 3339."""
+    """The record with an epoch `time` rendered as RFC 3339, and an id (the stream dedupes by it)."""
     t = record.get("time")
     if isinstance(t, float):
-        return {**record, "time": format_time(t)}
+        record = {**record, "time": format_time(t)}
+    if not record.get("decision_id"):
+        record = {**record, "decision_id": new_decision_id()}
     return record

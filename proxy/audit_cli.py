@@ -15,20 +15,27 @@ import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
 
 from sandgate.policy.decision import Phase
 from sandgate.policy.reasons import Reason
 
 from .audit_format import json_line, table_header, table_row
 from .audit_query import AuditInputError, Query, Record, parse_time
+from .audit_redis import connect_sync
 from .audit_source import JsonlSource, Source, audit_files
 from .audit_stats import collect as collect_stats
 from .audit_stats import stats_document, stats_table
+from .audit_stream_source import BLOCK_MS, StreamSource
 from .audit_suggest import collect as collect_evidence
 from .audit_suggest import render_suggestions
-from .config import load_config
+from .config import RedisConfig, load_config
+from .redis_conn import Keys
 
-__all__ = ["add_parsers", "build_query", "open_source", "run_audit_command"]
+__all__ = ["add_parsers", "build_query", "open_source", "open_stream", "run_audit_command"]
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
@@ -49,10 +56,15 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
-    """`--config F` or `--file PATH`: where the audit trail is."""
+    """`--config F [--stream]`, `--file PATH` or `--redis URL [--prefix P]`: where the audit trail is."""
     where = p.add_mutually_exclusive_group()
     where.add_argument("--config", type=Path, help="gateway config: read its audit.path (default: defaults)")
     where.add_argument("--file", type=Path, help="an audit.jsonl file (its rotated .1 … .N are read too)")
+    where.add_argument("--redis", metavar="URL", help="read the fleet audit stream in this redis")
+    p.add_argument(
+        "--stream", action="store_true", help="with --config: read the fleet stream of its redis: section"
+    )
+    p.add_argument("--prefix", help="with --redis: the fleet's key prefix (default sandgate:)")
 
 
 def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bool) -> None:
@@ -121,11 +133,40 @@ def build_query(args: argparse.Namespace, now: datetime) -> Query:
 
 
 def open_source(args: argparse.Namespace) -> Source:
-    """The audit trail the options name: `--file`, else the config's audit path."""
+    """The trail the options name: `--redis`, `--config --stream`, `--file`, else the config's file."""
+    if args.prefix is not None and not args.redis:
+        raise AuditInputError("--prefix goes with --redis (with --config, redis.prefix is used)")
+    if args.redis:
+        return open_stream({"url": args.redis, "prefix": args.prefix or "sandgate:"})
+    if args.stream:
+        config = load_config(args.config)
+        if config.redis is None:
+            raise AuditInputError(f"--stream: {args.config or 'the default config'} has no redis: section")
+        return open_stream(config.redis.model_dump())
     path = args.file if args.file else load_config(args.config).audit_path
     if not audit_files(path):
         raise AuditInputError(f"no audit file at {path}")
     return JsonlSource(path)
+
+
+def open_stream(settings: dict[str, Any]) -> StreamSource:
+    """The fleet audit stream of the redis `settings` describe (RedisConfig fields)."""
+    # A reader can wait longer than a gateway; XREAD BLOCK holds the socket for BLOCK_MS too.
+    timeout = min(max(float(settings.get("timeout_seconds", 0)), 5.0) + BLOCK_MS / 1000, 30.0)
+    try:
+        cfg = RedisConfig.model_validate({**settings, "timeout_seconds": timeout})
+    except ValidationError as e:
+        error = e.errors()[0]
+        raise AuditInputError(f"redis {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+    return StreamSource(connect_sync(cfg), Keys(cfg.prefix)("audit"), where=_server_name(cfg.url))
+
+
+def _server_name(url: str) -> str:
+    """Where a redis URL points, without credentials."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname}:{parts.port or 6379}"
 
 
 def run_audit_command(args: argparse.Namespace) -> int:

@@ -96,6 +96,17 @@ class AuditConfig(_Strict):
     max_wait_seconds: Annotated[float, Field(ge=0)] = 5.0
     fsync: bool = False
     stdout: bool = False
+    # The fleet audit stream (used when `redis:` is set).
+    stream_dedupe_ttl_seconds: Annotated[int, Field(ge=60)] = Field(
+        default=86_400,
+        description=(
+            "how long the stream remembers a record id, so a spool replayed within this time adds "
+            "no duplicates (costs redis ~100 bytes per record for that long)"
+        ),
+    )
+    gateway_name: str | None = Field(
+        default=None, description="this gateway's name in stream entries (`gw`); default: the host name"
+    )
 
 
 class UpstreamConfig(_Strict):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -31,10 +32,11 @@ from sandgate.policy.resolver import (
 )
 
 from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
+from .audit_redis import RedisStreamSink, connect_sync
 from .bindings import NameBindings
 from .broker import CredentialBroker
 from .ca import ensure_ca
-from .config import GatewayConfig, ResolverConfig
+from .config import GatewayConfig, RedisConfig, ResolverConfig
 from .context import GatewayContext
 from .credentials import configure_broker
 from .dnslistener import DnsListener
@@ -42,6 +44,7 @@ from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
 from .placeholder_key import load_placeholder_key
+from .redis_conn import Keys
 from .registry import load_registry, merge_registry, registry_digest
 from .reload import PolicyReloader
 from .statusfile import remove_status, write_status
@@ -79,6 +82,18 @@ def build_resolver(cfg: ResolverConfig) -> Resolver:
     if cfg.hosts:
         base = ChainResolver(StaticResolver(cfg.hosts), base)
     return CachingResolver(base, min_ttl=cfg.min_ttl, max_ttl=cfg.max_ttl)
+
+
+def build_stream_sink(config: GatewayConfig, rcfg: RedisConfig) -> RedisStreamSink:
+    """The fleet audit stream, spooling under the state dir while redis is away."""
+    return RedisStreamSink(
+        connect_sync(rcfg),
+        Keys(rcfg.prefix),
+        config.state_path / "audit" / "stream.spool",
+        maxlen=rcfg.audit_stream_maxlen,
+        dedupe_ttl=config.audit.stream_dedupe_ttl_seconds,
+        gateway=config.audit.gateway_name or socket.gethostname(),
+    )
 
 
 class _Lifecycle:
@@ -161,6 +176,8 @@ class Gateway:
         ]
         if config.audit.stdout:
             sinks.append(StdoutSink())
+        if config.redis is not None:
+            sinks.append(build_stream_sink(config, config.redis))
         audit = AuditLog(sinks, queue_size=config.audit.queue_size, max_wait=config.audit.max_wait_seconds)
         tcfg = config.transparent
         self.ctx = GatewayContext(
