@@ -3,11 +3,17 @@ under the restrictions it sets (W^X memory; a non-root user with only CAP_NET_AD
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from conftest import SANDGATE, UPSTREAM_IP, curl, tenant_yaml, write_gateway_files
 from support import RecordingUpstream, wait_for_port
 from support.deployfiles import DEPLOY, parse_cli, under, unit_entries
@@ -160,3 +166,82 @@ def test_the_gateway_serves_under_memory_deny_write_execute(tmp_path: Path) -> N
             proc.terminate()
             proc.wait(15)
     assert "MemoryError" not in log.read_text() and "PermissionError" not in log.read_text()
+
+
+@pytest.fixture
+def world_readable_dir() -> Iterator[Path]:
+    """A folder another user can traverse (pytest's tmp folders are root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="sandgate-unit-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def netns_with_veth() -> Iterator[tuple[str, str]]:
+    """A fresh network namespace holding a veth pair: (namespace, host-side interface)."""
+    tag = secrets.token_hex(3)
+    ns, host_if, peer = f"sgu{tag}", f"sguh{tag}", f"sgug{tag}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    try:
+        subprocess.run(
+            ["ip", "-n", ns, "link", "add", host_if, "type", "veth", "peer", "name", peer],
+            check=True,
+            timeout=30,
+        )
+        yield ns, host_if
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("ambient", [True, False], ids=["with ambient CAP_NET_ADMIN", "without capabilities"])
+def test_the_units_user_registers_a_sandbox_with_net_admin_alone(
+    world_readable_dir: Path, netns_with_veth: tuple[str, str], ambient: bool
+) -> None:
+    """What the unit grants (a non-root user, CAP_NET_ADMIN ambient) is enough for the
+    registration path (nftables and the per-interface net sysctls), and nothing less is."""
+    ns, interface = netns_with_veth
+    root = world_readable_dir
+    (root / "rules" / "tenants").mkdir(parents=True)
+    (root / "rules" / "tenants" / "t1.yaml").write_text(
+        yaml_text := tenant_yaml("t1", [{"hosts": ["api.test"]}])
+    )
+    assert yaml_text
+    state = root / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, NOBODY, NOBODY)
+    config = root / "gateway.yaml"
+    config.write_text(
+        f"listeners: [{{mode: transparent, host: 0.0.0.0, port: 8081}}]\n"
+        f"dns: {{host: 0.0.0.0, port: 8053}}\nrules_dir: {root / 'rules'}\nstate_dir: {state}\n"
+    )
+    # CAP_DAC_READ_SEARCH in both cases only because this machine's Python lives under /root
+    # (0700); on a host the venv is in /opt/sandgate and the unit grants CAP_NET_ADMIN alone.
+    wanted = "+net_admin,+dac_read_search" if ambient else "+dac_read_search"
+    caps = ["--inh-caps", wanted, "--ambient-caps", wanted]
+    result = subprocess.run(
+        ["ip", "netns", "exec", ns, "setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
+         *caps, SANDGATE, "sandbox", "add", "--config", str(config), "--interface", interface,
+         "--address", "10.213.0.2", "--tenant", "t1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    table = subprocess.run(
+        ["ip", "netns", "exec", ns, "nft", "list", "table", "inet", "sandgate"],
+        capture_output=True,
+        timeout=30,
+    )
+    if not ambient:
+        assert result.returncode != 0 and table.returncode != 0
+        assert "Permission denied" in result.stderr or "nft failed" in result.stderr, result.stderr
+        assert not (state / "sandboxes.json").exists()
+        return
+    assert result.returncode == 0, result.stderr
+    assert table.returncode == 0
+    registry = state / "sandboxes.json"
+    assert (registry.stat().st_uid, registry.stat().st_mode & 0o777) == (NOBODY, 0o600)
+    rp_filter = subprocess.run(
+        ["ip", "netns", "exec", ns, "cat", f"/proc/sys/net/ipv4/conf/{interface}/rp_filter"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert rp_filter.stdout.strip() == "1"
