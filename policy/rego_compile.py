@@ -29,8 +29,8 @@ from typing import Any
 
 from .decision import EgressRequest, Identity, Phase
 from .errors import PolicyError
-from .rego_input import input_document
 from .rego_decision import DENY_SETS_ENTRYPOINT, DENY_SETS_MODULE, DENY_SETS_MODULE_NAME
+from .rego_input import input_document
 from .rego_program import DECISION_ENTRYPOINT, RegoModule, RegoProgram
 from .rego_source import byte_to_char_offset, line_column
 from .rego_worker import BUNDLE_STEP
