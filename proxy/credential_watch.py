@@ -89,8 +89,9 @@ class CredentialWatcher:
                     if message is not None and message.get("data") == CHANGE_MESSAGE:
                         self.source.invalidate()
                         log.info("credentials.changed", store="redis")
-            except (RedisError, OSError) as e:
-                log.warning("credentials.watch_lost", error=type(e).__name__, retry_in=backoff)
+            except Exception as e:  # never let the watcher die: a dead one would leave stale values
+                level = log.warning if isinstance(e, RedisError | OSError) else log.exception
+                level("credentials.watch_lost", error=type(e).__name__, retry_in=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
