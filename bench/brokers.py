@@ -10,6 +10,10 @@ Rows (each request goes through `Broker.decide`, the call the gateway's addon ma
   the exfiltration scan over the body (raw, case-free, percent/JSON-escape/base64 decoding).
 - `inject body 1 MiB`: a body credential's placeholder replaced inside a 1 MiB JSON body.
 - `sigv4 re-sign 1 KiB`: a guest-signed S3 PUT of 1 KiB re-signed with the real key.
+- `inject stored (cached)`: `inject header` with the secret from `stored:openai` (a value set
+  with `sandgate credentials set`), served from the `stored:` source's memory cache.
+- `seal 32 B` / `open 32 B`: AES-256-GCM sealing and opening of one stored value (the cost
+  of a `credentials set` and of a cache miss, without the store's I/O).
 - `scrub 1 KiB` / `scrub 1 MiB`: `Scrubber.scrub` over a response body, five secrets known
   (each with its base64, percent and JSON forms), one echoed secret per body.
 - `scrub 1 MiB base64`: the same over 1 MiB of random base64 text (the automaton's prefilter
@@ -46,6 +50,7 @@ from sandgate.brokers import (
     Scrubber,
     Secret,
     TenantCredentials,
+    default_registry,
 )
 
 __all__ = ["BrokerRow", "run_brokers"]
@@ -280,6 +285,36 @@ async def run_brokers(quick: bool = False) -> list[BrokerRow]:
     return rows
 
 
+async def run_stored(quick: bool = False) -> list[BrokerRow]:
+    """A `stored:` credential served from memory, and the seal/open cost of one value."""
+    from sandgate.brokers.sealing import Keyring, associated_data, new_key
+    from sandgate.brokers.source_stored import StoredSource
+
+    class _Store:
+        async def get(self, tenant: str, name: str) -> Secret | None:
+            return Secret(SECRETS["BENCH_OPENAI"])
+
+    registry = default_registry().with_source("stored", StoredSource(_Store()))
+    broker = Broker(placeholder_key=KEY, secrets=registry)
+    creds = tuple(
+        c.model_copy(update={"secret": "stored:openai"}) if c.name == "openai" else c for c in _credentials()
+    )
+    broker.configure([TenantCredentials("t1", ("sb1",), creds)])
+    scale = 10 if quick else 1
+    rows = [
+        await _bench_decide(
+            broker, "inject stored (cached)", _requests(broker)["inject header"], 20_000 // scale
+        )
+    ]
+    await broker.aclose()
+    keyring = Keyring([("k1", new_key())])
+    value, ad = os.urandom(32), associated_data("t1", "openai")
+    sealed = keyring.seal(value, ad)
+    rows.append(_bench_sync("seal 32 B", functools.partial(keyring.seal, value, ad), 0, 20_000 // scale))
+    rows.append(_bench_sync("open 32 B", functools.partial(keyring.open, sealed, ad), 0, 20_000 // scale))
+    return rows
+
+
 def _print(rows: list[BrokerRow]) -> None:
     print(f"{'row':<22} {'iter':>7} {'p50 µs':>10} {'mean µs':>10} {'MB/s':>9} {'peak KiB':>9}")
     for r in rows:
@@ -293,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a tenth of the iterations, a 10 MiB stream")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = p.parse_args(argv)
-    rows = asyncio.run(run_brokers(quick=args.quick))
+    rows = asyncio.run(run_brokers(quick=args.quick)) + asyncio.run(run_stored(quick=args.quick))
     _print(rows)
     if args.json:
         payload: dict[str, Any] = {"python": sys.version.split()[0], "rows": [asdict(r) for r in rows]}

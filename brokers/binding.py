@@ -38,6 +38,7 @@ class CompiledCredential:
 
     credential: Credential
     base_dir: Path | None
+    tenant: str
     exact_hosts: frozenset[str]
     suffixes: tuple[str, ...]
     managed_headers: frozenset[str]
@@ -52,8 +53,9 @@ class CompiledCredential:
         return self.credential.kind
 
     def ref(self, text: str) -> SecretRef:
-        """A secret reference of this credential, relative `file:` paths made absolute."""
-        parsed = parse_ref(text)
+        """A secret reference of this credential: relative `file:` paths made absolute, `stored:` names
+        qualified with the tenant."""
+        parsed = parse_ref(text).for_tenant(self.tenant)
         return parsed.relative_to(self.base_dir) if self.base_dir is not None else parsed
 
     def host_ok(self, host: str) -> bool:
@@ -122,12 +124,13 @@ class CompiledTenant:
     always: tuple[CompiledCredential, ...]
 
 
-def _compile(credential: Credential, base_dir: Path | None) -> CompiledCredential:
+def _compile(credential: Credential, base_dir: Path | None, tenant: str) -> CompiledCredential:
     exact = frozenset(h for h in credential.hosts if not h.startswith("*."))
     suffixes = tuple("." + h[2:] for h in credential.hosts if h.startswith("*."))
     return CompiledCredential(
         credential=credential,
         base_dir=base_dir,
+        tenant=tenant,
         exact_hosts=exact,
         suffixes=suffixes,
         managed_headers=credential.managed_headers(),
@@ -162,7 +165,7 @@ def compile_tenant(entry: TenantCredentials) -> CompiledTenant:
     for credential in entry.credentials:
         if credential.name in by_name:
             raise BrokerConfigError(f"tenant {entry.tenant}: credential {credential.name} is declared twice")
-        by_name[credential.name] = _compile(credential, entry.base_dir)
+        by_name[credential.name] = _compile(credential, entry.base_dir, entry.tenant)
     always = tuple(c for c in by_name.values() if c.credential.apply == "always")
     for i, a in enumerate(always):
         for b in always[i + 1 :]:

@@ -3,9 +3,11 @@
 SandgateError
  └── BrokerError
       ├── BrokerConfigError        credentials that cannot be put in force (conflict, unknown source)
-      │    └── SecretReferenceError a secret reference that cannot be parsed (`env:`, `file:`, `cmd:` ...)
+      │    ├── SecretReferenceError a secret reference that cannot be parsed (`env:`, `file:`, `cmd:` ...)
+      │    └── KeyringError        store keys that cannot be read (bad line, short key, duplicate id)
       └── SecretUnavailable        a secret cannot be had right now (missing, unreadable, command failed)
-           └── TokenEndpointError  an OAuth2 or GitHub token endpoint failed or refused
+           ├── TokenEndpointError  an OAuth2 or GitHub token endpoint failed or refused
+           └── SealingError        a stored value that does not open (unknown key id, tampered, moved)
 
 No message ever contains a secret value, a token, or the output of a secret command.
 """
@@ -17,7 +19,9 @@ from sandgate.policy.errors import SandgateError
 __all__ = [
     "BrokerConfigError",
     "BrokerError",
+    "KeyringError",
     "SandgateError",
+    "SealingError",
     "SecretReferenceError",
     "SecretUnavailable",
     "TokenEndpointError",
@@ -42,3 +46,11 @@ class SecretUnavailable(BrokerError):
 
 class TokenEndpointError(SecretUnavailable):
     """A token endpoint (OAuth2, GitHub App) failed, refused, or answered something unusable."""
+
+
+class KeyringError(BrokerConfigError):
+    """Store keys that cannot be put in force: a malformed line, a key of the wrong size, a duplicate id."""
+
+
+class SealingError(SecretUnavailable):
+    """A sealed value that does not open: its key id is not in the ring, or it was altered or moved."""

@@ -13,11 +13,17 @@ __all__ = ["SecretRef", "check_ref", "parse_ref"]
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# `stored:NAME` names a value of the declaring tenant only: no '/', so no other tenant's entry.
+_STORED_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
 @dataclass(frozen=True, slots=True)
 class SecretRef:
-    """A parsed reference: `env:NAME`, `file:PATH`, `cmd:PROGRAM ARGS...`, or another source's scheme."""
+    """A parsed reference: `env:NAME`, `file:PATH`, `cmd:PROGRAM ARGS...`, `stored:NAME`, or another scheme.
+
+    A `stored:` reference is qualified with its tenant (`stored:TENANT/NAME`) when compiled,
+    never by the tenant file's author.
+    """
 
     scheme: str
     value: str
@@ -36,6 +42,12 @@ class SecretRef:
         path = Path(self.value).expanduser()
         return SecretRef("file", str(path if path.is_absolute() else base_dir / path))
 
+    def for_tenant(self, tenant: str) -> SecretRef:
+        """A `stored:NAME` reference qualified with the declaring tenant; others unchanged."""
+        if self.scheme != "stored":
+            return self
+        return SecretRef("stored", f"{tenant}/{self.value}")
+
 
 def parse_ref(text: str) -> SecretRef:
     """Parse `scheme:value`, checking the syntax of the built-in schemes."""
@@ -46,6 +58,10 @@ def parse_ref(text: str) -> SecretRef:
         raise SecretReferenceError(f"{scheme}: reference needs a value without surrounding space")
     if scheme == "env" and not _ENV_NAME.fullmatch(value):
         raise SecretReferenceError("env: needs an environment variable name")
+    if scheme == "stored" and not _STORED_NAME.fullmatch(value):
+        raise SecretReferenceError(
+            "stored: needs a credential name (lower-case letters, digits, '.', '_', '-')"
+        )
     if scheme == "cmd":
         try:
             argv = shlex.split(value)

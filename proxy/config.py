@@ -148,6 +148,19 @@ class CredentialsConfig(_Strict):
             "needs the same key so a sandbox's placeholders work on all of them"
         ),
     )
+    # Stored credentials (`sandgate credentials set`, `secret: stored:NAME`).
+    store_keys: str | None = Field(
+        default=None,
+        description=(
+            "reference to the AES-256-GCM keys stored credentials are sealed with (file:PATH or env:VAR; "
+            "one 'id:base64key' a line, newest last); default: <state_dir>/store.keys, created on first "
+            "use without redis. Every gateway of a fleet needs the same keys"
+        ),
+    )
+    stored_cache_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=300.0,
+        description="seconds a cached stored value is trusted without a change event",
+    )
 
 
 class OpaServerConfig(_Strict):
@@ -269,6 +282,18 @@ class GatewayConfig(_Strict):
     @property
     def placeholder_key_ref(self) -> str:
         return self.credentials.placeholder_key or f"file:{self.state_path / 'placeholder.key'}"
+
+    @property
+    def store_keys_ref(self) -> str:
+        ref = self.credentials.store_keys
+        if ref is None:
+            return f"file:{self.state_path / 'store.keys'}"
+        scheme, _, value = ref.partition(":")
+        return f"file:{self.path(value)}" if scheme == "file" and value else ref
+
+    @property
+    def credentials_store_path(self) -> Path:
+        return self.state_path / "credentials.sealed.json"
 
     @property
     def status_path(self) -> Path:

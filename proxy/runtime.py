@@ -38,6 +38,8 @@ from .broker import CredentialBroker
 from .ca import ensure_ca
 from .config import GatewayConfig, RedisConfig, ResolverConfig
 from .context import GatewayContext
+from .credential_store import stored_secrets
+from .credential_watch import CredentialWatcher
 from .credentials import configure_broker
 from .dnslistener import DnsListener
 from .gate import Gate
@@ -112,6 +114,7 @@ class _Lifecycle:
             gw.shutdown()
             return
         await gw.reloader.start()
+        gw.credential_watch.start()
         if gw.config.rego.engine == "opa" and not await gw.engine.health():
             # Decisions still fail closed (policy_error) until the server answers.
             log.error("rego.opa_unhealthy", url=gw.config.rego.opa.url)
@@ -142,6 +145,8 @@ class _Lifecycle:
     async def done(self) -> None:
         remove_status(self.gateway.config.status_path)
         await self.gateway.reloader.stop()
+        await self.gateway.credential_watch.stop()
+        await self.gateway.credential_store.aclose()
         await self.gateway.broker.aclose()
         await self.gateway.engine.close()
         if self.gateway.dns is not None:
@@ -158,7 +163,14 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
         self.config = config
-        self.broker = Broker(placeholder_key=load_placeholder_key(config.placeholder_key_ref))
+        # `stored:` credentials: read through an in-memory cache that change events invalidate.
+        self.credential_store, stored, secrets = stored_secrets(config)
+        self.credential_watch = CredentialWatcher(
+            self.credential_store, stored, interval=config.reload.interval_seconds
+        )
+        self.broker = Broker(
+            placeholder_key=load_placeholder_key(config.placeholder_key_ref), secrets=secrets
+        )
         if config.rego.bundle_store:
             use_store(config.path(config.rego.bundle_store))
         self.engine = build_engine(config)
