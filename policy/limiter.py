@@ -118,12 +118,12 @@ class WindowCounter:
             wait = 0.0
         return max(1, math.ceil(wait))
 
-    def pending(self) -> list[tuple[int, int]]:
-        """(window index, unsynced count) worth sending: changed, or used since the last sync."""
+    def pending(self, refresh: bool = False) -> list[tuple[int, int]]:
+        """(window index, unsynced count) worth sending: changed, used since the last sync, or `refresh`."""
         out = []
         if self.mine_prev > self.pushed_prev:
             out.append((self.index - 1, self.mine_prev - self.pushed_prev))
-        if self.mine > self.pushed or self.touched:
+        if self.mine > self.pushed or self.touched or refresh:
             out.append((self.index, self.mine - self.pushed))
         self.touched = False
         return out
@@ -229,8 +229,12 @@ class Limiter:
                 self.on_new_counter()
         return counter
 
-    def pending(self) -> list[SyncItem]:
-        """What the next sync sends; counters idle for two windows are dropped."""
+    def pending(self, refresh_all: bool = False) -> list[SyncItem]:
+        """What the next sync sends; counters idle for two windows are dropped.
+
+        Counters used since the last sync are always included (a zero delta reads the fleet
+        total); with `refresh_all`, every live counter is, so idle ones learn the fleet's too.
+        """
         now = self.clock()
         items: list[SyncItem] = []
         for key, counter in list(self.counters.items()):
@@ -239,7 +243,7 @@ class Limiter:
             if idle and not counter.touched:
                 del self.counters[key]
                 continue
-            items.extend(SyncItem(key, index, delta) for index, delta in counter.pending())
+            items.extend(SyncItem(key, index, delta) for index, delta in counter.pending(refresh_all))
         return items
 
     def merge(self, item: SyncItem, fleet_total: int) -> None:

@@ -26,6 +26,7 @@ log = structlog.get_logger("sandgate.limits")
 
 # Keys outlive their window long enough for the next window's sliding estimate, plus slack.
 _EXPIRY_SLACK_SECONDS = 60
+_REFRESH_ALL_SECONDS = 1.0
 
 
 class LimitSync:
@@ -37,6 +38,7 @@ class LimitSync:
         self.keys = keys
         self.interval = interval
         self.healthy = True
+        self._ticks = 0
         self._task: asyncio.Task[None] | None = None
         # Set when a counter is new on this gateway: sync at once rather than at the next tick.
         self._wake = asyncio.Event()
@@ -48,7 +50,11 @@ class LimitSync:
 
     async def sync_once(self) -> bool:
         """One round trip: push deltas, merge fleet totals. False (and logged) when redis failed."""
-        items = self.limiter.pending()
+        # Counters in use sync every tick; idle ones about once a second (they decide nothing now).
+        self._ticks += 1
+        items = self.limiter.pending(refresh_all=self._ticks * self.interval >= _REFRESH_ALL_SECONDS)
+        if self._ticks * self.interval >= _REFRESH_ALL_SECONDS:
+            self._ticks = 0
         if not items:
             return True
         try:

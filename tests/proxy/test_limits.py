@@ -10,8 +10,8 @@ import httpx
 import pytest
 import redis
 import yaml
-from conftest import GatewayFactory, RunningGateway, tenant_yaml
-from support import RecordingUpstream, RedisServer
+from conftest import GatewayFactory, RunningGateway, curl, tenant_yaml
+from support import RecordingUpstream, RedisServer, TestPKI
 
 pytestmark = pytest.mark.slow
 
@@ -157,3 +157,20 @@ def test_limits_hold_with_the_last_known_fleet_count_when_redis_dies(
     while "limits.fleet_sync_failed" not in b.log():
         assert time.monotonic() < deadline, b.log()
         time.sleep(0.05)
+
+
+def test_a_passthrough_tunnel_counts_as_one_request_and_is_refused_over_the_limit(
+    start_gateway: GatewayFactory, https_upstream: RecordingUpstream, pki: TestPKI
+) -> None:
+    doc = yaml.safe_load(
+        tenant_yaml("t1", [{"id": "pass", "hosts": ["pass.test"], "ports": [https_upstream.port]}])
+    )
+    doc["limits"] = {"requests_per_minute": 2}
+    gw = start_gateway({"t1.yaml": yaml.safe_dump(doc)})
+    url = f"{https_upstream.url_for('pass.test')}/tunnel"
+    results = [curl("--proxy", gw.proxy(), "--cacert", str(pki.ca_file), url) for _ in range(3)]
+    assert [r.returncode for r in results[:2]] == [0, 0]
+    assert results[2].returncode != 0
+    (rec,) = [r for r in gw.records(5) if r["reason"] == "rate_limited"]
+    assert (rec["phase"], rec["decision"], rec["dest"]["host"]) == ("connect", "deny", "pass.test")
+    assert len(https_upstream.requests) == 2
