@@ -262,7 +262,12 @@ class Gate:
             body_bytes=declared,
             egress_bytes=head_bytes(flow.request) + (declared or 0),
         )
-        if exceeded is None and body_length_unknown(flow.request) and not flow.request.stream:
+        metered = (
+            limits.request_body_bytes is not None
+            or limits.egress_bytes_per_hour is not None
+            or limits.tenant_egress_bytes_per_hour is not None
+        )
+        if exceeded is None and metered and body_length_unknown(flow.request) and not flow.request.stream:
             # A body of unknown length is counted as it goes and cut at the limit.
             def cut(ex: LimitExceeded) -> None:
                 self._cut_stream(flow, dctx, decision, ex)
