@@ -142,6 +142,7 @@ def _compile_tenant(
         base_deny=base_deny,
         source=loaded.doc.file,
         credentials=tuple(t.credentials),
+        limits=t.limits,
     )
 
 

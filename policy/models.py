@@ -151,11 +151,42 @@ class SandboxEntry(_Strict):
 
 
 class Limits(_Strict):
-    """Per-sandbox limits."""
+    """Per-sandbox limits, and optional caps on all of the tenant's sandboxes together.
 
-    request_body_bytes: Annotated[int, Field(ge=0)] | None = None
-    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
-    egress_bytes_per_hour: Annotated[int, Field(ge=0)] | None = None
+    Enforced by every gateway (fleet-wide through redis); unset means no limit. Egress bytes
+    are what a sandbox sends upstream (request line, headers and body of HTTP requests).
+    """
+
+    request_body_bytes: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="largest request body one request may send (413 body_too_large)"
+    )
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="requests (and new tunnels) per sandbox per sliding minute"
+    )
+    egress_bytes_per_hour: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="bytes sent upstream per sandbox per sliding hour"
+    )
+    tenant_requests_per_minute: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="requests per sliding minute, all of the tenant's sandboxes together"
+    )
+    tenant_egress_bytes_per_hour: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="bytes sent upstream per sliding hour, the tenant's sandboxes together",
+    )
+
+    @model_validator(mode="after")
+    def _tenant_caps_cover_one_sandbox(self) -> Limits:
+        pairs = (
+            ("requests_per_minute", self.requests_per_minute, self.tenant_requests_per_minute),
+            ("egress_bytes_per_hour", self.egress_bytes_per_hour, self.tenant_egress_bytes_per_hour),
+        )
+        for name, per_sandbox, per_tenant in pairs:
+            if per_sandbox is not None and per_tenant is not None and per_tenant < per_sandbox:
+                raise ValueError(
+                    f"tenant_{name} ({per_tenant}) is below {name} ({per_sandbox}): "
+                    f"one sandbox could never use its own limit; raise tenant_{name} or lower {name}"
+                )
+        return self
 
 
 class TenantFile(_Strict):

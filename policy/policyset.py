@@ -9,12 +9,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .decision import Identity, Mode
 from .matcher import RuleIndex
 from .rego_program import RegoProgram
 from .tokens import digest_token, tokens_equal
+
+if TYPE_CHECKING:
+    from .models import Limits
 
 __all__ = ["PolicySet", "SandboxRecord", "TenantPolicy"]
 
@@ -35,6 +38,8 @@ class TenantPolicy:
     # The tenant's Rego (its modules, the operator's, its data, the compiled bundle), or None:
     # then the allowlist decides alone.
     rego: RegoProgram | None = None
+    # The tenant's `limits:`, or None: no limits.
+    limits: Limits | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,8 +124,13 @@ class CredentialBroker:
         guard = outcome.body_guard
         if guard is not None:
             dctx, decision = flow.metadata[PENDING_KEY]
+            # The Gate's limit meter, when it set one, sees every chunk first.
+            metered = flow.request.stream if callable(flow.request.stream) else None
 
             def check(chunk: bytes) -> bytes:
+                if metered is not None:
+                    out = metered(chunk)
+                    chunk = out if isinstance(out, bytes) else b"".join(out)
                 denial = guard.feed(chunk)
                 if denial is not None:
                     denied = Decision(

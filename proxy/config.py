@@ -24,6 +24,7 @@ __all__ = [
     "AuditConfig",
     "DnsListenerConfig",
     "GatewayConfig",
+    "LimitsConfig",
     "ListenerConfig",
     "RedisConfig",
     "ResolverConfig",
@@ -206,6 +207,18 @@ class RedisConfig(_Strict):
     audit_stream_maxlen: Annotated[int, Field(ge=1000)] = 1_000_000
 
 
+class LimitsConfig(_Strict):
+    """How tenants' `limits:` are enforced across a fleet (one machine needs nothing here)."""
+
+    sync_interval_seconds: Annotated[float, Field(gt=0, le=10)] = Field(
+        default=0.2,
+        description=(
+            "fleet mode: how often each gateway adds its counts to redis and reads the fleet's back; "
+            "the bounded overshoot of a limit is what other gateways let through in about this long"
+        ),
+    )
+
+
 class AdminConfig(_Strict):
     """The admin API (and /metrics): a unix socket by default, never a guest-facing listener."""
 
@@ -255,6 +268,7 @@ class GatewayConfig(_Strict):
     reload: ReloadConfig = Field(default_factory=ReloadConfig)
     redis: RedisConfig | None = Field(default=None, description="fleet mode's shared state (off when unset)")
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     # Filled in by load_config: the folder relative paths are resolved against.
     base_dir: str = Field(default=".", exclude=True)
 

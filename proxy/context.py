@@ -9,6 +9,7 @@ from sandgate.policy.decide import decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity
 from sandgate.policy.engine import PolicyEngine
 from sandgate.policy.guard import AddressGuard
+from sandgate.policy.limiter import Limiter
 from sandgate.policy.policyset import PolicySet
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import Resolver
@@ -73,6 +74,8 @@ class GatewayContext:
         # Evaluates tenants' Rego (step 6 of decide); None: decide's default embedded engine.
         self.engine = engine
         self.connections: dict[str, ConnectionState] = {}
+        # Tenants' rate and size limits: local counters (merged with the fleet's by LimitSync).
+        self.limiter = Limiter()
 
     async def decide(
         self, identity: Identity | None, request: EgressRequest, *, address: str | None = None

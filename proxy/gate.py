@@ -8,6 +8,10 @@
   method and path; absolute-form proxy requests are decided (and resolved) one by one.
 - server_connect is the chokepoint: an upstream connection opens only to an address this
   client connection was approved for, and never after a later layer denied.
+- Tenant limits (sandgate.policy.limiter), after the policy allowed, in report mode too:
+  each HTTP request and each new passthrough/raw tunnel counts as a request (429
+  `rate_limited` with Retry-After); a declared body over `request_body_bytes` is 413
+  `body_too_large`; a body of unknown length is metered and cut at the body or byte limit.
 Every hook is guarded: an exception denies with `internal_error`, never lets traffic through.
 """
 
@@ -22,13 +26,15 @@ from sandgate.policy.decide import literal_ip
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import normalise_host, normalise_path, split_authority
+from sandgate.policy.limiter import LimitExceeded
 from sandgate.policy.matcher import UNPARSEABLE_PATH
 from sandgate.policy.reasons import Reason
 
 from .context import ConnectionState, GatewayContext
 from .identify import IDENTITY_KEY
+from .limits import body_length_unknown, body_meter, declared_length, head_bytes, tenant_limits
 from .records import DecisionContext, decision_record
-from .respond import denied_response
+from .respond import denied_response, limited_response
 
 __all__ = ["Gate"]
 
@@ -190,6 +196,10 @@ class Gate:
             if not decision.allowed or decision.address is None:
                 await self._deny_flow(flow, dctx, decision)
                 return
+            exceeded = self._admit(flow, dctx, decision)
+            if exceeded is not None:
+                await self._refuse_limited(flow, dctx, decision, exceeded)
+                return
             if not state.in_tunnel:
                 state.approved[(decision.address, port)] = host
                 flow.request.data.host = decision.address
@@ -238,6 +248,49 @@ class Gate:
             flow.request.authority = ""
         return host, port, address
 
+    def _admit(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> LimitExceeded | None:
+        """Count an allowed request against its tenant's limits; the refusal when over one."""
+        identity = dctx.identity
+        limits = tenant_limits(self.ctx.policy, identity)
+        if identity is None or limits is None:
+            return None
+        declared = declared_length(flow.request)
+        exceeded = self.ctx.limiter.admit(
+            identity.tenant,
+            identity.sandbox,
+            limits,
+            body_bytes=declared,
+            egress_bytes=head_bytes(flow.request) + (declared or 0),
+        )
+        metered = (
+            limits.request_body_bytes is not None
+            or limits.egress_bytes_per_hour is not None
+            or limits.tenant_egress_bytes_per_hour is not None
+        )
+        if exceeded is None and metered and body_length_unknown(flow.request) and not flow.request.stream:
+            # A body of unknown length is counted as it goes and cut at the limit.
+            def cut(ex: LimitExceeded) -> None:
+                self._cut_stream(flow, dctx, decision, ex)
+
+            flow.request.stream = body_meter(self.ctx.limiter, identity, limits, cut)
+        return exceeded
+
+    async def _refuse_limited(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
+    ) -> None:
+        # Refuse first, record second, as in _deny_flow.
+        flow.response = limited_response(
+            exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
+        )
+        await self._record(dctx, _limit_decision(decision, exceeded))
+
+    def _cut_stream(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
+    ) -> None:
+        flow.metadata.pop(PENDING_KEY, None)
+        flow.kill()
+        self.ctx.audit.emit_nowait(decision_record(dctx, _limit_decision(decision, exceeded, streamed=True)))
+
     async def response(self, flow: http.HTTPFlow) -> None:
         await self._complete(flow, None)
 
@@ -268,7 +321,7 @@ class Gate:
 
     # -- the chokepoint ----------------------------------------------------------------------
 
-    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         try:
             state = self.ctx.connections.get(data.client.id)
             address = data.server.address
@@ -282,11 +335,38 @@ class Gate:
             if approved_host is None:
                 data.server.error = "sandgate: destination not approved"
                 return
+            if _is_tunnel(state) and not await self._admit_tunnel(state, data):
+                return
             if data.server.sni is None or data.server.sni == address[0]:
                 data.server.sni = approved_host
         except Exception:
             log.exception("hook_failed", hook="server_connect")
             data.server.error = "sandgate: internal error"
+
+    async def _admit_tunnel(
+        self, state: ConnectionState, data: server_hooks.ServerConnectionHookData
+    ) -> bool:
+        """A passthrough or raw tunnel counts as one request; False (refused, audited) when over a limit."""
+        limits = tenant_limits(self.ctx.policy, state.identity)
+        if state.identity is None or limits is None:
+            return True
+        exceeded = self.ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
+        if exceeded is None:
+            return True
+        state.denied = exceeded.reason
+        data.server.error = f"sandgate: {exceeded.reason.value}"
+        dctx = DecisionContext(
+            phase=Phase.CONNECT,
+            listener=state.listener,
+            client=state.client,
+            host=state.tunnel_host or (state.original_dst[0] if state.original_dst else None),
+            port=state.tunnel_port or (state.original_dst[1] if state.original_dst else None),
+            sni=state.sni,
+            identity=state.identity,
+        )
+        base = state.tunnel_decision or Decision(policy_version=self.ctx.policy.version)
+        await self._record(dctx, _limit_decision(base, exceeded))
+        return False
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -331,6 +411,27 @@ class Gate:
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:
         if state is not None:
             state.denied = reason
+
+
+def _is_tunnel(state: ConnectionState) -> bool:
+    """Whether the connection's bytes pass without HTTP requests to count (passthrough or raw TCP)."""
+    return (
+        state.passthrough
+        or state.raw
+        or (state.tunnel_decision is not None and state.tunnel_decision.raw_tcp)
+    )
+
+
+def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, streamed: bool = False) -> Decision:
+    """The denial recorded for a limit, keeping the allowing decision's rule and version."""
+    return Decision(
+        reason=exceeded.reason,
+        rule_id=decision.rule_id,
+        policy_version=decision.policy_version,
+        mode=decision.mode,
+        address=decision.address,
+        detail=exceeded.limit + (" (in a streamed body)" if streamed else ""),
+    )
 
 
 def _sni_matches(sni: str | None, host: str | None) -> bool:

@@ -8,7 +8,7 @@ from mitmproxy import http
 
 from sandgate.policy.reasons import Reason
 
-__all__ = ["denied_response", "proxy_auth_required"]
+__all__ = ["denied_response", "limited_response", "proxy_auth_required"]
 
 REASON_HEADER = "X-Sandgate-Reason"
 DECISION_HEADER = "X-Sandgate-Decision-Id"
@@ -40,6 +40,31 @@ def denied_response(
             "Cache-Control": "no-store",
         },
     )
+
+
+def limited_response(
+    reason: Reason, limit: str, retry_after: int, host: str | None, decision_id: str
+) -> http.Response:
+    """429 (a rate or byte limit, with Retry-After) or 413 (body_too_large), shaped like a denial."""
+    fields: dict[str, object] = {
+        "error": "egress denied",
+        "reason": reason.value,
+        "host": host,
+        "decision_id": decision_id,
+        "limit": limit,
+    }
+    headers = {
+        "Content-Type": "application/json",
+        REASON_HEADER: reason.value,
+        DECISION_HEADER: decision_id,
+        "Cache-Control": "no-store",
+    }
+    status = 413
+    if reason is not Reason.BODY_TOO_LARGE:
+        status = 429
+        fields["retry_after"] = retry_after
+        headers["Retry-After"] = str(retry_after)
+    return http.Response.make(status, json.dumps(fields).encode(), headers)
 
 
 def proxy_auth_required(decision_id: str) -> http.Response:

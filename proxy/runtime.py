@@ -45,8 +45,9 @@ from .dnslistener import DnsListener
 from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
+from .limits_sync import LimitSync
 from .placeholder_key import load_placeholder_key
-from .redis_conn import Keys
+from .redis_conn import Keys, connect
 from .registry import load_registry, merge_registry, registry_digest
 from .reload import PolicyReloader
 from .statusfile import remove_status, write_status
@@ -115,9 +116,8 @@ class _Lifecycle:
             return
         await gw.reloader.start()
         gw.credential_watch.start()
-        if gw.config.rego.engine == "opa" and not await gw.engine.health():
-            # Decisions still fail closed (policy_error) until the server answers.
-            log.error("rego.opa_unhealthy", url=gw.config.rego.opa.url)
+        if gw.limit_sync is not None:
+            await gw.limit_sync.start()
         if gw.config.rego.engine == "opa" and not await gw.engine.health():
             # Decisions still fail closed (policy_error) until the server answers.
             log.error("rego.opa_unhealthy", url=gw.config.rego.opa.url)
@@ -147,6 +147,8 @@ class _Lifecycle:
         await self.gateway.reloader.stop()
         await self.gateway.credential_watch.stop()
         await self.gateway.credential_store.aclose()
+        if self.gateway.limit_sync is not None:
+            await self.gateway.limit_sync.stop()
         await self.gateway.broker.aclose()
         await self.gateway.engine.close()
         if self.gateway.dns is not None:
@@ -202,6 +204,14 @@ class Gateway:
             broker=self.broker,
             engine=self.engine,
         )
+        self.limit_sync: LimitSync | None = None
+        if config.redis is not None:
+            self.limit_sync = LimitSync(
+                self.ctx.limiter,
+                connect(config.redis),
+                Keys(config.redis.prefix),
+                config.limits.sync_interval_seconds,
+            )
         self.dns: DnsListener | None = None
         if config.dns is not None:
             self.dns = DnsListener(

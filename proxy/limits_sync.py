@@ -1,0 +1,107 @@
+"""Fleet mode: share rate-limit counts through redis, off the request path.
+
+Every `interval` seconds (at once when a counter is new here) one pipelined round trip adds
+this gateway's unsynced counts to the per-window fleet keys (INCRBY, with an expiry of two
+windows) and reads the totals back; the Limiter then refuses on its own count plus the rest
+of the fleet's last known count. When
+redis is unreachable the gateway keeps enforcing on its local counts and the last known
+fleet totals (logged once per outage); unsynced counts are sent when redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import redis.asyncio as aioredis
+import structlog
+
+from sandgate.policy.limiter import Limiter, SyncItem
+
+from .redis_conn import Keys
+
+__all__ = ["LimitSync"]
+
+log = structlog.get_logger("sandgate.limits")
+
+# Keys outlive their window long enough for the next window's sliding estimate, plus slack.
+_EXPIRY_SLACK_SECONDS = 60
+_REFRESH_ALL_SECONDS = 1.0
+
+
+class LimitSync:
+    """The background task that merges this gateway's limit counters with the fleet's."""
+
+    def __init__(self, limiter: Limiter, client: aioredis.Redis, keys: Keys, interval: float) -> None:
+        self.limiter = limiter
+        self.client = client
+        self.keys = keys
+        self.interval = interval
+        self.healthy = True
+        self._ticks = 0
+        self._task: asyncio.Task[None] | None = None
+        # Set when a counter is new on this gateway: sync at once rather than at the next tick.
+        self._wake = asyncio.Event()
+        limiter.on_new_counter = self._wake.set
+
+    def key(self, item: SyncItem) -> str:
+        k = item.key
+        return self.keys("limits", k.scope, k.name, k.kind.value, str(item.index))
+
+    async def sync_once(self) -> bool:
+        """One round trip: push deltas, merge fleet totals. False (and logged) when redis failed."""
+        # Counters in use sync every tick; idle ones about once a second (they decide nothing now).
+        self._ticks += 1
+        items = self.limiter.pending(refresh_all=self._ticks * self.interval >= _REFRESH_ALL_SECONDS)
+        if self._ticks * self.interval >= _REFRESH_ALL_SECONDS:
+            self._ticks = 0
+        if not items:
+            return True
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for item in items:
+                key = self.key(item)
+                pipe.incrby(key, item.delta)
+                pipe.expire(key, int(2 * item.key.kind.window) + _EXPIRY_SLACK_SECONDS)
+            results = await pipe.execute()
+        except Exception as e:  # redis down, timeout, protocol error: keep the local view
+            if self.healthy:
+                log.warning(
+                    "limits.fleet_sync_failed",
+                    error=type(e).__name__,
+                    enforcing="local counts plus the last known fleet totals",
+                )
+            self.healthy = False
+            return False
+        for item, total in zip(items, results[::2], strict=True):
+            self.limiter.merge(item, int(total))
+        if not self.healthy:
+            log.info("limits.fleet_sync_restored")
+        self.healthy = True
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+            self._wake.clear()
+            try:
+                await self.sync_once()
+            except Exception:
+                log.exception("limits.fleet_sync_crashed")
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="sandgate-limit-sync")
+
+    async def stop(self) -> None:
+        """Stop the task, push what is left (best effort) and close the client."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.sync_once(), timeout=1.0)
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
