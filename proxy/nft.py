@@ -18,10 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ConfigError
+
 __all__ = [
     "TABLE",
     "SandboxInterface",
     "apply_ruleset",
+    "ensure_sysctl",
     "remove_ruleset",
     "render_ruleset",
     "set_interface_sysctls",
@@ -97,14 +100,44 @@ def remove_ruleset(table: str = TABLE) -> None:
     _nft(f"add table inet {table}\ndelete table inet {table}\n")
 
 
+SYSCTL_NET = Path("/proc/sys/net")
+
+
 def set_interface_sysctls(interface: str) -> None:
-    """Strict reverse-path filtering on a sandbox interface (defence in depth for anti-spoofing)."""
-    path = Path("/proc/sys/net/ipv4/conf") / interface / "rp_filter"
-    path.write_text("1\n")
+    """Strict reverse-path filtering on a sandbox interface (defence in depth for anti-spoofing),
+    and no IPv6 on it. A value that already holds is not written again: containers mount
+    /proc/sys read-only, and a host that set `all` to the same value needs no per-interface write."""
+    ensure_sysctl(interface, "ipv4", "rp_filter")
     # A sandbox interface gets no IPv6 address, so the guest has no IPv6 path to the host either.
-    v6 = Path("/proc/sys/net/ipv6/conf") / interface / "disable_ipv6"
-    if v6.exists():
-        v6.write_text("1\n")
+    if (SYSCTL_NET / "ipv6" / "conf" / interface).exists():
+        ensure_sysctl(interface, "ipv6", "disable_ipv6")
+
+
+def ensure_sysctl(interface: str, family: str, name: str, root: Path | None = None) -> None:
+    """Make net.<family>.conf.<interface>.<name> effectively 1, or raise ConfigError saying how."""
+    conf = (root or SYSCTL_NET) / family / "conf"
+    path = conf / interface / name
+    if _read_sysctl(path) == "1":
+        return
+    try:
+        path.write_text("1\n")
+        return
+    except OSError as e:
+        problem = e.strerror or str(e)
+    # rp_filter takes the larger of `all` and the interface's value; disable_ipv6 honours `all`.
+    if _read_sysctl(conf / "all" / name) == "1" and (name != "rp_filter" or _read_sysctl(path) in {"0", "1"}):
+        return
+    raise ConfigError(
+        f"cannot set net.{family}.conf.{interface}.{name}=1 ({problem}); set "
+        f"net.{family}.conf.all.{name}=1 on the host, or give sandgate a writable /proc/sys"
+    )
+
+
+def _read_sysctl(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
 
 
 def _nft(script: str) -> None:
