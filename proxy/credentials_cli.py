@@ -10,6 +10,7 @@ from pathlib import Path
 from sandgate.brokers import Broker
 from sandgate.policy.loader import load_policy_dir
 
+from . import admin_cli
 from .config import GatewayConfig, load_config
 from .credentials import configure_broker
 from .errors import ConfigError
@@ -20,12 +21,15 @@ __all__ = ["add_parsers", "placeholder_environment", "run_credentials_command"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    creds = sub.add_parser("credentials", help="credential placeholders")
+    creds = sub.add_parser(
+        "credentials", help="credential placeholders; values in the running gateway's store"
+    )
     creds_sub = creds.add_subparsers(dest="credentials_command", required=True)
     ph = creds_sub.add_parser("placeholders", help="a sandbox's placeholders, as environment assignments")
     ph.add_argument("--sandbox", required=True)
     ph.add_argument("--config", type=Path)
     ph.add_argument("--format", choices=("env", "json"), default="env")
+    admin_cli.add_credential_parsers(creds_sub)
 
 
 def env_name(credential: object) -> str:
@@ -52,6 +56,8 @@ def placeholder_environment(config: GatewayConfig, sandbox: str) -> dict[str, st
 
 
 def run_credentials_command(args: argparse.Namespace) -> int:
+    if args.credentials_command in admin_cli.CREDENTIAL_COMMANDS:
+        return admin_cli.run_credential_command(args)
     env = placeholder_environment(load_config(args.config), args.sandbox)
     if args.format == "json":
         print(json.dumps(env, indent=2))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from sandgate.policy.resolver import (
     SystemResolver,
 )
 
+from .admin import AdminServer, AdminState
 from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
 from .bindings import NameBindings
 from .broker import CredentialBroker
@@ -41,10 +43,14 @@ from .dnslistener import DnsListener
 from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
+from .metrics import METRICS, GatewayGauges
+from .metrics_addon import UpstreamTiming
 from .placeholder_key import load_placeholder_key
 from .registry import load_registry, merge_registry, registry_digest
+from .registry_file import FileSandboxStore
 from .reload import PolicyReloader
 from .statusfile import remove_status, write_status
+from .stores import CredentialStore, SandboxStore
 from .transparent import Transparent
 
 __all__ = ["Gateway", "build_resolver", "serve"]
@@ -141,8 +147,19 @@ class Gateway:
     the configured one (tests pass a real implementation of the Resolver protocol).
     """
 
-    def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        resolver: Resolver | None = None,
+        sandbox_store: SandboxStore | None = None,
+        credential_store: CredentialStore | None = None,
+    ) -> None:
         self.config = config
+        # The admin API's backends: the local registry file by default; no credential store yet.
+        self.sandbox_store = sandbox_store or FileSandboxStore(config)
+        self.credential_store = credential_store
+        self.admin: AdminServer | None = None
         self.broker = Broker(placeholder_key=load_placeholder_key(config.placeholder_key_ref))
         if config.rego.bundle_store:
             use_store(config.path(config.rego.bundle_store))
@@ -200,6 +217,7 @@ class Gateway:
             tlsconfig.TlsConfig(),
             Gate(self.ctx),
             CredentialBroker(self.ctx),
+            UpstreamTiming(),
             _Lifecycle(self),
         )
         trusted = config.upstream.trusted_ca
@@ -243,12 +261,39 @@ class Gateway:
             },
         )
 
+    def admin_state(self) -> AdminState:
+        """What the admin API serves from this gateway."""
+        return AdminState(
+            gateway_id=socket.gethostname(),
+            ctx=self.ctx,
+            reloader=self.reloader,
+            listeners=lambda: [f"{h}:{p}" for h, p in self.listen_addrs],
+            ready=self.ready.is_set,
+            sandboxes=self.sandbox_store,
+            credentials=self.credential_store,
+        )
+
+    def _attach_metrics(self) -> None:
+        METRICS.attach(
+            GatewayGauges(
+                connections=lambda: len(self.ctx.connections),
+                audit_depth=lambda: self.ctx.audit.depth,
+                policy_version=lambda: self.ctx.policy.version,
+                reload_failures=lambda: self.reloader.failures,
+            )
+        )
+
     def shutdown(self) -> None:
         """Stop serving; run() returns once connections and the audit queue are closed."""
         self.master.shutdown()
 
     async def run(self, *, signals: bool = True) -> int:
         """Serve until shutdown (SIGTERM/SIGINT when `signals`); SIGHUP reloads the policy."""
+        self._attach_metrics()
+        if self.config.admin.enabled:
+            # Raises ConfigError (socket taken by a live gateway, bad token reference) before serving.
+            self.admin = AdminServer(self.config, self.admin_state())
+            await self.admin.start()
         self.ctx.audit.start()
         loop = asyncio.get_running_loop()
         if signals:
@@ -263,6 +308,9 @@ class Gateway:
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
+            if self.admin is not None:
+                await self.admin.stop()
+            METRICS.detach()
             self.ctx.audit.close()
         sys.stderr.flush()
         return self.exit_code
