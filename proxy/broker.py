@@ -27,6 +27,7 @@ from sandgate.policy.reasons import Reason
 
 from .context import GatewayContext
 from .gate import CREDENTIALS_KEY, PENDING_KEY
+from .metrics import METRICS
 from .records import DecisionContext, decision_record
 from .respond import denied_response
 
@@ -96,6 +97,7 @@ class CredentialBroker:
             self._apply(flow, request, outcome)
             if outcome.credentials:
                 flow.metadata[CREDENTIALS_KEY] = (outcome.credentials, outcome.injectors)
+                METRICS.injected(dctx.identity.tenant, outcome.credentials)
             if not broker.scrubber(dctx.identity.tenant, dctx.identity.sandbox).empty:
                 flow.metadata[_SCRUB_KEY] = (dctx.identity.tenant, dctx.identity.sandbox)
                 # Kept for the connection's life: a WebSocket on it is scrubbed message by message.

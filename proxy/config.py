@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandgate.policy.addresses import parse_network
 from sandgate.policy.errors import HostError, PolicyLoadError
@@ -30,6 +30,7 @@ __all__ = [
     "ResolverConfig",
     "TransparentConfig",
     "load_config",
+    "split_listen",
 ]
 
 Port = Annotated[int, Field(ge=0, le=65535)]
@@ -228,6 +229,30 @@ class AdminConfig(_Strict):
     token: str | None = Field(
         default=None, description="bearer token reference (env:VAR or file:PATH); required with listen"
     )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            split_listen(v)
+        return v
+
+    @model_validator(mode="after")
+    def _token_for_tcp(self) -> AdminConfig:
+        if self.listen is not None and self.token is None:
+            raise ValueError(
+                "admin.listen needs admin.token (env:VAR or file:PATH): TCP requests must carry it"
+            )
+        return self
+
+
+def split_listen(text: str) -> tuple[str, int]:
+    """(host, port) from `host:port` or `[v6]:port`; ValueError naming the expected form."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port (for example 127.0.0.1:9180), got {text!r}")
+    return host, int(port)
 
 
 class HostRulesConfig(_Strict):

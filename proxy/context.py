@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 from sandgate.brokers import Broker
@@ -16,6 +17,7 @@ from sandgate.policy.resolver import Resolver
 
 from .audit import AuditLog
 from .bindings import NameBindings
+from .metrics import METRICS
 
 __all__ = ["ConnectionState", "GatewayContext"]
 
@@ -85,9 +87,13 @@ class GatewayContext:
             names = self.broker.bound_names(identity.tenant, request.host, request.port)
             if names:
                 request = replace(request, credentials=names)
-        return await decide(
-            self.policy, identity, request, self.resolver, self.guard, address=address, engine=self.engine
-        )
+        started = time.perf_counter()
+        try:
+            return await decide(
+                self.policy, identity, request, self.resolver, self.guard, address=address, engine=self.engine
+            )
+        finally:
+            METRICS.decision_seconds(time.perf_counter() - started)
 
     def with_credentials(
         self, decision: Decision, identity: Identity | None, host: str, port: int

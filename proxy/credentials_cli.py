@@ -21,6 +21,7 @@ from pathlib import Path
 from sandgate.brokers import Broker, Secret
 from sandgate.policy.loader import load_policy_dir
 
+from .admin_client import AdminApiError, ApiCredentialStore, gateway_running
 from .config import GatewayConfig, load_config
 from .credential_store import RekeyableStore, open_credential_store, stored_secrets
 from .credentials import configure_broker
@@ -34,7 +35,9 @@ __all__ = ["add_parsers", "placeholder_environment", "run_credentials_command"]
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    creds = sub.add_parser("credentials", help="credential placeholders")
+    creds = sub.add_parser(
+        "credentials", help="credential placeholders; values in the running gateway's store"
+    )
     creds_sub = creds.add_subparsers(dest="credentials_command", required=True)
     ph = creds_sub.add_parser("placeholders", help="a sandbox's placeholders, as environment assignments")
     ph.add_argument("--sandbox", required=True)
@@ -152,9 +155,16 @@ def run_credentials_command(args: argparse.Namespace) -> int:
         if config.redis is not None:
             print("copy the key file to every gateway of the fleet, then run `sandgate credentials rekey`")
         return 0
+    # A running gateway's store is reached through its admin API (a fleet's store is redis,
+    # reachable either way); `rekey` always works on the store itself.
+    store: RekeyableStore = (
+        ApiCredentialStore(config)
+        if args.credentials_command != "rekey" and gateway_running(config)
+        else open_credential_store(config)
+    )
     try:
-        return asyncio.run(store_command(open_credential_store(config), args))
-    except StoreError as e:
+        return asyncio.run(store_command(store, args))
+    except (StoreError, AdminApiError) as e:
         print(f"sandgate: {e}", file=sys.stderr)
         return 2
 

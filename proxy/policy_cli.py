@@ -1,4 +1,4 @@
-"""`sandgate policy check|test|explain|schema|push`: the policy author's tools.
+"""`sandgate policy check|test|explain|schema|push|reload|status`: the policy author's tools.
 
 Exit codes: 0 ok, 1 a test failed / the request is denied / the OPA server refused a push,
 2 usage or invalid input (a policy that does not load). Every command takes `--format json`.
@@ -39,6 +39,8 @@ from sandgate.policy.rego_loader import operator_modules_dir
 from sandgate.policy.rego_program import RegoModule
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
 from sandgate.policy.yamlsource import load_yaml, validate
+
+from . import admin_cli
 
 __all__ = ["add_parser", "run"]
 
@@ -85,6 +87,8 @@ def add_parser(sub: Any) -> None:
     push.add_argument("--keep", action="store_true", help="keep sandgate/ policies this push does not have")
     _format(push)
 
+    admin_cli.add_policy_parsers(pol_sub, _format)
+
 
 def _format(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -105,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         return _explain(args)
     if command == "push":
         return _push(args)
+    if command in admin_cli.POLICY_COMMANDS:
+        return admin_cli.run_policy_command(args)
     return EXIT_USAGE
 
 

@@ -11,6 +11,8 @@ from urllib.parse import parse_qsl
 
 from sandgate.policy.decision import Decision, Identity, Phase
 
+from .metrics import METRICS
+
 __all__ = ["DecisionContext", "decision_record", "format_time", "new_decision_id", "redact_query"]
 
 RECORD_VERSION = 1
@@ -62,14 +64,16 @@ def decision_record(
     error: str | None = None,
     credentials: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The audit record of one decision."""
+    """The audit record of one decision (and its count in the metrics)."""
+    tenant = ctx.identity.tenant if ctx.identity else None
+    METRICS.decision(tenant, decision.reason.value, ctx.phase.value, decision.verdict)
     return {
         "event": "decision",
         "v": RECORD_VERSION,
         # Epoch seconds here; the audit writer thread renders it as RFC 3339 (off the hot path).
         "time": time.time(),
         "decision_id": ctx.decision_id,
-        "tenant": ctx.identity.tenant if ctx.identity else None,
+        "tenant": tenant,
         "sandbox": ctx.identity.sandbox if ctx.identity else None,
         "phase": ctx.phase.value,
         "listener": ctx.listener,

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -19,13 +20,24 @@ from sandgate.policy.policyset import PolicySet
 from .context import GatewayContext
 from .records import new_decision_id
 
-__all__ = ["PolicyReloader"]
+__all__ = ["PolicyReloader", "ReloadOutcome"]
 
 log = structlog.get_logger("sandgate.reload")
 
 Fingerprint = tuple[tuple[str, int, int], ...]
 
 WATCH_BACKOFF = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadOutcome:
+    """The last reload attempt, for the admin API's status (errors are file:line texts)."""
+
+    ok: bool
+    trigger: str
+    time: float
+    policy_version: str
+    errors: tuple[str, ...] = ()
 
 
 def _fingerprint(files: list[Path]) -> Fingerprint:
@@ -67,6 +79,7 @@ class PolicyReloader:
         self._task: asyncio.Task[None] | None = None
         self._fingerprint: Fingerprint = ()
         self.failures = 0
+        self.last: ReloadOutcome | None = None
 
     async def start(self) -> None:
         self._fingerprint = await asyncio.to_thread(lambda: _fingerprint(self.watched(self.ctx.policy)))
@@ -95,14 +108,17 @@ class PolicyReloader:
                     kept_version=old,
                     errors=[str(x) for x in errors],
                 )
+                self.last = ReloadOutcome(False, trigger, time.time(), old, tuple(str(x) for x in errors))
                 await self.ctx.audit.emit(self._record(trigger, "error", old, old, [str(x) for x in errors]))
                 return False
             except Exception as e:
                 self.failures += 1
                 log.exception("policy.reload_failed", trigger=trigger, kept_version=old)
+                self.last = ReloadOutcome(False, trigger, time.time(), old, (type(e).__name__,))
                 await self.ctx.audit.emit(self._record(trigger, "error", old, old, [type(e).__name__]))
                 return False
             self.ctx.policy = policy
+            self.last = ReloadOutcome(True, trigger, time.time(), policy.version)
             if self.on_reload is not None:
                 self.on_reload(policy)
             log.info(

@@ -31,6 +31,7 @@ from sandgate.policy.resolver import (
     SystemResolver,
 )
 
+from .admin import AdminServer, AdminState
 from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
 from .audit_redis import RedisStreamSink, connect_sync
 from .bindings import NameBindings
@@ -46,11 +47,15 @@ from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
 from .limits_sync import LimitSync
+from .metrics import METRICS, GatewayGauges
+from .metrics_addon import UpstreamTiming
 from .placeholder_key import load_placeholder_key
 from .redis_conn import Keys, connect
 from .registry import load_registry, merge_registry, registry_digest
+from .registry_file import FileSandboxStore
 from .reload import PolicyReloader
 from .statusfile import remove_status, write_status
+from .stores import CredentialStore, SandboxStore
 from .transparent import Transparent
 
 __all__ = ["Gateway", "build_resolver", "serve"]
@@ -163,7 +168,14 @@ class Gateway:
     the configured one (tests pass a real implementation of the Resolver protocol).
     """
 
-    def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        resolver: Resolver | None = None,
+        sandbox_store: SandboxStore | None = None,
+        credential_store: CredentialStore | None = None,
+    ) -> None:
         self.config = config
         # `stored:` credentials: read through an in-memory cache that change events invalidate.
         self.credential_store, stored, secrets = stored_secrets(config)
@@ -173,6 +185,10 @@ class Gateway:
         self.broker = Broker(
             placeholder_key=load_placeholder_key(config.placeholder_key_ref), secrets=secrets
         )
+        # The admin API's backends: the local registry file by default, the configured credential store.
+        self.sandbox_store = sandbox_store or FileSandboxStore(config)
+        self.admin_credentials: CredentialStore = credential_store or self.credential_store
+        self.admin: AdminServer | None = None
         if config.rego.bundle_store:
             use_store(config.path(config.rego.bundle_store))
         self.engine = build_engine(config)
@@ -239,6 +255,7 @@ class Gateway:
             tlsconfig.TlsConfig(),
             Gate(self.ctx),
             CredentialBroker(self.ctx),
+            UpstreamTiming(),
             _Lifecycle(self),
         )
         trusted = config.upstream.trusted_ca
@@ -282,12 +299,39 @@ class Gateway:
             },
         )
 
+    def admin_state(self) -> AdminState:
+        """What the admin API serves from this gateway."""
+        return AdminState(
+            gateway_id=socket.gethostname(),
+            ctx=self.ctx,
+            reloader=self.reloader,
+            listeners=lambda: [f"{h}:{p}" for h, p in self.listen_addrs],
+            ready=self.ready.is_set,
+            sandboxes=self.sandbox_store,
+            credentials=self.admin_credentials,
+        )
+
+    def _attach_metrics(self) -> None:
+        METRICS.attach(
+            GatewayGauges(
+                connections=lambda: len(self.ctx.connections),
+                audit_depth=lambda: self.ctx.audit.depth,
+                policy_version=lambda: self.ctx.policy.version,
+                reload_failures=lambda: self.reloader.failures,
+            )
+        )
+
     def shutdown(self) -> None:
         """Stop serving; run() returns once connections and the audit queue are closed."""
         self.master.shutdown()
 
     async def run(self, *, signals: bool = True) -> int:
         """Serve until shutdown (SIGTERM/SIGINT when `signals`); SIGHUP reloads the policy."""
+        self._attach_metrics()
+        if self.config.admin.enabled:
+            # Raises ConfigError (socket taken by a live gateway, bad token reference) before serving.
+            self.admin = AdminServer(self.config, self.admin_state())
+            await self.admin.start()
         self.ctx.audit.start()
         loop = asyncio.get_running_loop()
         if signals:
@@ -302,6 +346,9 @@ class Gateway:
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
+            if self.admin is not None:
+                await self.admin.stop()
+            METRICS.detach()
             self.ctx.audit.close()
         sys.stderr.flush()
         return self.exit_code

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from .config import load_config
+from . import admin_client
+from .config import GatewayConfig, load_config
 from .jail import run_jail
 from .registry import DynamicSandbox
 from .sandboxes import register, registered, unregister
@@ -47,6 +48,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def run_sandbox_command(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    if admin_client.gateway_running(config):
+        # The running gateway registers (and reloads) itself: its store may be redis, not the file.
+        return _through_api(config, args)
     if args.sandbox_command == "add":
         sandbox = DynamicSandbox(
             id=args.id or args.interface.lower(),
@@ -72,6 +76,38 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
     else:
         for s in entries:
             print(f"{s.id}\t{s.tenant}\t{s.interface or '-'}\t{s.address}")
+    return 0
+
+
+def _through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
+    if args.sandbox_command == "add":
+        entry = {
+            "id": args.id or args.interface.lower(),
+            "tenant": args.tenant,
+            "interface": args.interface,
+            "address": args.address,
+        }
+        result = admin_client.add_sandbox(config, entry)
+        print(
+            f"registered {entry['id']} (tenant {entry['tenant']}); policy version {result['policy_version']}"
+        )
+        return 0
+    if args.sandbox_command == "remove":
+        try:
+            admin_client.remove_sandbox(config, args.id)
+        except admin_client.AdminApiError as e:
+            if e.status != 404:
+                raise
+            print(f"sandgate: no registered sandbox {args.id!r}", file=sys.stderr)
+            return 2
+        print(f"removed {args.id}")
+        return 0
+    entries = admin_client.list_sandboxes(config)
+    if args.format == "json":
+        print(json.dumps(entries, indent=2))
+    else:
+        for s in entries:
+            print(f"{s['id']}\t{s['tenant']}\t{s['interface'] or '-'}\t{s['address']}")
     return 0
 
 

@@ -156,6 +156,10 @@ def test_the_placeholder_becomes_the_real_key_only_at_the_bound_host(
     record = gateway.records(3)[-1]
     assert (record["credentials"], record["injectors"]) == (["openai"], ["header"])
     assert_no_secret_anywhere(gateway, echoed)
+    admin = httpx.HTTPTransport(uds=str(gateway.root / "state" / "admin.sock"))
+    with httpx.Client(transport=admin, base_url="http://sandgate") as c:
+        metrics = c.get("/metrics").text
+    assert 'sandgate_credential_injections_total{credential="openai",tenant="t1"} 1.0' in metrics
 
 
 def test_a_query_credential_is_injected_and_scrubbed_from_the_echo(

@@ -1,0 +1,61 @@
+"""CLI commands that act on the running gateway through its admin API.
+
+`sandgate policy reload|status`. (`sandgate credentials set|rotate|remove|list` reach the
+API through admin_client.ApiCredentialStore; `sandgate sandbox` through admin_client.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from . import admin_client
+from .config import load_config
+
+__all__ = [
+    "POLICY_COMMANDS",
+    "add_policy_parsers",
+    "run_policy_command",
+]
+
+POLICY_COMMANDS = ("reload", "status")
+
+
+def add_policy_parsers(pol_sub: Any, fmt: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`policy reload` and `policy status` (the running gateway's)."""
+    reload = pol_sub.add_parser("reload", help="reload the running gateway's policy now")
+    reload.add_argument("--config", type=Path)
+    fmt(reload)
+    status = pol_sub.add_parser("status", help="the running gateway's policy version, listeners, reloads")
+    status.add_argument("--config", type=Path)
+    fmt(status)
+
+
+def run_policy_command(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.policy_command == "reload":
+        result = admin_client.reload_policy(config)
+        _emit(args.format, result, f"reloaded: policy version {result['policy_version']}")
+        return 0
+    st = admin_client.status(config)
+    last = st.get("last_reload")
+    lines = [
+        f"gateway {st['gateway_id']} (pid {st['pid']}), {'ready' if st['ready'] else 'NOT ready'}",
+        f"policy version {st['policy_version']}: {st['tenants']} tenants, {st['sandboxes']} sandboxes",
+        f"listeners: {', '.join(st['listeners']) or '-'}",
+        f"reload failures: {st['reload_failures']}; audit queue: {st['audit_queue_depth']}",
+    ]
+    if last is not None:
+        when = datetime.fromtimestamp(last["time"], UTC).isoformat(timespec="seconds")
+        lines.append(f"last reload: {'ok' if last['ok'] else 'FAILED'} ({last['trigger']}, {when})")
+        lines.extend(f"  {e}" for e in last["errors"])
+    _emit(args.format, st, "\n".join(lines))
+    return 0
+
+
+def _emit(fmt: str, value: dict[str, Any], text: str) -> None:
+    print(json.dumps(value, indent=2) if fmt == "json" else text)

@@ -1,0 +1,321 @@
+"""Routes of the admin API: JSON in and out, errors as `{"error": ..., "field": ...}`.
+
+Request bodies are validated with pydantic; an error names the field but never echoes the
+input (a credential value must not come back in a 422). Credential values are write-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import re
+import time
+from types import TracebackType
+from typing import Annotated, Any
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tornado.web import Application, HTTPError, RequestHandler
+
+from sandgate.brokers import Secret
+from sandgate.policy.models import NAME_PATTERN
+
+from .admin import AdminState
+from .metrics import METRICS
+from .registry import DynamicSandbox
+from .stores import CredentialInfo, StoreError
+
+__all__ = ["ApiError", "make_app"]
+
+log = structlog.get_logger("sandgate.admin")
+
+_NAME = re.compile(NAME_PATTERN)
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, with the field it is about."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.extra = extra
+
+
+class CredentialValue(BaseModel):
+    """`PUT /v1/credentials/{tenant}/{name}` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
+
+
+class _Handler(RequestHandler):
+    """Auth, JSON answers and JSON errors for every route."""
+
+    def initialize(self, state: AdminState, token: Secret | None, require_token: bool) -> None:
+        self.state = state
+        self.token = token
+        self.require_token = require_token
+
+    def set_default_headers(self) -> None:
+        self.clear_header("Server")
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+
+    def prepare(self) -> None:
+        header = self.request.headers.get("Authorization")
+        if self.token is None or (header is None and not self.require_token):
+            return  # the unix socket: its file mode is the guard
+        expected = b"Bearer " + self.token.reveal().encode()
+        if not hmac.compare_digest((header or "").encode(), expected):
+            raise ApiError(401, "missing or wrong bearer token")
+
+    def reply(self, body: dict[str, Any], status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(body) + "\n")
+
+    def parse[M: BaseModel](self, model: type[M]) -> M:
+        """The body as `model`; 400 for unreadable JSON, 422 naming the first bad field."""
+        try:
+            return model.model_validate_json(self.request.body or b"")
+        except ValidationError as e:
+            err = e.errors(include_url=False, include_input=False)[0]
+            if err["type"] == "json_invalid":
+                raise ApiError(400, "the body is not valid JSON") from None
+            field = ".".join(str(p) for p in err["loc"]) or None
+            message = "required field is missing" if err["type"] == "missing" else str(err["msg"])
+            message = message.removeprefix("Value error, ")
+            raise ApiError(422, message, field) from None
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        # Tornado answers any exception with 500 first; ours carry the status they mean.
+        if isinstance(exc, ApiError):
+            self.set_status(exc.status)
+            body = {"error": exc.message, "field": exc.field, **exc.extra}
+        elif isinstance(exc, StoreError):
+            self.set_status(exc.status)
+            body = {"error": str(exc), "field": None}
+        else:
+            body = {"error": self._reason.lower(), "field": None}
+        if self.get_status() == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="sandgate"')
+        self.finish(json.dumps(body) + "\n")
+
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Only the type: a store's exception text is not ours to print.
+        if not isinstance(value, ApiError | StoreError | HTTPError):
+            log.error("admin.handler_failed", path=self.request.path, error=type(value).__name__)
+
+
+def _name(value: str, field: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ApiError(422, "lowercase letters, digits, '.', '_' or '-', up to 63 characters", field)
+    return value
+
+
+class NotFound(_Handler):
+    def prepare(self) -> None:
+        super().prepare()
+        raise ApiError(404, "no such endpoint")
+
+
+class Health(_Handler):
+    def get(self) -> None:
+        self.reply({"status": "alive", "pid": os.getpid()})
+
+
+class Ready(_Handler):
+    async def get(self) -> None:
+        checks: dict[str, bool] = {
+            "policy_loaded": self.state.ctx.policy is not None,
+            "listeners_bound": self.state.ready(),
+        }
+        if self.state.redis is not None:
+            try:
+                checks["redis"] = bool(
+                    await asyncio.wait_for(self.state.redis.ping(), self.state.redis_timeout)
+                )
+            except Exception:
+                checks["redis"] = False
+        ready = all(checks.values())
+        self.reply({"ready": ready, "checks": checks}, 200 if ready else 503)
+
+
+def _status(state: AdminState) -> dict[str, Any]:
+    policy = state.ctx.policy
+    last = state.reloader.last
+    return {
+        "gateway_id": state.gateway_id,
+        "pid": os.getpid(),
+        "ready": state.ready(),
+        "uptime_seconds": round(time.time() - state.started, 3),
+        "policy_version": policy.version,
+        "tenants": len(policy.tenants),
+        "sandboxes": len(policy.sandboxes),
+        "listeners": state.listeners(),
+        "last_reload": None
+        if last is None
+        else {
+            "ok": last.ok,
+            "trigger": last.trigger,
+            "time": last.time,
+            "policy_version": last.policy_version,
+            "errors": list(last.errors),
+        },
+        "reload_failures": state.reloader.failures,
+        "audit_queue_depth": state.ctx.audit.depth,
+        "active_connections": len(state.ctx.connections),
+        "fleet_publish": state.publish_reload is not None,
+    }
+
+
+class Status(_Handler):
+    def get(self) -> None:
+        self.reply(_status(self.state))
+
+
+async def _reload(state: AdminState, trigger: str) -> dict[str, Any]:
+    """Reload this gateway; the errors of a failed reload in an ApiError (the old policy stays)."""
+    ok = await state.reloader.reload(trigger)
+    last = state.reloader.last
+    if not ok:
+        errors = list(last.errors) if last else []
+        raise ApiError(422, "policy reload failed; the previous policy stays in force", errors=errors)
+    return {"ok": True, "policy_version": state.ctx.policy.version}
+
+
+class PolicyReload(_Handler):
+    async def post(self) -> None:
+        body = await _reload(self.state, "admin")
+        if self.state.publish_reload is not None:
+            try:
+                await self.state.publish_reload(body["policy_version"])
+                body["published"] = True
+            except Exception as e:
+                log.error("admin.publish_reload_failed", error=type(e).__name__)
+                body["published"] = False
+        self.reply(body)
+
+
+def _sandboxes(state: AdminState) -> Any:
+    if state.sandboxes is None:
+        raise ApiError(501, "no sandbox store configured")
+    return state.sandboxes
+
+
+class Sandboxes(_Handler):
+    async def get(self) -> None:
+        entries = await _sandboxes(self.state).list()
+        self.reply({"sandboxes": [s.model_dump() for s in entries]})
+
+    async def post(self) -> None:
+        store = _sandboxes(self.state)
+        sandbox = self.parse(DynamicSandbox)
+        if sandbox.tenant not in self.state.ctx.policy.tenants:
+            raise ApiError(422, f"unknown tenant {sandbox.tenant!r}", "tenant")
+        await store.add(sandbox)
+        body = await _reload(self.state, "admin:sandbox_add")
+        self.reply({"sandbox": sandbox.model_dump(), **body}, 201)
+
+
+class Sandbox(_Handler):
+    async def delete(self, sandbox_id: str) -> None:
+        store = _sandboxes(self.state)
+        if not await store.remove(_name(sandbox_id, "id")):
+            raise ApiError(404, f"no registered sandbox {sandbox_id!r}", "id")
+        body = await _reload(self.state, "admin:sandbox_remove")
+        self.reply({"removed": sandbox_id, **body})
+
+
+def _credentials(state: AdminState) -> Any:
+    if state.credentials is None:
+        raise ApiError(501, "no credential store configured")
+    return state.credentials
+
+
+def _info(info: CredentialInfo) -> dict[str, Any]:
+    return {"tenant": info.tenant, "name": info.name, "version": info.version, "updated": info.updated}
+
+
+class Credentials(_Handler):
+    async def get(self) -> None:
+        store = _credentials(self.state)
+        tenant = self.get_query_argument("tenant", None)
+        if tenant is not None:
+            _name(tenant, "tenant")
+        self.reply({"credentials": [_info(i) for i in await store.list(tenant)]})
+
+
+class Credential(_Handler):
+    def _target(self, tenant: str, name: str) -> tuple[str, str]:
+        _name(tenant, "tenant")
+        _name(name, "name")
+        if tenant not in self.state.ctx.policy.tenants:
+            raise ApiError(404, f"unknown tenant {tenant!r}", "tenant")
+        return tenant, name
+
+    async def put(self, tenant: str, name: str) -> None:
+        store = _credentials(self.state)
+        tenant, name = self._target(tenant, name)
+        value = Secret(self.parse(CredentialValue).value)
+        info = await store.put(tenant, name, value)
+        log.info("admin.credential_set", tenant=tenant, name=name, version=info.version)
+        self.reply({"credential": _info(info)})
+
+    async def delete(self, tenant: str, name: str) -> None:
+        store = _credentials(self.state)
+        tenant, name = self._target(tenant, name)
+        if not await store.remove(tenant, name):
+            raise ApiError(404, f"no credential {name!r} for tenant {tenant!r}", "name")
+        log.info("admin.credential_removed", tenant=tenant, name=name)
+        self.reply({"removed": {"tenant": tenant, "name": name}})
+
+
+class Metrics(_Handler):
+    def get(self) -> None:
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(METRICS.exposition())
+
+
+def make_app(state: AdminState, token: Secret | None, *, require_token: bool) -> Application:
+    """The admin API for one transport (TCP requires the token; the unix socket accepts it)."""
+    kw = {"state": state, "token": token, "require_token": require_token}
+    segment = r"([^/]+)"
+    return Application(
+        [
+            (r"/healthz", Health, kw),
+            (r"/readyz", Ready, kw),
+            (r"/metrics", Metrics, kw),
+            (r"/v1/status", Status, kw),
+            (r"/v1/policy/reload", PolicyReload, kw),
+            (r"/v1/sandboxes", Sandboxes, kw),
+            (rf"/v1/sandboxes/{segment}", Sandbox, kw),
+            (r"/v1/credentials", Credentials, kw),
+            (rf"/v1/credentials/{segment}/{segment}", Credential, kw),
+        ],
+        default_handler_class=NotFound,
+        default_handler_args=kw,
+        log_function=_log_request,
+    )
+
+
+def _log_request(handler: RequestHandler) -> None:
+    # Method, path and status only: no query, no headers, no body.
+    log.debug(
+        "admin.request",
+        method=handler.request.method,
+        path=handler.request.path,
+        status=handler.get_status(),
+        ms=round(1000 * handler.request.request_time(), 2),
+    )

@@ -1,0 +1,142 @@
+"""Prometheus metrics of one gateway process, on their own registry (served by the admin API).
+
+Hot-path calls (`decision`, `decision_seconds`, `upstream_seconds`, `injected`) cost one dict
+lookup and one increment: label children are cached per label tuple. Everything that is a
+level rather than an event (connections, audit queue, policy version, reload failures) is
+read from the gateway when /metrics is scraped, so it costs nothing per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["METRICS", "GatewayGauges", "Metrics"]
+
+# Deciding is sub-millisecond on the allowlist path, milliseconds with Rego or DNS.
+DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.0)
+UPSTREAM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+NO_TENANT = "-"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayGauges:
+    """Where scrape-time values come from: callables into the running gateway."""
+
+    connections: Callable[[], int]
+    audit_depth: Callable[[], int]
+    policy_version: Callable[[], str]
+    reload_failures: Callable[[], int]
+    # The audit engineer's spooling sink provides this; 0 until then.
+    spooled: Callable[[], int] = lambda: 0
+
+
+class _GatewayCollector(Collector):
+    def __init__(self, gauges: GatewayGauges) -> None:
+        self.gauges = gauges
+
+    def collect(self) -> Iterable[Metric]:
+        g = self.gauges
+        yield GaugeMetricFamily("sandgate_active_connections", "Open client connections", g.connections())
+        yield GaugeMetricFamily(
+            "sandgate_audit_queue_depth", "Audit records queued in memory", g.audit_depth()
+        )
+        yield GaugeMetricFamily(
+            "sandgate_audit_spooled_records", "Audit records buffered on disk for a failed sink", g.spooled()
+        )
+        info = GaugeMetricFamily(
+            "sandgate_policy_version_info", "The policy version in force", labels=["version"]
+        )
+        info.add_metric([g.policy_version()], 1)
+        yield info
+        yield CounterMetricFamily(
+            "sandgate_policy_reload_failures",
+            "Policy reloads that failed (the old policy stayed)",
+            g.reload_failures(),
+        )
+
+
+class Metrics:
+    """The gateway's metrics; `attach` binds the scrape-time gauges of the running gateway."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._decisions = Counter(
+            "sandgate_decisions",
+            "Decisions by tenant, reason code, phase and verdict",
+            ["tenant", "reason", "phase", "decision"],
+            registry=self.registry,
+        )
+        self._decision_seconds = Histogram(
+            "sandgate_decision_seconds",
+            "Time spent deciding",
+            buckets=DECISION_BUCKETS,
+            registry=self.registry,
+        )
+        self._upstream_seconds = Histogram(
+            "sandgate_upstream_seconds",
+            "Intercepted HTTP: request sent upstream to response headers",
+            buckets=UPSTREAM_BUCKETS,
+            registry=self.registry,
+        )
+        self._injections = Counter(
+            "sandgate_credential_injections",
+            "Credentials injected, by tenant and credential name",
+            ["tenant", "credential"],
+            registry=self.registry,
+        )
+        self._decision_children: dict[tuple[str, str, str, str], Counter] = {}
+        self._injection_children: dict[tuple[str, str], Counter] = {}
+        self._collector: _GatewayCollector | None = None
+
+    def decision(self, tenant: str | None, reason: str, phase: str, verdict: str) -> None:
+        """Count one decision."""
+        key = (tenant or NO_TENANT, reason, phase, verdict)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self._decisions.labels(*key)
+        child.inc()
+
+    def decision_seconds(self, seconds: float) -> None:
+        self._decision_seconds.observe(seconds)
+
+    def upstream_seconds(self, seconds: float) -> None:
+        self._upstream_seconds.observe(seconds)
+
+    def injected(self, tenant: str, credentials: Iterable[str]) -> None:
+        """Count the credentials injected into one request."""
+        for name in credentials:
+            key = (tenant, name)
+            child = self._injection_children.get(key)
+            if child is None:
+                child = self._injection_children[key] = self._injections.labels(*key)
+            child.inc()
+
+    def attach(self, gauges: GatewayGauges) -> None:
+        """Read these gauges at scrape time (replacing a previous gateway's, in tests)."""
+        self.detach()
+        self._collector = _GatewayCollector(gauges)
+        self.registry.register(self._collector)
+
+    def detach(self) -> None:
+        if self._collector is not None:
+            self.registry.unregister(self._collector)
+            self._collector = None
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.registry)
+
+    def samples(self) -> Iterator[tuple[str, dict[str, str], float]]:
+        """(name, labels, value) of every sample (for tests and `policy status`)."""
+        for metric in self.registry.collect():
+            for s in metric.samples:
+                yield s.name, dict(s.labels), s.value
+
+
+# One gateway per process: the addons and the admin API share this instance.
+METRICS = Metrics()
