@@ -38,11 +38,12 @@ from .config import GatewayConfig, ResolverConfig
 from .context import GatewayContext
 from .credentials import configure_broker
 from .dnslistener import DnsListener
+from .fleet_sync import FleetRegistrySync, default_gateway_id
 from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
 from .placeholder_key import load_placeholder_key
-from .registry import load_registry, merge_registry, registry_digest
+from .registry import load_registry, merge_registry, merge_registry_lenient, registry_digest
 from .reload import PolicyReloader
 from .statusfile import remove_status, write_status
 from .transparent import Transparent
@@ -143,6 +144,8 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig, *, resolver: Resolver | None = None) -> None:
         self.config = config
+        # Set after the first load (which has no redis snapshot yet: run() syncs before serving).
+        self.fleet: FleetRegistrySync | None = None
         self.broker = Broker(placeholder_key=load_placeholder_key(config.placeholder_key_ref))
         if config.rego.bundle_store:
             use_store(config.path(config.rego.bundle_store))
@@ -186,6 +189,14 @@ class Gateway:
             interval=config.reload.interval_seconds,
             on_reload=lambda _: self._write_status(),
         )
+        if config.redis is not None:
+            self.fleet = FleetRegistrySync(
+                config.redis,
+                config.redis.gateway_id or default_gateway_id(config.state_path),
+                self.reloader.reload,
+                lambda: self.ctx.policy.version,
+                poll_interval=config.redis.sync_interval_seconds,
+            )
         self.ready = asyncio.Event()
         self.exit_code = 0
         self.listen_addrs: list[tuple[str, int]] = []
@@ -217,6 +228,10 @@ class Gateway:
         policy = load_policy_dir(self.config.rules_path)
         registry = load_registry(self.config.registry_path)
         merged = merge_registry(policy, registry, self.config.registry_path)
+        if self.fleet is not None:
+            merged, refused = merge_registry_lenient(merged, self.fleet.sandboxes(), "redis sandbox registry")
+            if refused:
+                log.error("registry.entries_refused", source="redis", errors=[str(e) for e in refused])
         configure_broker(self.broker, merged)
         return merged
 
@@ -250,6 +265,9 @@ class Gateway:
     async def run(self, *, signals: bool = True) -> int:
         """Serve until shutdown (SIGTERM/SIGINT when `signals`); SIGHUP reloads the policy."""
         self.ctx.audit.start()
+        if self.fleet is not None:
+            # Before the listeners open: a registered sandbox is known from the first request.
+            await self.fleet.start()
         loop = asyncio.get_running_loop()
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -263,6 +281,8 @@ class Gateway:
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
+            if self.fleet is not None:
+                await self.fleet.stop()
             self.ctx.audit.close()
         sys.stderr.flush()
         return self.exit_code

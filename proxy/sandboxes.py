@@ -75,7 +75,7 @@ def unregister(config: GatewayConfig, sandbox_id: str, *, apply_rules: bool = Tr
 
 
 def _apply(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> None:
-    interfaces = [SandboxInterface(s.interface, s.address) for s in sandboxes if s.interface]
+    interfaces = [SandboxInterface(s.interface, s.address) for s in sandboxes if s.interface and s.address]
     table = config.host_rules.table
     if not interfaces:
         apply_ruleset([], 0, 0, table)
