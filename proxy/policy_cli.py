@@ -1,4 +1,4 @@
-"""`sandgate policy check|test|explain|schema|push`: the policy author's tools.
+"""`sandgate policy check|test|explain|schema|push|reload|status`: the policy author's tools.
 
 Exit codes: 0 ok, 1 a test failed / the request is denied / the OPA server refused a push,
 2 usage or invalid input (a policy that does not load). Every command takes `--format json`.
@@ -40,6 +40,8 @@ from sandgate.policy.rego_program import RegoModule
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
 from sandgate.policy.yamlsource import load_yaml, validate
 
+from . import policy_reload
+
 __all__ = ["add_parser", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -77,6 +79,14 @@ def add_parser(sub: Any) -> None:
     schema.add_argument("--input", action="store_true", help="the Rego input document instead")
     _format(schema)
 
+    reload = pol_sub.add_parser(
+        "reload", help="reload the running gateway's policy (every gateway's, with redis: configured)"
+    )
+    reload.add_argument("--config", type=Path, help="gateway config (YAML)")
+    status = pol_sub.add_parser("status", help="the policy version each gateway serves")
+    status.add_argument("--config", type=Path, help="gateway config (YAML)")
+    _format(status)
+
     push = pol_sub.add_parser("push", help="upload Rego modules and tenant data to an OPA server")
     push.add_argument("rules_dir", type=Path, nargs="?", default=Path("rules"))
     push.add_argument("--url", required=True, help="the OPA server, e.g. http://127.0.0.1:8181")
@@ -105,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
         return _explain(args)
     if command == "push":
         return _push(args)
+    if command == "reload":
+        return policy_reload.reload_command(args.config)
+    if command == "status":
+        return policy_reload.status_command(args.config, args.format)
     return EXIT_USAGE
 
 
