@@ -57,6 +57,8 @@ class AdminState:
     redis_timeout: float = 0.5
     # Wired by fleet mode; None: `POST /v1/policy/reload` reloads this gateway only.
     publish_reload: PublishReload | None = None
+    # Fleet mode: re-read the shared registry and reload (after a sandbox change); False when redis failed.
+    refresh: Callable[[str], Awaitable[bool]] | None = None
     started: float = field(default_factory=time.time)
 
 

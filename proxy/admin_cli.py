@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import admin_client
+from . import admin_client, policy_reload
 from .config import load_config
 
 __all__ = [
@@ -36,11 +36,18 @@ def add_policy_parsers(pol_sub: Any, fmt: Callable[[argparse.ArgumentParser], No
 
 
 def run_policy_command(args: argparse.Namespace) -> int:
+    """Through the local gateway's admin API when it answers (a reload there also reaches the
+    fleet); otherwise a fleet publish or fleet status with `redis:`, or SIGHUP to the gateway."""
     config = load_config(args.config)
+    running = admin_client.gateway_running(config)
     if args.policy_command == "reload":
+        if not running:
+            return policy_reload.reload_command(args.config)
         result = admin_client.reload_policy(config)
         _emit(args.format, result, f"reloaded: policy version {result['policy_version']}")
         return 0
+    if config.redis is not None or not running:
+        return policy_reload.status_command(args.config, args.format)
     st = admin_client.status(config)
     last = st.get("last_reload")
     lines = [

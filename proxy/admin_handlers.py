@@ -185,9 +185,15 @@ class Status(_Handler):
         self.reply(_status(self.state))
 
 
-async def _reload(state: AdminState, trigger: str) -> dict[str, Any]:
+async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = False) -> dict[str, Any]:
     """Reload this gateway; the errors of a failed reload in an ApiError (the old policy stays)."""
-    ok = await state.reloader.reload(trigger)
+    if registry_changed and state.refresh is not None:
+        if not await state.refresh(trigger):
+            raise ApiError(503, "the registry changed, but redis could not be read back; retry")
+        last = state.reloader.last
+        ok = last is None or last.ok
+    else:
+        ok = await state.reloader.reload(trigger)
     last = state.reloader.last
     if not ok:
         errors = list(last.errors) if last else []
@@ -225,7 +231,7 @@ class Sandboxes(_Handler):
         if sandbox.tenant not in self.state.ctx.policy.tenants:
             raise ApiError(422, f"unknown tenant {sandbox.tenant!r}", "tenant")
         await store.add(sandbox)
-        body = await _reload(self.state, "admin:sandbox_add")
+        body = await _reload(self.state, "admin:sandbox_add", registry_changed=True)
         self.reply({"sandbox": sandbox.model_dump(), **body}, 201)
 
 
@@ -234,7 +240,7 @@ class Sandbox(_Handler):
         store = _sandboxes(self.state)
         if not await store.remove(_name(sandbox_id, "id")):
             raise ApiError(404, f"no registered sandbox {sandbox_id!r}", "id")
-        body = await _reload(self.state, "admin:sandbox_remove")
+        body = await _reload(self.state, "admin:sandbox_remove", registry_changed=True)
         self.reply({"removed": sandbox_id, **body})
 
 

@@ -206,6 +206,14 @@ class RedisConfig(_Strict):
         description="how long sandboxes registered in redis are still served after redis is lost",
     )
     audit_stream_maxlen: Annotated[int, Field(ge=1000)] = 1_000_000
+    # The fleet registry and reload channel (proxy/fleet_sync.py).
+    gateway_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = Field(
+        default=None,
+        description="this gateway's name in `policy status` (default: host name + a digest of state_dir)",
+    )
+    sync_interval_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
+        default=1.0, description="how often the fleet version is checked (catches missed reload messages)"
+    )
 
 
 class LimitsConfig(_Strict):

@@ -1,8 +1,11 @@
 """The dynamic sandbox registry: sandboxes registered at run time (`sandgate sandbox add`, jail).
 
-Kept as `<state_dir>/sandboxes.json` (mode 0600, replaced atomically). The gateway merges it
-into the policy on start and on every reload; a change to the file triggers a reload.
-Static sandboxes (tenant files) win: a dynamic entry may not reuse their ids or addresses.
+Kept as `<state_dir>/sandboxes.json` (mode 0600, replaced atomically) on one machine, and in
+redis in a fleet (proxy/registry_redis.py). The gateway merges it into the policy on start
+and on every reload; a change to the file triggers a reload. A sandbox is identified by its
+source address (transparent mode), by its proxy token (explicit proxy, kept only as a
+`sha256:` digest), or both. Static sandboxes (tenant files) win: a dynamic entry may not
+reuse their ids or addresses.
 """
 
 from __future__ import annotations
@@ -15,31 +18,63 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
 from sandgate.policy.models import NAME_PATTERN
 from sandgate.policy.policyset import PolicySet, SandboxRecord
 
-__all__ = ["DynamicSandbox", "load_registry", "merge_registry", "registry_digest", "save_registry"]
+__all__ = [
+    "DynamicSandbox",
+    "load_registry",
+    "merge_registry",
+    "merge_registry_lenient",
+    "registry_digest",
+    "save_registry",
+]
 
 _IFNAME = r"^[A-Za-z0-9_.:-]{1,15}$"
+_TOKEN_DIGEST = r"^sha256:[0-9a-f]{64}$"  # noqa: S105 (a pattern, not a secret)
 
 
 class DynamicSandbox(BaseModel):
-    """A sandbox registered at run time, identified by its interface and source address."""
+    """A sandbox registered at run time: its source address, its proxy token's digest, or both."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a raw token sent by mistake must not come back in the error.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     id: Annotated[str, Field(pattern=NAME_PATTERN)]
     tenant: Annotated[str, Field(pattern=NAME_PATTERN)]
     interface: Annotated[str, Field(pattern=_IFNAME)] | None = None
-    address: str
+    address: str | None = None
+    token: Annotated[str | None, Field(pattern=_TOKEN_DIGEST)] = Field(
+        default=None,
+        repr=False,
+        description="the proxy token's digest, 'sha256:<64 lowercase hex>' (never the token)",
+    )
 
     @field_validator("address")
     @classmethod
-    def _address(cls, v: str) -> str:
-        return str(ipaddress.ip_address(v))
+    def _address(cls, v: str | None) -> str | None:
+        return None if v is None else str(ipaddress.ip_address(v))
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _token(cls, v: object) -> object:
+        return v.lower() if isinstance(v, str) and v.lower().startswith("sha256:") else v
+
+    @model_validator(mode="after")
+    def _identified(self) -> DynamicSandbox:
+        if self.address is None and self.token is None:
+            raise ValueError("a sandbox needs an address, a token digest, or both")
+        if self.interface is not None and self.address is None:
+            raise ValueError("a sandbox on an interface needs its address (for the anti-spoofing rule)")
+        return self
+
+    @property
+    def token_digest(self) -> bytes | None:
+        """The token digest as bytes (what SandboxRecord compares against)."""
+        return bytes.fromhex(self.token.removeprefix("sha256:")) if self.token else None
 
 
 _LIST = TypeAdapter(list[DynamicSandbox])
@@ -63,7 +98,7 @@ def save_registry(path: Path, sandboxes: list[DynamicSandbox]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps([s.model_dump() for s in sandboxes], indent=2) + "\n")
+        f.write(json.dumps([s.model_dump(exclude_none=True) for s in sandboxes], indent=2) + "\n")
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
@@ -71,39 +106,57 @@ def save_registry(path: Path, sandboxes: list[DynamicSandbox]) -> None:
 
 def registry_digest(sandboxes: list[DynamicSandbox]) -> str:
     """A short digest of the registry, to tell when a gateway has picked a change up."""
-    text = json.dumps([s.model_dump() for s in sorted(sandboxes, key=lambda s: s.id)], sort_keys=True)
+    # exclude_none: entries without a token keep the digest they had before tokens existed.
+    entries = [s.model_dump(exclude_none=True) for s in sorted(sandboxes, key=lambda s: s.id)]
+    text = json.dumps(entries, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def merge_registry(policy: PolicySet, sandboxes: list[DynamicSandbox], path: Path) -> PolicySet:
     """The policy with the dynamic sandboxes added; raises PolicySetError on conflicts."""
+    merged, errors = merge_registry_lenient(policy, sandboxes, str(path))
+    if errors:
+        raise PolicySetError(errors)
+    return merged
+
+
+def merge_registry_lenient(
+    policy: PolicySet, sandboxes: list[DynamicSandbox], source: str
+) -> tuple[PolicySet, list[PolicyLoadError]]:
+    """The policy with every dynamic sandbox that fits added, and an error for each one that
+    does not (unknown tenant, taken id or address). A fleet registry uses this: one bad entry
+    written by another host must not stop this gateway from reloading."""
     if not sandboxes:
-        return policy
+        return policy, []
     by_id = dict(policy.sandboxes)
     by_address = dict(policy.by_address)
     errors = []
+    accepted = []
+    where = SourceLocation(source)
     for i, sb in enumerate(sandboxes):
-        where = SourceLocation(str(path))
         if sb.tenant not in policy.tenants:
             errors.append(PolicyLoadError(where, f"{i}.tenant", f"unknown tenant {sb.tenant!r}"))
             continue
         if sb.id in by_id:
             errors.append(PolicyLoadError(where, f"{i}.id", f"sandbox {sb.id!r} is already registered"))
             continue
-        if sb.address in by_address:
+        if sb.address is not None and sb.address in by_address:
             owner = by_address[sb.address].sandbox
             errors.append(
                 PolicyLoadError(where, f"{i}.address", f"address {sb.address} belongs to {owner!r}")
             )
             continue
-        record = SandboxRecord(sb.id, sb.tenant, None, (sb.address,))
+        record = SandboxRecord(sb.id, sb.tenant, sb.token_digest, (sb.address,) if sb.address else ())
         by_id[sb.id] = record
-        by_address[sb.address] = record
-    if errors:
-        raise PolicySetError(errors)
-    return replace(
+        if sb.address is not None:
+            by_address[sb.address] = record
+        accepted.append(sb)
+    if not accepted:
+        return policy, errors
+    merged = replace(
         policy,
         sandboxes=by_id,
         by_address=by_address,
-        version=f"{policy.version}+{registry_digest(sandboxes)[:6]}",
+        version=f"{policy.version}+{registry_digest(accepted)[:6]}",
     )
+    return merged, errors

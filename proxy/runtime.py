@@ -43,6 +43,8 @@ from .credential_store import stored_secrets
 from .credential_watch import CredentialWatcher
 from .credentials import configure_broker
 from .dnslistener import DnsListener
+from .fleet_channel import FleetKeys, publish_reload_with
+from .fleet_sync import FleetRegistrySync, default_gateway_id
 from .gate import Gate
 from .hostaddrs import own_addresses
 from .identify import Identify
@@ -51,8 +53,9 @@ from .metrics import METRICS, GatewayGauges
 from .metrics_addon import UpstreamTiming
 from .placeholder_key import load_placeholder_key
 from .redis_conn import Keys, connect
-from .registry import load_registry, merge_registry, registry_digest
+from .registry import load_registry, merge_registry, merge_registry_lenient, registry_digest
 from .registry_file import FileSandboxStore
+from .registry_redis import RedisSandboxStore, rules_checker
 from .reload import PolicyReloader
 from .statusfile import remove_status, write_status
 from .stores import CredentialStore, SandboxStore
@@ -185,8 +188,10 @@ class Gateway:
         self.broker = Broker(
             placeholder_key=load_placeholder_key(config.placeholder_key_ref), secrets=secrets
         )
-        # The admin API's backends: the local registry file by default, the configured credential store.
-        self.sandbox_store = sandbox_store or FileSandboxStore(config)
+        # Set after the first load (which has no redis snapshot yet: run() syncs before serving).
+        self.fleet: FleetRegistrySync | None = None
+        # The admin API's backends: the registry (file, or redis in a fleet), the credential store.
+        self.sandbox_store = sandbox_store or self._default_sandbox_store()
         self.admin_credentials: CredentialStore = credential_store or self.credential_store
         self.admin: AdminServer | None = None
         if config.rego.bundle_store:
@@ -241,6 +246,14 @@ class Gateway:
             interval=config.reload.interval_seconds,
             on_reload=lambda _: self._write_status(),
         )
+        if config.redis is not None:
+            self.fleet = FleetRegistrySync(
+                config.redis,
+                config.redis.gateway_id or default_gateway_id(config.state_path),
+                self.reloader.reload,
+                lambda: self.ctx.policy.version,
+                poll_interval=config.redis.sync_interval_seconds,
+            )
         self.ready = asyncio.Event()
         self.exit_code = 0
         self.listen_addrs: list[tuple[str, int]] = []
@@ -273,6 +286,10 @@ class Gateway:
         policy = load_policy_dir(self.config.rules_path)
         registry = load_registry(self.config.registry_path)
         merged = merge_registry(policy, registry, self.config.registry_path)
+        if self.fleet is not None:
+            merged, refused = merge_registry_lenient(merged, self.fleet.sandboxes(), "redis sandbox registry")
+            if refused:
+                log.error("registry.entries_refused", source="redis", errors=[str(e) for e in refused])
         configure_broker(self.broker, merged)
         return merged
 
@@ -301,7 +318,7 @@ class Gateway:
 
     def admin_state(self) -> AdminState:
         """What the admin API serves from this gateway."""
-        return AdminState(
+        state = AdminState(
             gateway_id=socket.gethostname(),
             ctx=self.ctx,
             reloader=self.reloader,
@@ -309,6 +326,27 @@ class Gateway:
             ready=self.ready.is_set,
             sandboxes=self.sandbox_store,
             credentials=self.admin_credentials,
+        )
+        fleet, redis_cfg = self.fleet, self.config.redis
+        if fleet is not None and redis_cfg is not None:
+            keys = FleetKeys.for_prefix(redis_cfg.prefix)
+            state.gateway_id = fleet.gateway_id
+
+            async def publish(_version: str) -> None:
+                await publish_reload_with(fleet.client, keys)
+
+            state.publish_reload = publish
+            # A registry change is read back from redis, so it is in force here before the answer.
+            state.refresh = fleet.sync
+        return state
+
+    def _default_sandbox_store(self) -> SandboxStore:
+        if self.config.redis is None:
+            return FileSandboxStore(self.config)
+        return RedisSandboxStore(
+            connect(self.config.redis),
+            FleetKeys.for_prefix(self.config.redis.prefix),
+            check=rules_checker(self.config.rules_path),
         )
 
     def _attach_metrics(self) -> None:
@@ -318,6 +356,7 @@ class Gateway:
                 audit_depth=lambda: self.ctx.audit.depth,
                 policy_version=lambda: self.ctx.policy.version,
                 reload_failures=lambda: self.reloader.failures,
+                spooled=lambda: self.ctx.audit.stream.spool_depth if self.ctx.audit.stream else 0,
             )
         )
 
@@ -333,6 +372,9 @@ class Gateway:
             self.admin = AdminServer(self.config, self.admin_state())
             await self.admin.start()
         self.ctx.audit.start()
+        if self.fleet is not None:
+            # Before the listeners open: a registered sandbox is known from the first request.
+            await self.fleet.start()
         loop = asyncio.get_running_loop()
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -349,6 +391,8 @@ class Gateway:
             if self.admin is not None:
                 await self.admin.stop()
             METRICS.detach()
+            if self.fleet is not None:
+                await self.fleet.stop()
             self.ctx.audit.close()
         sys.stderr.flush()
         return self.exit_code

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandgate.policy.errors import TokenReferenceError
+from sandgate.policy.tokens import resolve_token_reference
 
 from . import admin_client
 from .config import GatewayConfig, load_config
+from .errors import ConfigError
+from .fleet_channel import FleetKeys
 from .jail import run_jail
+from .redis_conn import connect
 from .registry import DynamicSandbox
-from .sandboxes import register, registered, unregister
+from .registry_redis import RedisSandboxStore, rules_checker
+from .sandboxes import apply_host_rules, interface_exists, register, registered, unregister
+from .stores import StoreError
 
 __all__ = ["add_parsers", "run_jail_command", "run_sandbox_command"]
 
@@ -20,11 +33,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Add the `sandbox` and `jail` subcommands."""
     sb = sub.add_parser("sandbox", help="register sandboxes and their host rules (needs root)")
     sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
-    add = sb_sub.add_parser("add", help="register a sandbox on a host interface and install its rules")
-    add.add_argument(
-        "--interface", required=True, help="the host-side interface (TAP or veth) of the sandbox"
+    add = sb_sub.add_parser(
+        "add", help="register a sandbox (on a host interface, by proxy token, or both) and install its rules"
     )
-    add.add_argument("--address", required=True, help="the sandbox's only valid source address")
+    add.add_argument("--interface", help="the host-side interface (TAP or veth) of the sandbox")
+    add.add_argument("--address", help="the sandbox's only valid source address (needed with --interface)")
+    add.add_argument(
+        "--token",
+        metavar="REF",
+        help="its explicit-proxy token: env:VAR, file:PATH or sha256:HEX (only the digest is stored)",
+    )
     add.add_argument("--tenant", required=True)
     add.add_argument("--id", help="sandbox id (default: the interface name)")
     add.add_argument("--config", type=Path)
@@ -52,41 +70,36 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
         # The running gateway registers (and reloads) itself: its store may be redis, not the file.
         return _through_api(config, args)
     if args.sandbox_command == "add":
-        sandbox = DynamicSandbox(
-            id=args.id or args.interface.lower(),
-            tenant=args.tenant,
-            interface=args.interface,
-            address=args.address,
-        )
-        register(config, sandbox)
-        print(
-            f"registered {sandbox.id} (tenant {sandbox.tenant}) on {sandbox.interface} from {sandbox.address}"
-        )
+        sandbox = _sandbox_from_args(args)
+        if config.redis is not None:
+            _fleet_add(config, sandbox)
+        else:
+            register(config, sandbox)
+        where = f" on {sandbox.interface}" if sandbox.interface else ""
+        source = f" from {sandbox.address}" if sandbox.address else ""
+        token = " with a proxy token" if sandbox.token else ""
+        print(f"registered {sandbox.id} (tenant {sandbox.tenant}){where}{source}{token}")
         return 0
     if args.sandbox_command == "remove":
-        removed = unregister(config, args.id)
+        removed = _fleet_remove(config, args.id) if config.redis is not None else unregister(config, args.id)
         if removed is None:
             print(f"sandgate: no registered sandbox {args.id!r}", file=sys.stderr)
             return 2
         print(f"removed {removed.id}")
         return 0
-    entries = registered(config)
+    entries = _fleet_list(config) if config.redis is not None else registered(config)
     if args.format == "json":
-        print(json.dumps([s.model_dump() for s in entries], indent=2))
+        print(json.dumps([s.model_dump(exclude_none=True) for s in entries], indent=2))
     else:
         for s in entries:
-            print(f"{s.id}\t{s.tenant}\t{s.interface or '-'}\t{s.address}")
+            token = "token" if s.token else "-"
+            print(f"{s.id}\t{s.tenant}\t{s.interface or '-'}\t{s.address or '-'}\t{token}")
     return 0
 
 
 def _through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
     if args.sandbox_command == "add":
-        entry = {
-            "id": args.id or args.interface.lower(),
-            "tenant": args.tenant,
-            "interface": args.interface,
-            "address": args.address,
-        }
+        entry = _sandbox_from_args(args).model_dump(exclude_none=True)
         result = admin_client.add_sandbox(config, entry)
         print(
             f"registered {entry['id']} (tenant {entry['tenant']}); policy version {result['policy_version']}"
@@ -107,8 +120,90 @@ def _through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
         print(json.dumps(entries, indent=2))
     else:
         for s in entries:
-            print(f"{s['id']}\t{s['tenant']}\t{s['interface'] or '-'}\t{s['address']}")
+            print(f"{s['id']}\t{s['tenant']}\t{s.get('interface') or '-'}\t{s.get('address') or '-'}")
     return 0
+
+
+def _sandbox_from_args(args: argparse.Namespace) -> DynamicSandbox:
+    if not (args.id or args.interface):
+        raise ConfigError("sandbox add: give --id (or --interface, whose name is the default id)")
+    token = None
+    if args.token:
+        try:
+            token = "sha256:" + resolve_token_reference(args.token, Path.cwd()).hex()
+        except TokenReferenceError as e:
+            raise ConfigError(f"sandbox add --token: {e}") from None
+    try:
+        return DynamicSandbox(
+            id=args.id or args.interface.lower(),
+            tenant=args.tenant,
+            interface=args.interface,
+            address=args.address,
+            token=token,
+        )
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'sandbox'}: {x['msg']}" for x in e.errors())
+        raise ConfigError(f"sandbox add: {problems}") from None
+
+
+def _fleet_store(config: GatewayConfig) -> RedisSandboxStore:
+    assert config.redis is not None
+    return RedisSandboxStore(
+        connect(config.redis),
+        FleetKeys.for_prefix(config.redis.prefix),
+        check=rules_checker(config.rules_path),
+    )
+
+
+def _fleet_add(config: GatewayConfig, sandbox: DynamicSandbox) -> None:
+    """Register in redis, then install host rules for the sandboxes on this host's interfaces."""
+
+    async def add() -> list[DynamicSandbox]:
+        store = _fleet_store(config)
+        try:
+            await store.add(sandbox)
+            return await store.list()
+        finally:
+            await store.client.aclose()
+
+    everything = _run_store(add())
+    if sandbox.interface:
+        apply_host_rules(config, [*everything, *registered(config)])
+
+
+def _fleet_list(config: GatewayConfig) -> list[DynamicSandbox]:
+    async def list_() -> list[DynamicSandbox]:
+        store = _fleet_store(config)
+        try:
+            return await store.list()
+        finally:
+            await store.client.aclose()
+
+    return _run_store(list_())
+
+
+def _fleet_remove(config: GatewayConfig, sandbox_id: str) -> DynamicSandbox | None:
+    async def remove() -> tuple[DynamicSandbox | None, list[DynamicSandbox]]:
+        store = _fleet_store(config)
+        try:
+            found = next((s for s in await store.list() if s.id == sandbox_id), None)
+            if found is None or not await store.remove(sandbox_id):
+                return None, []
+            return found, await store.list()
+        finally:
+            await store.client.aclose()
+
+    removed, remaining = _run_store(remove())
+    if removed is not None and removed.interface and interface_exists(removed.interface):
+        apply_host_rules(config, [*remaining, *registered(config)])
+    return removed
+
+
+def _run_store[T](work: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(work)
+    except StoreError as e:
+        raise ConfigError(str(e)) from None
 
 
 def run_jail_command(args: argparse.Namespace) -> int:

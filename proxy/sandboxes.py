@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from sandgate.policy.loader import load_policy_dir
 
@@ -19,7 +20,7 @@ from .nft import SandboxInterface, apply_ruleset, set_interface_sysctls
 from .registry import DynamicSandbox, load_registry, merge_registry, save_registry
 from .statusfile import read_status
 
-__all__ = ["listener_ports", "register", "registered", "unregister"]
+__all__ = ["apply_host_rules", "interface_exists", "listener_ports", "register", "registered", "unregister"]
 
 
 def listener_ports(config: GatewayConfig) -> tuple[int, int]:
@@ -74,8 +75,24 @@ def unregister(config: GatewayConfig, sandbox_id: str, *, apply_rules: bool = Tr
         return removed
 
 
+def interface_exists(name: str) -> bool:
+    """Whether a network interface of this name exists on this host."""
+    return Path("/sys/class/net", name).exists()
+
+
+def apply_host_rules(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> None:
+    """Rewrite sandgate's nftables table for those of `sandboxes` whose interface is on this host
+    (a fleet registry also lists sandboxes on other hosts)."""
+    local = [s for s in sandboxes if s.interface and interface_exists(s.interface)]
+    with _locked(config):
+        for s in local:
+            assert s.interface is not None
+            set_interface_sysctls(s.interface)
+        _apply(config, local)
+
+
 def _apply(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> None:
-    interfaces = [SandboxInterface(s.interface, s.address) for s in sandboxes if s.interface]
+    interfaces = [SandboxInterface(s.interface, s.address) for s in sandboxes if s.interface and s.address]
     table = config.host_rules.table
     if not interfaces:
         apply_ruleset([], 0, 0, table)

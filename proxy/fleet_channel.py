@@ -1,0 +1,131 @@
+"""The fleet's reload channel: one version counter, one pub/sub channel, one gateways hash.
+
+Every change that gateways must pick up (a sandbox registered or removed, a policy reload
+asked for) bumps `<prefix>version` and publishes on `<prefix>events`, in one transaction.
+Gateways reload on the message and also poll the counter (about once a second), so a
+message lost while a gateway was disconnected is caught. Each gateway records what it
+serves in `<prefix>gateways` (gateway id → {version, policy_version, updated}).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+
+from .config import RedisConfig
+from .redis_conn import Keys, connect
+
+__all__ = [
+    "FleetKeys",
+    "GatewayVersion",
+    "bump_and_publish",
+    "event_message",
+    "gateway_versions",
+    "publish_reload",
+    "publish_reload_with",
+    "record_gateway",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetKeys:
+    """The key names the registry and the reload channel use, under one prefix."""
+
+    sandboxes: str
+    version: str
+    events: str
+    gateways: str
+
+    @classmethod
+    def for_prefix(cls, prefix: str) -> FleetKeys:
+        k = Keys(prefix)
+        return cls(sandboxes=k("sandboxes"), version=k("version"), events=k("events"), gateways=k("gateways"))
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayVersion:
+    """What one gateway reported it serves."""
+
+    gateway: str
+    fleet_version: int | None
+    policy_version: str
+    updated: float
+    stale: bool
+
+
+def event_message(kind: str) -> str:
+    """The message on the events channel (gateways treat any message as "sync now")."""
+    return json.dumps({"kind": kind, "time": time.time()})
+
+
+def bump_and_publish(pipe: Pipeline, keys: FleetKeys, kind: str) -> None:
+    """Queue (in a MULTI pipeline) the counter bump and the message that tell gateways to reload."""
+    pipe.incr(keys.version)
+    pipe.publish(keys.events, event_message(kind))
+
+
+async def publish_reload_with(client: aioredis.Redis, keys: FleetKeys, kind: str = "policy") -> int:
+    """Tell every gateway to reload; returns the new fleet version."""
+    async with client.pipeline(transaction=True) as pipe:
+        bump_and_publish(pipe, keys, kind)
+        version, _receivers = await pipe.execute()
+    return int(version)
+
+
+async def publish_reload(cfg: RedisConfig) -> int:
+    """Tell every gateway sharing this redis to reload (the admin API and the CLI call this)."""
+    client = connect(cfg)
+    try:
+        return await publish_reload_with(client, FleetKeys.for_prefix(cfg.prefix))
+    finally:
+        await client.aclose()
+
+
+async def record_gateway(
+    client: aioredis.Redis,
+    keys: FleetKeys,
+    gateway: str,
+    *,
+    fleet_version: int | None,
+    policy_version: str,
+    stale: bool,
+) -> None:
+    """Record what this gateway serves, for `sandgate policy status`."""
+    entry = {
+        "fleet_version": fleet_version,
+        "policy_version": policy_version,
+        "updated": time.time(),
+        "stale": stale,
+    }
+    await client.hset(keys.gateways, gateway, json.dumps(entry))
+
+
+async def gateway_versions(client: aioredis.Redis, keys: FleetKeys) -> tuple[int, list[GatewayVersion]]:
+    """The fleet version and what every gateway last reported (a malformed entry is shown as such)."""
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.get(keys.version)
+        pipe.hgetall(keys.gateways)
+        raw_version, raw = await pipe.execute()
+    out = []
+    for name, value in sorted(raw.items()):
+        gateway = name.decode(errors="replace")
+        try:
+            entry: dict[str, Any] = json.loads(value)
+            fv = entry.get("fleet_version")
+            out.append(
+                GatewayVersion(
+                    gateway=gateway,
+                    fleet_version=int(fv) if fv is not None else None,
+                    policy_version=str(entry["policy_version"]),
+                    updated=float(entry["updated"]),
+                    stale=bool(entry.get("stale", False)),
+                )
+            )
+        except (ValueError, KeyError, TypeError):
+            out.append(GatewayVersion(gateway, None, "(malformed entry)", 0.0, False))
+    return int(raw_version or 0), out

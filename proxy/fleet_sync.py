@@ -1,0 +1,205 @@
+"""Keeps a gateway's copy of the fleet registry current, off the request path.
+
+A subscriber on `<prefix>events` and a poll of `<prefix>version` (every `poll_interval`)
+trigger a sync: the registry is read in one transaction, kept in memory, and the policy is
+reloaded with it (the reloader builds the PolicySet in a worker thread and swaps it). The
+request path reads only the in-memory PolicySet: zero redis round trips per request.
+
+Losing redis: the last snapshot keeps being served; once `max_staleness_seconds` pass
+without a successful read, the redis-registered sandboxes are dropped (their requests get
+`no_identity`) and restored by the first successful sync after redis answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+from redis.exceptions import RedisError
+
+from .config import RedisConfig
+from .fleet_channel import FleetKeys, record_gateway
+from .redis_conn import connect
+from .registry import DynamicSandbox
+from .registry_redis import RedisSandboxStore
+from .stores import StoreError
+
+__all__ = ["FleetRegistrySync", "default_gateway_id"]
+
+log = structlog.get_logger("sandgate.fleet")
+
+BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
+HEARTBEAT_SECONDS = 10.0
+
+Reload = Callable[[str], Awaitable[bool]]
+
+
+def default_gateway_id(state_path: Path) -> str:
+    """The host name, plus a digest of the state folder (two gateways on one host differ)."""
+    digest = hashlib.sha256(str(state_path).encode()).hexdigest()[:6]
+    return f"{socket.gethostname()}:{digest}"
+
+
+class FleetRegistrySync:
+    """The gateway's side of the fleet registry and reload channel."""
+
+    def __init__(
+        self,
+        cfg: RedisConfig,
+        gateway_id: str,
+        reload: Reload,
+        policy_version: Callable[[], str],
+        *,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self.cfg = cfg
+        self.gateway_id = gateway_id
+        self.reload = reload
+        self.policy_version = policy_version
+        self.poll_interval = poll_interval
+        self.keys = FleetKeys.for_prefix(cfg.prefix)
+        self.client = connect(cfg)
+        self.store = RedisSandboxStore(self.client, self.keys)
+        self.version: int | None = None
+        self.stale = False
+        self._snapshot: tuple[DynamicSandbox, ...] = ()
+        self._last_ok: float | None = None
+        self._last_report = 0.0
+        self._unreachable_logged = False
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def sandboxes(self) -> list[DynamicSandbox]:
+        """What the next policy load merges: the snapshot, or nothing once it is too old."""
+        return [] if self.stale else list(self._snapshot)
+
+    async def start(self) -> None:
+        """Read the registry once (a failure is logged; the tasks retry), then follow changes."""
+        await self.sync("fleet_start")
+        self._tasks = [
+            asyncio.create_task(self._subscribe(), name="sandgate-fleet-subscribe"),
+            asyncio.create_task(self._poll(), name="sandgate-fleet-poll"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
+
+    async def sync(self, trigger: str) -> bool:
+        """Read the registry and reload when it (or the fleet version) changed; True on success."""
+        async with self._lock:
+            try:
+                snap = await self.store.snapshot()
+            except StoreError:
+                await self._failed()
+                return False
+            self._succeeded()
+            changed = snap.version != self.version or self.stale or snap.sandboxes != self._snapshot
+            if self.stale:
+                log.warning("fleet.registry_restored", sandboxes=len(snap.sandboxes), version=snap.version)
+            self._snapshot, self.version, self.stale = snap.sandboxes, snap.version, False
+            if changed:
+                await self.reload(trigger)
+            await self._report()
+            return True
+
+    async def _subscribe(self) -> None:
+        backoff = BACKOFF_MIN
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.keys.events)
+                backoff = BACKOFF_MIN
+                # Whatever was published while we were not listening: the poll would catch it
+                # within a second; a resubscription checks at once.
+                await self.sync("fleet_resubscribe")
+                while True:
+                    message = await pubsub.get_message(timeout=self.poll_interval)
+                    if message is None:
+                        continue
+                    # A burst of changes is one reload: drain what is already queued first.
+                    while await pubsub.get_message(timeout=0.0) is not None:
+                        pass
+                    await self.sync("fleet_event")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("fleet.subscriber_lost", error=type(e).__name__, retry_in=backoff)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                await self._poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("fleet.poll_failed")
+
+    async def _poll_once(self) -> None:
+        try:
+            raw = await self.client.get(self.keys.version)
+        except RedisError:
+            await self._failed()
+            return
+        self._succeeded()
+        if self.stale or int(raw or 0) != self.version:
+            await self.sync("fleet_version")
+        elif time.monotonic() - self._last_report > HEARTBEAT_SECONDS:
+            await self._report()
+
+    def _succeeded(self) -> None:
+        self._last_ok = time.monotonic()
+        if self._unreachable_logged:
+            log.warning("fleet.redis_reachable")
+            self._unreachable_logged = False
+
+    async def _failed(self) -> None:
+        """Redis did not answer: keep the snapshot until it is too old, then drop it (once)."""
+        now = time.monotonic()
+        if not self._unreachable_logged:
+            log.error("fleet.redis_unreachable", snapshot_sandboxes=len(self._snapshot), version=self.version)
+            self._unreachable_logged = True
+        since = now - self._last_ok if self._last_ok is not None else None
+        if self.stale or (since is not None and since < self.cfg.max_staleness_seconds):
+            return
+        self.stale = True
+        log.error(
+            "fleet.registry_stale",
+            dropped_sandboxes=len(self._snapshot),
+            seconds_without_redis=round(since, 1) if since is not None else None,
+            max_staleness_seconds=self.cfg.max_staleness_seconds,
+        )
+        if self._snapshot:
+            await self.reload("fleet_stale")
+
+    async def _report(self) -> None:
+        self._last_report = time.monotonic()
+        try:
+            await record_gateway(
+                self.client,
+                self.keys,
+                self.gateway_id,
+                fleet_version=self.version,
+                policy_version=self.policy_version(),
+                stale=self.stale,
+            )
+        except RedisError as e:
+            log.warning("fleet.report_failed", error=type(e).__name__)

@@ -1,0 +1,188 @@
+"""Fleet mode end to end: two real gateways sharing one real redis for sandboxes and reloads.
+
+Sandboxes registered in redis (through the CLI) are served by every gateway without a
+restart; one published reload is in force on both; losing redis keeps known sandboxes and
+refuses unknown ones, and past max_staleness the redis-registered ones too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from conftest import OTHER_TOKEN, SANDGATE, TOKEN, GatewayFactory, RunningGateway, curl, tenant_yaml
+from support import RecordingUpstream, RedisServer
+
+pytestmark = pytest.mark.slow
+
+
+def _fleet(
+    start_gateway: GatewayFactory, redis_server: RedisServer, upstream: RecordingUpstream, **redis: Any
+) -> tuple[RunningGateway, RunningGateway]:
+    rules = [{"hosts": ["api.test"], "ports": [upstream.port]}]
+    gateways = []
+    for name in ("gw-a", "gw-b"):
+        cfg = {
+            "redis": {"url": redis_server.url, "prefix": "fleet:", "gateway_id": name, **redis},
+            "reload": {"watch": False},
+        }
+        gateways.append(start_gateway({"t1.yaml": tenant_yaml("t1", rules)}, config=cfg))
+    return gateways[0], gateways[1]
+
+
+def _cli(gw: RunningGateway, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SANDGATE, *args, "--config", str(gw.root / "sandgate.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=gw.root,
+    )
+
+
+def _status(gw: RunningGateway, upstream: RecordingUpstream, sandbox: str, token: str) -> str:
+    result = curl(
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        gw.proxy(sandbox, token),
+        upstream.url_for("api.test") + "/x",
+    )
+    return result.stdout
+
+
+def _wait_status(
+    gw: RunningGateway,
+    upstream: RecordingUpstream,
+    sandbox: str,
+    token: str,
+    want: str,
+    timeout: float = 10.0,
+) -> float:
+    """Seconds until the gateway answers `want` for this sandbox (bounded polling)."""
+    started = time.monotonic()
+    last = ""
+    while time.monotonic() - started < timeout:
+        last = _status(gw, upstream, sandbox, token)
+        if last == want:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(
+        f"gateway on {gw.port} answered {last}, not {want}, for {timeout}s:\n{gw.log()[-3000:]}"
+    )
+
+
+def _wait_last_reason(gw: RunningGateway, want: str, timeout: float = 5.0) -> None:
+    """Wait until the newest decision record has this reason (the audit writer is a thread)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = gw.records(event="decision")
+        if records and records[-1]["reason"] == want:
+            return
+        assert time.monotonic() < deadline, records[-1:] if records else "no records"
+        time.sleep(0.05)
+
+
+def _register(gw: RunningGateway, sandbox: str, token_env: str = "DYN_TOKEN") -> None:
+    result = subprocess.run(
+        [SANDGATE, "sandbox", "add", "--config", str(gw.root / "sandgate.yaml"),
+         "--tenant", "t1", "--id", sandbox, "--token", f"env:{token_env}"],
+        capture_output=True, text=True, timeout=30, cwd=gw.root,
+        env={**os.environ, token_env: OTHER_TOKEN},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert OTHER_TOKEN not in result.stdout + result.stderr
+
+
+def test_a_sandbox_registered_on_one_gateway_is_served_by_both(
+    start_gateway: GatewayFactory, redis_server: RedisServer, http_upstream: RecordingUpstream
+) -> None:
+    a, b = _fleet(start_gateway, redis_server, http_upstream)
+    assert _status(b, http_upstream, "dyn1", OTHER_TOKEN) == "407"
+    _register(a, "dyn1")
+    _wait_status(b, http_upstream, "dyn1", OTHER_TOKEN, "200")
+    _wait_status(a, http_upstream, "dyn1", OTHER_TOKEN, "200")
+    # Only with its own token; the static sandbox is untouched.
+    assert _status(b, http_upstream, "dyn1", TOKEN) == "407"
+    assert _status(b, http_upstream, "sb1", TOKEN) == "200"
+    listed = json.loads(_cli(b, "sandbox", "list", "--format", "json").stdout)
+    assert [(s["id"], s["token"].startswith("sha256:")) for s in listed] == [("dyn1", True)]
+    # Removed through the other gateway's config: refused by both again.
+    assert _cli(b, "sandbox", "remove", "dyn1").returncode == 0
+    _wait_status(a, http_upstream, "dyn1", OTHER_TOKEN, "407")
+    _wait_status(b, http_upstream, "dyn1", OTHER_TOKEN, "407")
+    _wait_last_reason(b, "no_identity")
+
+
+def test_one_published_reload_is_in_force_on_both_gateways(
+    start_gateway: GatewayFactory, redis_server: RedisServer, http_upstream: RecordingUpstream
+) -> None:
+    a, b = _fleet(start_gateway, redis_server, http_upstream)
+    for gw in (a, b):
+        assert _status(gw, http_upstream, "sb1", TOKEN) == "200"
+        gw.write_tenant("t1.yaml", tenant_yaml("t1", [{"hosts": ["open.test"]}]))
+    # File watching is off: nothing changes until the reload is published.
+    time.sleep(0.5)
+    assert _status(a, http_upstream, "sb1", TOKEN) == "200"
+    started = time.monotonic()
+    result = _cli(a, "policy", "reload")
+    assert result.returncode == 0, result.stderr
+    _wait_status(a, http_upstream, "sb1", TOKEN, "403", timeout=5)
+    _wait_status(b, http_upstream, "sb1", TOKEN, "403", timeout=5)
+    elapsed = time.monotonic() - started
+    assert elapsed < 3.0, f"a published reload took {elapsed:.2f}s to reach both gateways"
+    # Both report the fleet version they serve.
+    deadline = time.monotonic() + 5
+    while True:
+        status = json.loads(_cli(b, "policy", "status", "--format", "json").stdout)
+        if all(g["in_sync"] for g in status["gateways"]) and len(status["gateways"]) == 2:
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    assert sorted(g["gateway"] for g in status["gateways"]) == ["gw-a", "gw-b"]
+
+
+def test_losing_redis_keeps_known_sandboxes_and_refuses_unknown_ones(
+    start_gateway: GatewayFactory, redis_server: RedisServer, http_upstream: RecordingUpstream
+) -> None:
+    a, b = _fleet(start_gateway, redis_server, http_upstream)
+    _register(a, "dyn1")
+    _wait_status(b, http_upstream, "dyn1", OTHER_TOKEN, "200")
+    redis_server.kill()
+    deadline = time.monotonic() + 10
+    while "fleet.redis_unreachable" not in b.log():
+        assert time.monotonic() < deadline, b.log()[-3000:]
+        time.sleep(0.05)
+    for gw in (a, b):
+        assert _status(gw, http_upstream, "dyn1", OTHER_TOKEN) == "200"
+        assert _status(gw, http_upstream, "dyn2", OTHER_TOKEN) == "407"
+        _wait_last_reason(gw, "no_identity")
+        assert gw.proc.poll() is None
+    # The CLI fails loudly while redis is down.
+    for args in (("sandbox", "list"), ("sandbox", "remove", "dyn1"), ("policy", "reload")):
+        result = _cli(a, *args)
+        assert result.returncode == 2 and "unreachable" in result.stderr, (args, result.stderr)
+
+
+def test_past_max_staleness_redis_sandboxes_are_dropped_and_come_back_with_redis(
+    start_gateway: GatewayFactory, redis_server: RedisServer, http_upstream: RecordingUpstream
+) -> None:
+    a, b = _fleet(start_gateway, redis_server, http_upstream, max_staleness_seconds=1.5)
+    _register(a, "dyn1")
+    _wait_status(b, http_upstream, "dyn1", OTHER_TOKEN, "200")
+    redis_server.kill()
+    _wait_status(b, http_upstream, "dyn1", OTHER_TOKEN, "407", timeout=10)
+    assert "fleet.registry_stale" in b.log()
+    # Static sandboxes are not the registry's: still served.
+    assert _status(b, http_upstream, "sb1", TOKEN) == "200"
+    redis_server.start()  # empty: the sandbox must be registered again
+    _register(a, "dyn1")
+    _wait_status(b, http_upstream, "dyn1", OTHER_TOKEN, "200", timeout=15)
+    _wait_status(a, http_upstream, "dyn1", OTHER_TOKEN, "200", timeout=15)
+    assert "fleet.registry_restored" in b.log()
