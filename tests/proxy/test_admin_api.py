@@ -99,6 +99,10 @@ def test_tcp_needs_the_bearer_token(start_gateway: GatewayFactory, token_file: P
         assert resp.status_code == 401, headers
         assert resp.json() == {"error": "missing or wrong bearer token", "field": None}
     assert httpx.get(f"{base}/nope").status_code == 401, "unauthenticated callers learn nothing"
+    # Probes carry no token: health and readiness answer, without the pid; a wrong token is still refused.
+    assert httpx.get(f"{base}/healthz").json() == {"status": "alive"}
+    assert httpx.get(f"{base}/readyz").status_code == 200
+    assert httpx.get(f"{base}/healthz", headers={"Authorization": "Bearer wrong"}).status_code == 401
     ok = httpx.get(f"{base}/v1/status", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert ok.status_code == 200 and ok.json()["pid"] == gw.proc.pid
     with unix_client(socket_path(gw)) as c:
