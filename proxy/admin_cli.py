@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +46,9 @@ def run_policy_command(args: argparse.Namespace) -> int:
             return policy_reload.reload_command(args.config)
         result = admin_client.reload_policy(config)
         _emit(args.format, result, f"reloaded: policy version {result['policy_version']}")
+        if result.get("published") is False:
+            print("sandgate: redis is unreachable: other gateways were not told to reload", file=sys.stderr)
+            return 2
         return 0
     if config.redis is not None or not running:
         return policy_reload.status_command(args.config, args.format)

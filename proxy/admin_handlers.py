@@ -235,7 +235,7 @@ def _sandboxes(state: AdminState) -> Any:
 class Sandboxes(_Handler):
     async def get(self) -> None:
         entries = await _sandboxes(self.state).list()
-        self.reply({"sandboxes": [s.model_dump() for s in entries]})
+        self.reply({"sandboxes": [s.model_dump(exclude_none=True) for s in entries]})
 
     async def post(self) -> None:
         store = _sandboxes(self.state)
@@ -244,7 +244,7 @@ class Sandboxes(_Handler):
             raise ApiError(422, f"unknown tenant {sandbox.tenant!r}", "tenant")
         await store.add(sandbox)
         body = await _reload(self.state, "admin:sandbox_add", registry_changed=True)
-        self.reply({"sandbox": sandbox.model_dump(), **body}, 201)
+        self.reply({"sandbox": sandbox.model_dump(exclude_none=True), **body}, 201)
 
 
 class Sandbox(_Handler):

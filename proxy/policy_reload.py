@@ -42,7 +42,7 @@ def reload_command(config_path: Path | None) -> int:
         return EXIT_OK
     status = read_status(config.status_path)
     if status is None:
-        print(f"sandgate: no running gateway (no live {config.status_path})", file=sys.stderr)
+        print(f"sandgate: no gateway is running (no live {config.status_path})", file=sys.stderr)
         return EXIT_USAGE
     os.kill(int(status["pid"]), signal.SIGHUP)
     print(f"reload signalled to gateway pid {status['pid']} (serving {status.get('policy_version')})")
@@ -56,7 +56,7 @@ def status_command(config_path: Path | None, fmt: str) -> int:
         return _fleet_status(config, fmt)
     status = read_status(config.status_path)
     if status is None:
-        print(f"sandgate: no running gateway (no live {config.status_path})", file=sys.stderr)
+        print(f"sandgate: no gateway is running (no live {config.status_path})", file=sys.stderr)
         return EXIT_USAGE
     entry = {"pid": status["pid"], "policy_version": status.get("policy_version")}
     text = f"gateway pid {entry['pid']}: policy {entry['policy_version']}"

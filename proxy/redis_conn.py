@@ -8,6 +8,9 @@ that times out raises; callers fail closed (deny, keep cached state, spool audit
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .config import RedisConfig
 from .placeholder_key import load_placeholder_key
@@ -27,6 +30,9 @@ def connect(cfg: RedisConfig) -> aioredis.Redis:
         socket_connect_timeout=cfg.timeout_seconds,
         max_connections=cfg.max_connections,
         health_check_interval=30,
+        # A pooled connection that died with a restarted redis fails once; a fresh one is tried.
+        retry=Retry(NoBackoff(), 1),
+        retry_on_error=[RedisConnectionError],
         decode_responses=False,
     )
 

@@ -71,6 +71,11 @@ class StoreKeys:
             return self._loaded.keyring
         try:
             text = path.read_text()
+            if not text.strip() and self._create:
+                # Another process created the file and has not written its key yet: its write
+                # holds the file's lock, and appending only-if-empty waits for it.
+                self._append_key(path, only_if_empty=True)
+                text = path.read_text()
         except OSError as e:
             raise ConfigError(f"store keys {path}: {e.strerror}") from None
         keyring = self._parse(text, str(path))

@@ -200,7 +200,7 @@ def test_a_sandbox_added_through_the_api_is_registered_and_in_force(
     gateway: RunningGateway, admin: httpx.Client
 ) -> None:
     before = admin.get("/v1/status").json()
-    entry = {"id": "api-sb", "tenant": "t1", "interface": None, "address": "10.77.0.2"}
+    entry = {"id": "api-sb", "tenant": "t1", "address": "10.77.0.2"}
     resp = admin.post("/v1/sandboxes", json=entry)
     assert resp.status_code == 201, resp.text
     assert resp.json()["sandbox"] == entry
