@@ -73,15 +73,15 @@ class _Handler(RequestHandler):
 
     def prepare(self) -> None:
         header = self.request.headers.get("Authorization")
-        self.trusted = self.token is None or (header is None and not self.require_token)
-        if self.trusted:
-            return  # the unix socket: its file mode is the guard
+        if self.token is None or (header is None and not self.require_token):
+            self.trusted = True  # the unix socket: its file mode is the guard
+            return
         if self.probe and header is None:
             return
-        self.trusted = True
         expected = b"Bearer " + self.token.reveal().encode()
         if not hmac.compare_digest((header or "").encode(), expected):
             raise ApiError(401, "missing or wrong bearer token")
+        self.trusted = True
 
     def reply(self, body: dict[str, Any], status: int = 200) -> None:
         self.set_status(status)
