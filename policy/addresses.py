@@ -8,6 +8,7 @@ are as closed as `127.0.0.1` and `169.254.169.254`.
 
 from __future__ import annotations
 
+import functools
 import re
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
@@ -199,8 +200,10 @@ def _classify_v6(ip: IPv6Address) -> AddressClass:
     return AddressClass.RESERVED
 
 
+@functools.lru_cache(maxsize=65_536)
 def classify(ip: Address) -> AddressClass:
-    """The class of an address; IPv4-carrying IPv6 forms take a non-public IPv4's class."""
+    """The class of an address; IPv4-carrying IPv6 forms take a non-public IPv4's class.
+    Cached: every decision classifies the address it will dial, mostly the same few."""
     if isinstance(ip, IPv4Address):
         return _classify_v4(ip)
     if isinstance(ip, IPv6Address):

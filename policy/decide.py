@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import replace
 
@@ -11,7 +12,6 @@ from .errors import ResolveError
 from .guard import AddressGuard, IPAddress
 from .policyset import PolicySet, TenantPolicy
 from .reasons import Reason
-from .rego_input import input_document
 from .resolver import Resolver
 
 __all__ = ["decide", "default_engine", "literal_ip", "pick_address"]
@@ -142,7 +142,7 @@ async def _rego(
     """Step 6: the tenant's Rego decision; any exception is a fault, never an allow."""
     assert tenant.rego is not None
     try:
-        return await engine.evaluate(RegoQuery(tenant.rego, input_document(identity, request, dial)))
+        return await engine.evaluate(RegoQuery.for_request(tenant.rego, identity, request, dial))
     except Exception as e:
         return fault(f"the policy engine failed ({type(e).__name__})")
 
@@ -184,6 +184,10 @@ def _rules(
     return _deny(policy, match.reason, tenant, rule_id=nearest), True
 
 
+# Resolver answers repeat: parse each address text once.
+_parse_ip = functools.lru_cache(maxsize=65_536)(ipaddress.ip_address)
+
+
 async def pick_address(
     tenant: TenantPolicy, request: EgressRequest, resolver: Resolver, guard: AddressGuard, pinned: str | None
 ) -> str | Decision:
@@ -192,7 +196,7 @@ async def pick_address(
     denied_by = None
     for text in candidates:
         try:
-            ip = ipaddress.ip_address(text)
+            ip = _parse_ip(text)
         except ValueError:
             continue
         args = (ip, request.port, request.method, request.path)

@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .decision import EgressRequest, Identity
 from .errors import PolicyError
 from .reasons import Reason
-from .rego_input import PathTree, project
+from .rego_input import PathTree, input_document, project, projected_input
 from .rego_program import RegoProgram
 
 __all__ = [
@@ -104,21 +105,46 @@ def interpret(result: object) -> RegoVerdict:
 
 
 class RegoQuery:
-    """One evaluation: the tenant's program and the input document (projected on demand)."""
+    """One evaluation: the tenant's program and the input document, both built on demand.
 
-    __slots__ = ("_projected", "document", "program")
+    `for_request` builds nothing up front: the embedded engine asks for `projected` (only the
+    fields the program reads, built directly), the opa engine for the whole `document`.
+    """
+
+    __slots__ = ("_document", "_projected", "_request", "program")
 
     def __init__(self, program: RegoProgram, document: Mapping[str, Any]) -> None:
         self.program = program
-        self.document = document
+        self._document: Mapping[str, Any] | None = document
         self._projected: Mapping[str, Any] | None = None
+        self._request: tuple[Identity, EgressRequest, str | None] | None = None
+
+    @classmethod
+    def for_request(
+        cls, program: RegoProgram, identity: Identity, request: EgressRequest, ip: str | None
+    ) -> RegoQuery:
+        query = cls(program, {})
+        query._document = None
+        query._request = (identity, request, ip)
+        return query
+
+    @property
+    def document(self) -> Mapping[str, Any]:
+        """The whole input document (version 1, secrets redacted)."""
+        if self._document is None:
+            assert self._request is not None
+            self._document = input_document(*self._request)
+        return self._document
 
     @property
     def projected(self) -> Mapping[str, Any]:
         """Only the input fields the program's modules can read."""
         if self._projected is None:
             tree: PathTree | None = self.program.tree
-            self._projected = project(self.document, tree)
+            if self._document is None and self._request is not None:
+                self._projected = projected_input(*self._request, tree)
+            else:
+                self._projected = project(self.document, tree)
         return self._projected
 
 

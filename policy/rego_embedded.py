@@ -1,12 +1,12 @@
 """The embedded engine: evaluates a tenant's compiled bundle in process with regopy.
 
 A tenant's bundle is loaded from the bundle store when the tenant is first asked about
-(~0.1 ms) and kept in a bounded least-recently-used set (a loaded bundle costs ~150 KB, so
-10,000 tenants are not all kept). Each evaluation marshals only the input fields the
-tenant's modules can read, queries the bundle's `sandgate/decision` entrypoint and reads
-the result (or, when the decision rules are the shipped ones, the raw deny sets, reduced in
-Python: policy/rego_decision.py). One interpreter per thread (an interpreter holds the input). The output of a
-failed query is never read as text: some rego-cpp error outputs crash when printed.
+(~0.1 ms) and kept in a bounded least-recently-used set (a loaded bundle costs ~90 KB, so
+10,000 tenants are not all kept), each with its own interpreter (see _Loaded). Each
+evaluation marshals only the input fields the tenant's modules can read, queries the
+bundle's `sandgate/decision` entrypoint and reads the result (or, when the decision rules
+are the shipped ones, the raw deny sets, reduced in Python: policy/rego_decision.py). The
+output of a failed query is never read as text: some rego-cpp error outputs crash when printed.
 """
 
 from __future__ import annotations
@@ -40,6 +40,23 @@ _bool, _null = rego.regoInputBoolean, rego.regoInputNull
 _item, _object, _array = rego.regoInputObjectItem, rego.regoInputObject, rego.regoInputArray
 
 
+class _Loaded:
+    """A tenant's bundle and the interpreter that loaded it and alone queries it.
+
+    An interpreter keeps state from every bundle it loads or queries: one that has queried
+    10,000 tenants' bundles takes ~380 µs per query instead of ~45. One interpreter per bundle
+    (~3 KB, ~3 µs to make) keeps every query at the one-bundle cost. The lock serialises the
+    input-then-query pair (an interpreter holds the input).
+    """
+
+    __slots__ = ("bundle", "interpreter", "lock")
+
+    def __init__(self, interpreter: Interpreter, bundle: Any) -> None:
+        self.interpreter = interpreter
+        self.bundle = bundle
+        self.lock = threading.Lock()
+
+
 class EmbeddedEngine:
     """In-process Rego (rego-cpp through regopy), one compiled bundle per tenant."""
 
@@ -49,8 +66,7 @@ class EmbeddedEngine:
         if max_loaded < 1:
             raise ValueError("the embedded engine keeps at least one bundle loaded")
         self.max_loaded = max_loaded
-        self._local = threading.local()
-        self._loaded: OrderedDict[str, Any] = OrderedDict()
+        self._loaded: OrderedDict[str, _Loaded] = OrderedDict()
         self._lock = threading.Lock()
         self.loads = 0
 
@@ -63,52 +79,44 @@ class EmbeddedEngine:
         if program.bundle_file is None:
             return fault("the tenant's policy is not compiled")
         try:
-            interpreter = self._interpreter()
-            bundle = self._bundle(program.digest, program.bundle_file)
-            if bundle is None:
+            loaded = self._bundle(program.digest, program.bundle_file)
+            if loaded is None:
                 return fault("the tenant's compiled policy cannot be loaded")
-            _set(interpreter, query.projected)
-            if program.fast_path:
-                text = _query(interpreter, bundle, DENY_SETS_ENTRYPOINT)
-                document = reduce_deny_sets(text) if text is not None else None
-                if document is not None:
-                    return interpret(document)
-            text = _query(interpreter, bundle, DECISION_ENTRYPOINT)
+            with loaded.lock:
+                interpreter, bundle = loaded.interpreter, loaded.bundle
+                _set(interpreter, query.projected)
+                if program.fast_path:
+                    text = _query(interpreter, bundle, DENY_SETS_ENTRYPOINT)
+                    document = reduce_deny_sets(text) if text is not None else None
+                    if document is not None:
+                        return interpret(document)
+                text = _query(interpreter, bundle, DECISION_ENTRYPOINT)
         except Exception as e:
             return fault(f"the embedded engine failed ({type(e).__name__})")
         if text is None:
             return fault("the policy failed to evaluate")
         return _read(text)
 
-    def _interpreter(self) -> Interpreter:
-        interpreter: Interpreter | None = getattr(self._local, "interpreter", None)
-        if interpreter is None:
-            interpreter = Interpreter()
-            interpreter.log_level = LogLevel.NONE
-            self._local.interpreter = interpreter
-        return interpreter
-
-    def _bundle(self, digest: str, path: str) -> Any:
+    def _bundle(self, digest: str, path: str) -> _Loaded | None:
         with self._lock:
-            bundle = self._loaded.get(digest)
-            if bundle is not None:
+            found = self._loaded.get(digest)
+            if found is not None:
                 self._loaded.move_to_end(digest)
-                return bundle
+                return found
         if not os.path.isfile(path):
             return None  # rego-cpp would print its complaint to stdout
-        # A throwaway interpreter loads it: an interpreter keeps state from every bundle it
-        # loaded, and queries through it slow down by half once it has loaded ~10,000.
-        loader = Interpreter()
-        loader.log_level = LogLevel.NONE
-        bundle = loader.load_bundle(path, BundleFormat.Binary)
+        interpreter = Interpreter()
+        interpreter.log_level = LogLevel.NONE
+        bundle = interpreter.load_bundle(path, BundleFormat.Binary)
         if not bundle.ok():
             return None
+        loaded = _Loaded(interpreter, bundle)
         with self._lock:
             self.loads += 1
-            self._loaded[digest] = bundle
+            self._loaded[digest] = loaded
             while len(self._loaded) > self.max_loaded:
                 self._loaded.popitem(last=False)
-        return bundle
+        return loaded
 
     async def health(self) -> bool:
         return True

@@ -158,3 +158,41 @@ def test_the_fast_path_asks_rego_cpp_only_for_the_deny_sets(monkeypatch: pytest.
     verdict = EmbeddedEngine().evaluate_now(RegoQuery(program, doc()))
     assert (verdict.reason, verdict.message) == (Reason.METHOD_NOT_ALLOWED, "y")
     assert asked == ["sandgate_gateway/deny_sets"]
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        None,
+        {"phase": True},
+        {"dest": True, "tenant": True},
+        {"dest": {"host": True, "ip": True}, "request": {"method": True}},
+        {"request": {"headers": {"x-debug-token": True}, "query": True}},
+        {"request": True, "credentials": True, "client": True, "sandbox": True, "version": True},
+        {"tenant": {"nested": True}, "dest": {"host": {"x": True}}, "request": {"nope": True}, "zzz": True},
+    ],
+)
+def test_the_projected_input_is_the_projection_of_the_whole_document(tree: Any) -> None:
+    from sandgate.policy.rego_input import project, projected_input
+
+    request = EgressRequest(
+        Phase.REQUEST,
+        "api.example.com",
+        443,
+        "https",
+        "POST",
+        "/v1/x",
+        "api.example.com",
+        query="a=1&token=s3cret&a=2",
+        headers=(
+            ("X-Debug-Token", "1"),
+            ("Authorization", "Bearer s3cret"),
+            ("Accept", "a"),
+            ("accept", "b"),
+        ),
+        body_size=12,
+        client="10.0.0.2",
+        credentials=("openai",),
+    )
+    whole = input_document(WHO, request, "93.184.215.14")
+    assert projected_input(WHO, request, "93.184.215.14", tree) == project(whole, tree)
