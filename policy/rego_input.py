@@ -121,17 +121,19 @@ def projected_input(
         return input_document(identity, request, ip)
     out: dict[str, Any] = {}
     for key, sub in tree.items():
-        if key in _TOP:
-            if sub is True:
+        if sub is True:
+            if key in _TOP:
                 out[key] = _TOP[key](identity, request)
-        elif key == "dest":
-            fields = _DEST if sub is True else {k: _DEST[k] for k in sub if k in _DEST}
-            dest = {k: build(request, ip) for k, build in fields.items()}
-            out[key] = dest if sub is True else project(dest, sub)
-        elif key == "request":
-            parts = _REQUEST if sub is True else {k: _REQUEST[k] for k in sub if k in _REQUEST}
-            req = {k: build(request) for k, build in parts.items()}
-            out[key] = req if sub is True else project(req, sub)
+            elif key == "dest":
+                out[key] = {k: build(request, ip) for k, build in _DEST.items()}
+            elif key == "request":
+                out[key] = {k: build(request) for k, build in _REQUEST.items()}
+        elif isinstance(sub, Mapping):
+            if key == "dest":
+                dest = {k: _DEST[k](request, ip) for k in sub if k in _DEST}
+                out[key] = project(dest, sub)
+            elif key == "request":
+                out[key] = project({k: _REQUEST[k](request) for k in sub if k in _REQUEST}, sub)
     return out
 
 
