@@ -193,6 +193,7 @@ def test_compose_wires_the_gateway_to_redis_opa_and_its_healthcheck() -> None:
     sandgate = service("sandgate")
     assert sandgate["network_mode"] == "host"
     assert sandgate["cap_drop"] == ["ALL"] and sandgate["cap_add"] == ["NET_ADMIN"]
+    assert "privileged" not in sandgate, "host sysctls (deploy/sysctl/) replace a privileged container"
     assert config.redis is not None
     redis_url = urlsplit(config.redis.url)
     assert (redis_url.hostname, f"{redis_url.port}") == ("127.0.0.1", "6379")
@@ -464,7 +465,9 @@ def test_the_dockerfile_copies_files_that_exist_and_runs_a_real_command() -> Non
     assert steps[0] == ("FROM", "python:3.13-slim-bookworm")
     run_text = " ".join(arg for op, arg in steps if op == "RUN")
     assert "nftables" in run_text and "iproute2" in run_text
-    ignore = (CONTAINER / "Dockerfile.dockerignore").read_text().split()
+    lines = (CONTAINER / "Dockerfile.dockerignore").read_text().splitlines()
+    ignore = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    assert ignore[0] == "*", "the build context starts empty (no .venv, no .env with keys)"
     for op, arg in steps:
         if op == "COPY":
             *sources, _dest = arg.split()
