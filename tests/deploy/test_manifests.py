@@ -437,6 +437,18 @@ def test_every_file_the_configmap_config_references_is_a_mounted_secret_the_gate
     assert {scheme for scheme, _ in secret_refs(configmap_data()["gateway.yaml"])} == {"env", "file"}
 
 
+def test_each_fleet_gateway_names_itself_by_its_host(tmp_path: Path) -> None:
+    """A fixed gateway_id or gateway_name in a config every node shares would make the whole
+    fleet one gateway in `policy status` and the audit stream: both stay at their per-host
+    defaults (host network: the node's or host's name)."""
+    k8s_config, _ = daemonset_config(tmp_path)
+    for config in (k8s_config, compose_config()):
+        assert config.redis is not None
+        assert config.redis.gateway_id is None and config.audit.gateway_name is None
+    assert k8s("DaemonSet", "sandgate")["spec"]["template"]["spec"]["hostNetwork"] is True
+    assert service("sandgate")["network_mode"] == "host"
+
+
 def test_the_gateway_reaches_redis_and_opa_through_their_services(tmp_path: Path) -> None:
     config, _ = daemonset_config(tmp_path)
     assert config.redis is not None
