@@ -3,12 +3,16 @@
 #   deploy/k8s/create-secret.sh                 create it in namespace sandgate (kubectl)
 #   deploy/k8s/create-secret.sh --print         print the manifest instead (to seal or store)
 # Refuses to replace an existing Secret: a new placeholder key invalidates every placeholder
-# guests hold, a new redis password locks the gateways out. Rotate deliberately (README).
+# guests hold, a new redis password locks the gateways out, new store keys cannot open the
+# stored credentials. Rotate deliberately (README).
+# store-keys is the keyring stored credentials are sealed with: one `id:base64key` line per
+# AES-256 key, newest last (the gateways mount it as a file and re-read it when it changes).
 set -euo pipefail
 namespace="${SANDGATE_NAMESPACE:-sandgate}"
 name=sandgate-secrets
 
 random_hex() { od -An -N32 -tx1 /dev/urandom | tr -d ' \n'; }   # 32 bytes, 64 hex characters
+random_b64() { head -c 32 /dev/urandom | base64 -w0; }            # 32 bytes: one AES-256 key
 b64() { printf '%s' "$1" | base64 -w0; }
 
 manifest() {
@@ -25,6 +29,7 @@ data:
   placeholder-key: $(b64 "$(random_hex)")
   redis-password: $(b64 "$(random_hex)")
   admin-token: $(b64 "$(random_hex)")
+  store-keys: $(b64 "k1:$(random_b64)")
 YAML
 }
 

@@ -21,11 +21,22 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from conftest import REPO
-from support.deployfiles import DEPLOY, dockerfile_instructions, env_refs, parse_cli, under, yaml_docs
+from support.deployfiles import (
+    DEPLOY,
+    dockerfile_instructions,
+    env_refs,
+    file_refs,
+    parse_cli,
+    read_dotenv,
+    secret_refs,
+    under,
+    yaml_docs,
+)
 
 from sandgate.policy.loader import load_policy_dir
 from sandgate.proxy.config import GatewayConfig, load_config
 from sandgate.proxy.placeholder_key import load_placeholder_key
+from sandgate.proxy.store_keys import StoreKeys
 
 COMPOSE = DEPLOY / "compose"
 K8S = DEPLOY / "k8s"
@@ -128,14 +139,23 @@ def test_the_compose_gateway_config_and_rules_load_with_the_gateways_own_loaders
 def test_every_secret_the_compose_config_references_is_in_the_service_environment() -> None:
     sandgate = service("sandgate")
     text = host_path(sandgate, "/etc/sandgate/gateway.yaml").read_text()
+    assert file_refs(text) == set(), "compose hands secrets over as environment variables only"
     refs = env_refs(text)
-    assert refs == {"SANDGATE_PLACEHOLDER_KEY", "SANDGATE_REDIS_PASSWORD", "SANDGATE_ADMIN_TOKEN"}
+    assert refs == {
+        "SANDGATE_PLACEHOLDER_KEY",
+        "SANDGATE_REDIS_PASSWORD",
+        "SANDGATE_ADMIN_TOKEN",
+        "SANDGATE_STORE_KEYS",
+    }
+    assert compose_config().store_keys_ref == "env:SANDGATE_STORE_KEYS"
     for var in refs:
         # ${VAR:?message}: compose refuses to start without it rather than pass an empty value.
         assert re.fullmatch(r"\$\{" + var + r":\?[^}]+\}", sandgate["environment"][var]), var
 
 
-def test_compose_secrets_script_writes_every_variable_once_with_mode_0600(tmp_path: Path) -> None:
+def test_compose_secrets_script_writes_every_variable_once_with_mode_0600(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shutil.copy(COMPOSE / "create-env.sh", tmp_path / "create-env.sh")
     run = subprocess.run(
         ["bash", str(tmp_path / "create-env.sh")], capture_output=True, text=True, timeout=30
@@ -143,11 +163,24 @@ def test_compose_secrets_script_writes_every_variable_once_with_mode_0600(tmp_pa
     assert run.returncode == 0, run.stderr
     env_file = tmp_path / ".env"
     assert env_file.stat().st_mode & 0o777 == 0o600
-    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    values = read_dotenv(env_file)
     wanted = set(re.findall(r"\$\{(\w+):\?", (COMPOSE / "compose.yaml").read_text()))
     assert set(values) == wanted
+    store_keys = values.pop("SANDGATE_STORE_KEYS")
     assert all(re.fullmatch(r"[0-9a-f]{64}", v) for v in values.values())
     assert len(set(values.values())) == len(values)
+    # The keyring loads through the gateway's own loader, from the variable the config names.
+    ref = compose_config().store_keys_ref
+    monkeypatch.setenv(ref.removeprefix("env:"), store_keys)
+    assert StoreKeys(ref, create=False).keyring().ids == ("k1",)
+    # The rotation README describes: a new line appended inside the quotes is the newest key.
+    new_line = "k2:" + base64.b64encode(os.urandom(32)).decode()
+    text = env_file.read_text()
+    quoted = f'SANDGATE_STORE_KEYS="{store_keys}"'
+    assert quoted in text
+    env_file.write_text(text.replace(quoted, quoted[:-1] + "\\n" + new_line + '"'))
+    monkeypatch.setenv(ref.removeprefix("env:"), read_dotenv(env_file)["SANDGATE_STORE_KEYS"])
+    assert StoreKeys(ref, create=False).keyring().ids == ("k1", "k2")
     again = subprocess.run(
         ["bash", str(tmp_path / "create-env.sh")], capture_output=True, text=True, timeout=30
     )
@@ -160,6 +193,7 @@ def test_compose_wires_the_gateway_to_redis_opa_and_its_healthcheck() -> None:
     sandgate = service("sandgate")
     assert sandgate["network_mode"] == "host"
     assert sandgate["cap_drop"] == ["ALL"] and sandgate["cap_add"] == ["NET_ADMIN"]
+    assert "privileged" not in sandgate, "host sysctls (deploy/sysctl/) replace a privileged container"
     assert config.redis is not None
     redis_url = urlsplit(config.redis.url)
     assert (redis_url.hostname, f"{redis_url.port}") == ("127.0.0.1", "6379")
@@ -328,23 +362,39 @@ def test_configmap_copies_of_the_shipped_rules_match_the_repository() -> None:
     assert volume(k8s("Deployment", "sandgate-opa"), "rules")["configMap"]["items"] == ds_items
 
 
-def test_every_secret_the_manifests_read_is_made_by_the_secret_script(tmp_path: Path) -> None:
-    ctr = container(k8s("DaemonSet", "sandgate"), "sandgate")
-    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in ctr["env"]}
-    assert env_refs(configmap_data()["gateway.yaml"]) <= set(env)
+def printed_secret() -> dict[str, Any]:
+    """The Secret create-secret.sh makes (its --print output)."""
     printed = subprocess.run(
         ["bash", str(K8S / "create-secret.sh"), "--print"], capture_output=True, text=True, timeout=30
     )
     assert printed.returncode == 0, printed.stderr
-    secret = yaml.safe_load(printed.stdout)
+    secret: dict[str, Any] = yaml.safe_load(printed.stdout)
     assert (secret["kind"], secret["metadata"]["namespace"]) == ("Secret", "sandgate")
+    return secret
+
+
+def materialise_secret(vol: dict[str, Any], secret: dict[str, Any], root: Path) -> Path:
+    """Write a Secret volume's items, with their modes, where the kubelet would put them."""
+    for item in vol["secret"]["items"]:
+        target = root / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(base64.b64decode(secret["data"][item["key"]]))
+        target.chmod(item.get("mode", vol["secret"].get("defaultMode", 0o644)))
+    return root
+
+
+def test_every_secret_the_manifests_read_is_made_by_the_secret_script(tmp_path: Path) -> None:
+    ctr = container(k8s("DaemonSet", "sandgate"), "sandgate")
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in ctr["env"]}
+    assert env_refs(configmap_data()["gateway.yaml"]) <= set(env)
+    secret = printed_secret()
     refs = list(env.values())
     redis = container(k8s("StatefulSet", "sandgate-redis"), "redis")
     refs += [e["valueFrom"]["secretKeyRef"] for e in redis["env"]]
     for ref in refs:
         assert ref["name"] == secret["metadata"]["name"]
         assert ref["key"] in secret["data"], ref
-    values = [base64.b64decode(v).decode() for v in secret["data"].values()]
+    values = [base64.b64decode(v).decode() for k, v in secret["data"].items() if k != "store-keys"]
     assert all(re.fullmatch(r"[0-9a-f]{64}", v) for v in values)
     assert len(set(values)) == len(values)
     # The placeholder key satisfies the gateway's own check (32+ bytes).
@@ -353,6 +403,50 @@ def test_every_secret_the_manifests_read_is_made_by_the_secret_script(tmp_path: 
         load_placeholder_key("env:SANDGATE_TEST_PLACEHOLDER_KEY")
     finally:
         del os.environ["SANDGATE_TEST_PLACEHOLDER_KEY"]
+
+
+def test_every_file_the_configmap_config_references_is_a_mounted_secret_the_gateway_accepts(
+    tmp_path: Path,
+) -> None:
+    """file: references (the store keys) come from a Secret volume, and what create-secret.sh
+    puts there loads with the gateway's own loaders, mode check included."""
+    config, _ = daemonset_config(tmp_path)
+    ds = k8s("DaemonSet", "sandgate")
+    ctr = container(ds, "sandgate")
+    secret = printed_secret()
+    refs = file_refs(configmap_data()["gateway.yaml"])
+    assert config.store_keys_ref.removeprefix("file:") in refs
+    for ref in refs:
+        mount = mount_of(ctr, ref)
+        vol = volume(ds, mount["name"])
+        assert mount["readOnly"] is True and vol["secret"]["secretName"] == secret["metadata"]["name"]
+        root = materialise_secret(vol, secret, tmp_path / mount["name"])
+        local = root / PurePosixPath(ref).relative_to(mount["mountPath"])
+        assert local.is_file(), f"{ref}: no item of volume {mount['name']} puts a file there"
+    # The keyring: one AES-256 key, in a file only its owner reads (group bits are refused,
+    # so the pod sets no fsGroup, which would add them).
+    keys_mount = mount_of(ctr, config.store_keys_ref.removeprefix("file:"))
+    root = tmp_path / keys_mount["name"]
+    local = root / PurePosixPath(config.store_keys_ref.removeprefix("file:")).relative_to(
+        keys_mount["mountPath"]
+    )
+    assert local.stat().st_mode & 0o777 == 0o400
+    assert StoreKeys(f"file:{local}", create=False).keyring().ids == ("k1",)
+    assert "fsGroup" not in ds["spec"]["template"]["spec"].get("securityContext", {})
+    # Every reference in the config is provided: env by the container, file by a mount.
+    assert {scheme for scheme, _ in secret_refs(configmap_data()["gateway.yaml"])} == {"env", "file"}
+
+
+def test_each_fleet_gateway_names_itself_by_its_host(tmp_path: Path) -> None:
+    """A fixed gateway_id or gateway_name in a config every node shares would make the whole
+    fleet one gateway in `policy status` and the audit stream: both stay at their per-host
+    defaults (host network: the node's or host's name)."""
+    k8s_config, _ = daemonset_config(tmp_path)
+    for config in (k8s_config, compose_config()):
+        assert config.redis is not None
+        assert config.redis.gateway_id is None and config.audit.gateway_name is None
+    assert k8s("DaemonSet", "sandgate")["spec"]["template"]["spec"]["hostNetwork"] is True
+    assert service("sandgate")["network_mode"] == "host"
 
 
 def test_the_gateway_reaches_redis_and_opa_through_their_services(tmp_path: Path) -> None:
@@ -383,7 +477,9 @@ def test_the_dockerfile_copies_files_that_exist_and_runs_a_real_command() -> Non
     assert steps[0] == ("FROM", "python:3.13-slim-bookworm")
     run_text = " ".join(arg for op, arg in steps if op == "RUN")
     assert "nftables" in run_text and "iproute2" in run_text
-    ignore = (CONTAINER / "Dockerfile.dockerignore").read_text().split()
+    lines = (CONTAINER / "Dockerfile.dockerignore").read_text().splitlines()
+    ignore = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    assert ignore[0] == "*", "the build context starts empty (no .venv, no .env with keys)"
     for op, arg in steps:
         if op == "COPY":
             *sources, _dest = arg.split()

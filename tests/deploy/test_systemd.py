@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import SANDGATE, UPSTREAM_IP, curl, tenant_yaml, write_gateway_files
 from support import RecordingUpstream, wait_for_port
-from support.deployfiles import DEPLOY, parse_cli, under, unit_entries
+from support.deployfiles import DEPLOY, env_refs, file_refs, parse_cli, under, unit_entries
 
 from sandgate.proxy.config import load_config
+from sandgate.proxy.errors import ConfigError
+from sandgate.proxy.store_keys import StoreKeys
 
 UNIT = DEPLOY / "systemd" / "sandgate.service"
 VENV = Path(SANDGATE).parent.parent
@@ -88,11 +91,49 @@ def test_the_example_config_writes_only_where_the_unit_lets_it() -> None:
     for written in (config.state_path, config.audit_path, config.admin_socket_path, config.ca_dir):
         assert any(under(written, w) for w in writable), written
     assert config.placeholder_key_ref.startswith("file:/var/lib/sandgate/")
+    # Every file: reference (placeholder key, store keys) is in the state folder, where the
+    # gateway creates it on one machine and a fleet's copy goes; env: ones come from the
+    # EnvironmentFile, which the shipped config does not need.
+    refs = file_refs((DEPLOY / "systemd" / "gateway.yaml").read_text())
+    assert {config.placeholder_key_ref, config.store_keys_ref} == {f"file:{r}" for r in refs}
+    assert all(under(Path(r), f"/var/lib/{one('StateDirectory')}") for r in refs), refs
+    assert env_refs((DEPLOY / "systemd" / "gateway.yaml").read_text()) == set()
     assert under(config.rules_path, "/etc/sandgate")
     assert {lst.mode for lst in config.listeners} == {"regular", "transparent"} and config.dns is not None
     # Ports below 1024 would need CAP_NET_BIND_SERVICE, which the unit does not grant.
     ports = [lst.port for lst in config.listeners] + [config.dns.port]
     assert min(ports) >= 1024
+
+
+def test_a_fleet_gets_its_store_keys_from_add_key_as_readme_says(tmp_path: Path) -> None:
+    """The example config in fleet mode (redis: set) refuses to invent store keys; the
+    README's `sandgate credentials add-key` makes a 0600 keyring the gateway's loader takes,
+    and a second run adds the newest key (rotation)."""
+    text = (
+        (DEPLOY / "systemd" / "gateway.yaml")
+        .read_text()
+        .replace("/var/lib/sandgate", str(tmp_path / "state"))
+    )
+    doc = yaml.safe_load(text)
+    doc["redis"] = {"url": "redis://127.0.0.1:1/0"}  # add-key never connects
+    doc["audit"]["path"] = str(tmp_path / "audit.jsonl")
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    config = load_config(path)
+    fleet_keys = StoreKeys(config.store_keys_ref, create=config.redis is None)
+    with pytest.raises(ConfigError, match="sandgate credentials add-key"):
+        fleet_keys.keyring()
+    for expected in (("k1",), ("k1", "k2")):
+        run = subprocess.run(
+            [SANDGATE, "credentials", "add-key", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr
+        assert fleet_keys.keyring().ids == expected
+    assert "copy the key file to every gateway" in run.stdout
+    assert Path(config.store_keys_ref.removeprefix("file:")).stat().st_mode & 0o777 == 0o600
 
 
 def _installed_copy(tmp_path: Path) -> Path:

@@ -14,6 +14,7 @@ from sandgate.proxy.cli import _parser
 
 DEPLOY = REPO / "deploy"
 ENV_REF = re.compile(r"^env:([A-Za-z_][A-Za-z0-9_]*)$")
+SECRET_REF = re.compile(r"^(env|file):(.+)$")
 
 
 def yaml_docs(path: Path) -> list[dict[str, Any]]:
@@ -27,9 +28,9 @@ def parse_cli(argv: list[str]) -> Any:
     return _parser().parse_args(argv[1:])
 
 
-def env_refs(config_text: str) -> set[str]:
-    """Every `env:VAR` secret reference in a gateway config."""
-    found: set[str] = set()
+def secret_refs(config_text: str) -> set[tuple[str, str]]:
+    """Every `env:VAR` and `file:PATH` reference in a gateway config, as (scheme, value)."""
+    found: set[tuple[str, str]] = set()
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
@@ -38,11 +39,38 @@ def env_refs(config_text: str) -> set[str]:
         elif isinstance(node, list):
             for v in node:
                 walk(v)
-        elif isinstance(node, str) and (m := ENV_REF.match(node)):
-            found.add(m.group(1))
+        elif isinstance(node, str) and (m := SECRET_REF.match(node)):
+            found.add((m.group(1), m.group(2)))
 
     walk(yaml.safe_load(config_text))
     return found
+
+
+def env_refs(config_text: str) -> set[str]:
+    """Every `env:VAR` secret reference in a gateway config."""
+    found = {value for scheme, value in secret_refs(config_text) if scheme == "env"}
+    assert all(ENV_REF.match(f"env:{v}") for v in found), found
+    return found
+
+
+def file_refs(config_text: str) -> set[str]:
+    """Every `file:PATH` secret reference in a gateway config."""
+    return {value for scheme, value in secret_refs(config_text) if scheme == "file"}
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """A compose `.env` file as compose reads the forms create-env.sh writes: `K=V` and
+    `K="V"`, where a double-quoted value turns `\\n` into a newline."""
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"{path}: not KEY=VALUE: {line!r}"
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1].replace("\\n", "\n")
+        values[key] = value
+    return values
 
 
 def under(path: PurePosixPath | Path, folder: str) -> bool:
