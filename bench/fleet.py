@@ -77,11 +77,22 @@ def load(port: int, upstream_port: int, user: str, args: argparse.Namespace, *, 
     return json.loads(out.stdout)
 
 
-def redis_calls(url: str) -> int:
+def redis_stats(url: str) -> dict[str, int]:
+    """Calls per command so far (commands a Lua script runs count too)."""
     out = subprocess.run(["redis-cli", "-u", url, "INFO", "commandstats"], capture_output=True, text=True)
-    return sum(
-        int(line.split("calls=")[1].split(",")[0]) for line in out.stdout.splitlines() if "calls=" in line
-    )
+    return {
+        line.split(":")[0].removeprefix("cmdstat_"): int(line.split("calls=")[1].split(",")[0])
+        for line in out.stdout.splitlines()
+        if "calls=" in line
+    }
+
+
+def redis_calls(url: str) -> int:
+    return sum(redis_stats(url).values())
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
 def status(port: int, upstream_port: int) -> int:
@@ -122,9 +133,11 @@ def main() -> None:
         result["redis_registry_rps"] = load(port_a, upstream_port, "dyn1", args)["rps"]
         # Round trips: every command redis counted during a burst, minus what an idle window of
         # the same length costs (each gateway checks the fleet version once a second).
-        before, t0 = redis_calls(redis.url), time.monotonic()
+        stats_before = redis_stats(redis.url)
+        before, t0 = sum(stats_before.values()), time.monotonic()
         burst = load(port_a, upstream_port, "dyn1", args, requests=args.requests)
-        during, window = redis_calls(redis.url) - before - 1, time.monotonic() - t0
+        stats_after = redis_stats(redis.url)
+        during, window = sum(stats_after.values()) - before - 1, time.monotonic() - t0
         before = redis_calls(redis.url)
         time.sleep(window)
         idle = redis_calls(redis.url) - before - 1
@@ -132,7 +145,10 @@ def main() -> None:
             "requests": burst.get("count", args.requests),
             "redis_commands_during_burst": during,
             "redis_commands_idle_same_window": idle,
-            "round_trips_per_request": round(max(0, during - idle) / max(1, args.requests), 4),
+            "commands_per_request": round(max(0, during - idle) / max(1, args.requests), 4),
+            # Which commands: the audit writer's batches (evalsha, and inside each script a
+            # set + xadd per record), the limit sync's incrby/expire, the version checks.
+            "by_command": delta(stats_after, stats_before),
         }
         # Reload: flip both tenant files, publish once, time until both enforce the change.
         latencies = []
