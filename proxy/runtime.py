@@ -7,6 +7,7 @@ the proxy server, layer selection and TLS, then sandgate's own addons in pipelin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import sys
@@ -385,6 +386,12 @@ class Gateway:
         try:
             await self.master.run()
         finally:
+            # mitmproxy leaves its listening sockets to process exit; close them, so a gateway
+            # run in process (tests, embedding) gives its ports back.
+            proxyserver = self.master.addons.get("proxyserver")
+            if proxyserver is not None:
+                with contextlib.suppress(Exception):
+                    await proxyserver.servers.update([])
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
