@@ -25,7 +25,6 @@ from sandgate.policy.reasons import Reason
 
 from .audit_format import json_line, table_header, table_row
 from .audit_query import AuditInputError, Query, Record, parse_time
-from .audit_redis import connect_sync
 from .audit_source import JsonlSource, Source, audit_files
 from .audit_stats import collect as collect_stats
 from .audit_stats import stats_document, stats_table
@@ -33,7 +32,7 @@ from .audit_stream_source import BLOCK_MS, StreamSource
 from .audit_suggest import collect as collect_evidence
 from .audit_suggest import render_suggestions
 from .config import RedisConfig, load_config
-from .redis_conn import Keys
+from .redis_conn import Keys, connect_sync
 
 __all__ = ["add_parsers", "build_query", "open_source", "open_stream", "run_audit_command"]
 

@@ -27,11 +27,9 @@ from typing import Any
 import redis
 import structlog
 
-from .config import RedisConfig
-from .placeholder_key import load_placeholder_key
 from .redis_conn import Keys
 
-__all__ = ["RedisStreamSink", "connect_sync", "record_id"]
+__all__ = ["RedisStreamSink", "record_id"]
 
 log = structlog.get_logger("sandgate.audit")
 
@@ -53,22 +51,6 @@ return added
 _ID_IN_LINE = re.compile(r'"decision_id":"([0-9A-Za-z_.:-]{1,128})"')
 _FIRST_DELAY, _MAX_DELAY = 0.1, 5.0
 _READ_CHUNK = 1 << 20
-
-
-def connect_sync(cfg: RedisConfig) -> redis.Redis:
-    """A pooled synchronous client with the same settings as `redis_conn.connect`."""
-    password = None
-    if cfg.password:
-        password = load_placeholder_key(cfg.password, create=False, min_bytes=1).reveal()
-    return redis.Redis.from_url(
-        cfg.url,
-        password=password,
-        socket_timeout=cfg.timeout_seconds,
-        socket_connect_timeout=cfg.timeout_seconds,
-        max_connections=cfg.max_connections,
-        health_check_interval=30,
-        decode_responses=False,
-    )
 
 
 def record_id(line: str) -> str:

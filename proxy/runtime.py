@@ -34,7 +34,7 @@ from sandgate.policy.resolver import (
 
 from .admin import AdminServer, AdminState
 from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
-from .audit_redis import RedisStreamSink, connect_sync
+from .audit_redis import RedisStreamSink
 from .bindings import NameBindings
 from .broker import CredentialBroker
 from .ca import ensure_ca
@@ -53,7 +53,7 @@ from .limits_sync import LimitSync
 from .metrics import METRICS, GatewayGauges
 from .metrics_addon import UpstreamTiming
 from .placeholder_key import load_placeholder_key
-from .redis_conn import Keys, connect
+from .redis_conn import Keys, connect, connect_sync
 from .registry import load_registry, merge_registry, merge_registry_lenient, registry_digest
 from .registry_file import FileSandboxStore
 from .registry_redis import RedisSandboxStore, rules_checker

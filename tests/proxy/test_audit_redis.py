@@ -13,10 +13,10 @@ import redis
 from support import RedisServer
 
 from sandgate.proxy.audit import AuditLog, JsonlFileSink
-from sandgate.proxy.audit_redis import RedisStreamSink, connect_sync, record_id
+from sandgate.proxy.audit_redis import RedisStreamSink, record_id
 from sandgate.proxy.config import RedisConfig
 from sandgate.proxy.records import new_decision_id
-from sandgate.proxy.redis_conn import Keys
+from sandgate.proxy.redis_conn import Keys, connect_sync
 
 PREFIX = "t:"
 

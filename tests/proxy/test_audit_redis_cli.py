@@ -16,10 +16,10 @@ import yaml
 from support import RedisServer, free_port
 from support.audit_trail import DECISIONS, TRAIL, line
 
-from sandgate.proxy.audit_redis import RedisStreamSink, connect_sync
+from sandgate.proxy.audit_redis import RedisStreamSink
 from sandgate.proxy.cli import main
 from sandgate.proxy.config import RedisConfig
-from sandgate.proxy.redis_conn import Keys
+from sandgate.proxy.redis_conn import Keys, connect_sync
 
 PREFIX = "fleet1:"
 
