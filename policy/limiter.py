@@ -188,6 +188,22 @@ class Limiter:
                 counter.add(now, egress_bytes)
         return None
 
+    def prepare(self, tenant: str, sandbox: str, limits: Limits | None) -> bool:
+        """Make the counters `admit` will use; True when one is new here, so a fleet gateway
+        learns the others' count (one sync) before it decides on a sandbox it has not seen."""
+        if limits is None:
+            return False
+        before = len(self.counters)
+        checks = [
+            *self._checks(tenant, sandbox, limits, Kind.REQUESTS),
+            *self._checks(tenant, sandbox, limits, Kind.EGRESS_BYTES),
+        ]
+        if len(self.counters) == before:
+            return False
+        for _, counter, _ in checks:
+            counter.touched = True  # sent (with a zero delta) by the next sync, which reads the total
+        return True
+
     def add_egress(
         self, tenant: str, sandbox: str, limits: Limits | None, nbytes: int
     ) -> LimitExceeded | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from sandgate.brokers import Broker
@@ -78,6 +79,8 @@ class GatewayContext:
         self.connections: dict[str, ConnectionState] = {}
         # Tenants' rate and size limits: local counters (merged with the fleet's by LimitSync).
         self.limiter = Limiter()
+        # Fleet mode: one redis sync before the first decision on a sandbox new to this gateway.
+        self.limit_warmup: Callable[[], Awaitable[None]] | None = None
 
     async def decide(
         self, identity: Identity | None, request: EgressRequest, *, address: str | None = None

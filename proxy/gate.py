@@ -196,6 +196,7 @@ class Gate:
             if not decision.allowed or decision.address is None:
                 await self._deny_flow(flow, dctx, decision)
                 return
+            await self._learn_fleet_counts(dctx.identity)
             exceeded = self._admit(flow, dctx, decision)
             if exceeded is not None:
                 await self._refuse_limited(flow, dctx, decision, exceeded)
@@ -247,6 +248,16 @@ class Gate:
                 )
             flow.request.authority = ""
         return host, port, address
+
+    async def _learn_fleet_counts(self, identity: Identity | None) -> None:
+        """Fleet mode: the first request of a sandbox new to this gateway waits for one sync, so
+        the fleet's count decides it too (later requests use the background task's totals)."""
+        warmup = self.ctx.limit_warmup
+        if warmup is None or identity is None:
+            return
+        limits = tenant_limits(self.ctx.policy, identity)
+        if self.ctx.limiter.prepare(identity.tenant, identity.sandbox, limits):
+            await warmup()
 
     def _admit(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> LimitExceeded | None:
         """Count an allowed request against its tenant's limits; the refusal when over one."""
@@ -350,6 +361,7 @@ class Gate:
         limits = tenant_limits(self.ctx.policy, state.identity)
         if state.identity is None or limits is None:
             return True
+        await self._learn_fleet_counts(state.identity)
         exceeded = self.ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
         if exceeded is None:
             return True

@@ -43,13 +43,24 @@ class LimitSync:
         # Set when a counter is new on this gateway: sync at once rather than at the next tick.
         self._wake = asyncio.Event()
         limiter.on_new_counter = self._wake.set
+        # One sync at a time: the background tick and a first request's warm-up.
+        self._lock = asyncio.Lock()
 
     def key(self, item: SyncItem) -> str:
         k = item.key
         return self.keys("limits", k.scope, k.name, k.kind.value, str(item.index))
 
+    async def warm(self) -> None:
+        """Before a sandbox's first decision here: learn the fleet's counts (bounded by the
+        redis timeout; when redis fails the decision goes on with the local view)."""
+        await self.sync_once()
+
     async def sync_once(self) -> bool:
         """One round trip: push deltas, merge fleet totals. False (and logged) when redis failed."""
+        async with self._lock:
+            return await self._sync_once()
+
+    async def _sync_once(self) -> bool:
         # Counters in use sync every tick; idle ones about once a second (they decide nothing now).
         self._ticks += 1
         items = self.limiter.pending(refresh_all=self._ticks * self.interval >= _REFRESH_ALL_SECONDS)

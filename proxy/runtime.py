@@ -234,6 +234,7 @@ class Gateway:
                 Keys(config.redis.prefix),
                 config.limits.sync_interval_seconds,
             )
+            self.ctx.limit_warmup = self.limit_sync.warm
         self.dns: DnsListener | None = None
         if config.dns is not None:
             self.dns = DnsListener(
