@@ -113,20 +113,25 @@ class RegoQuery:
 
     __slots__ = ("_document", "_projected", "_request", "program")
 
-    def __init__(self, program: RegoProgram, document: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        program: RegoProgram,
+        document: Mapping[str, Any] | None = None,
+        *,
+        request: tuple[Identity, EgressRequest, str | None] | None = None,
+    ) -> None:
+        if (document is None) == (request is None):
+            raise ValueError("a query needs either the input document or the request to build it from")
         self.program = program
-        self._document: Mapping[str, Any] | None = document
+        self._document = document
         self._projected: Mapping[str, Any] | None = None
-        self._request: tuple[Identity, EgressRequest, str | None] | None = None
+        self._request = request
 
     @classmethod
     def for_request(
         cls, program: RegoProgram, identity: Identity, request: EgressRequest, ip: str | None
     ) -> RegoQuery:
-        query = cls(program, {})
-        query._document = None
-        query._request = (identity, request, ip)
-        return query
+        return cls(program, request=(identity, request, ip))
 
     @property
     def document(self) -> Mapping[str, Any]:

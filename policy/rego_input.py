@@ -61,33 +61,8 @@ def is_secret_name(name: str) -> bool:
     return lowered in _SECRET_NAMES or any(part in lowered for part in _SECRET_PARTS)
 
 
-def input_document(identity: Identity, request: EgressRequest, ip: str | None) -> dict[str, Any]:
-    """The input document (version 1) for one request; `ip` is the address that will be dialled."""
-    return {
-        "version": INPUT_VERSION,
-        "phase": request.phase.value,
-        "tenant": identity.tenant,
-        "sandbox": identity.sandbox,
-        "client": request.client,
-        "dest": {
-            "host": request.host,
-            "port": request.port,
-            "ip": ip,
-            "sni": request.sni,
-            "scheme": request.scheme,
-        },
-        "request": {
-            "method": request.method,
-            "path": request.path,
-            "query": _query(request.query),
-            "headers": _headers(request.headers),
-            "body_size": request.body_size,
-        },
-        "credentials": list(request.credentials),
-    }
-
-
-# Each field of the document, built on its own: projected_input builds only what a policy reads.
+# Each field of the document, built on its own, in the document's order: input_document
+# builds them all, projected_input only those a policy reads.
 _DEST: dict[str, Callable[[EgressRequest, str | None], Any]] = {
     "host": lambda r, ip: r.host,
     "port": lambda r, ip: r.port,
@@ -108,19 +83,22 @@ _TOP: dict[str, Callable[[Identity, EgressRequest], Any]] = {
     "tenant": lambda i, r: i.tenant,
     "sandbox": lambda i, r: i.sandbox,
     "client": lambda i, r: r.client,
-    "credentials": lambda i, r: list(r.credentials),
 }
+_WHOLE: PathTree = {**dict.fromkeys(_TOP, True), "dest": True, "request": True, "credentials": True}
+
+
+def input_document(identity: Identity, request: EgressRequest, ip: str | None) -> dict[str, Any]:
+    """The input document (version 1) for one request; `ip` is the address that will be dialled."""
+    return projected_input(identity, request, ip, _WHOLE)
 
 
 def projected_input(
     identity: Identity, request: EgressRequest, ip: str | None, tree: PathTree | None
-) -> Mapping[str, Any]:
+) -> dict[str, Any]:
     """`project(input_document(identity, request, ip), tree)`, without building the fields the
     tree leaves out (header redaction and query parsing cost more than the rest together)."""
-    if tree is None:
-        return input_document(identity, request, ip)
     out: dict[str, Any] = {}
-    for key, sub in tree.items():
+    for key, sub in (_WHOLE if tree is None else tree).items():
         if sub is True:
             if key in _TOP:
                 out[key] = _TOP[key](identity, request)
@@ -128,10 +106,11 @@ def projected_input(
                 out[key] = {k: build(request, ip) for k, build in _DEST.items()}
             elif key == "request":
                 out[key] = {k: build(request) for k, build in _REQUEST.items()}
+            elif key == "credentials":
+                out[key] = list(request.credentials)
         elif isinstance(sub, Mapping):
             if key == "dest":
-                dest = {k: _DEST[k](request, ip) for k in sub if k in _DEST}
-                out[key] = project(dest, sub)
+                out[key] = project({k: _DEST[k](request, ip) for k in sub if k in _DEST}, sub)
             elif key == "request":
                 out[key] = project({k: _REQUEST[k](request) for k in sub if k in _REQUEST}, sub)
     return out
