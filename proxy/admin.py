@@ -53,6 +53,8 @@ class AdminState:
     ready: Callable[[], bool]
     sandboxes: SandboxStore | None = None
     credentials: CredentialStore | None = None
+    # Drops the broker's cached stored values after a change through the API.
+    credentials_changed: Callable[[], None] | None = None
     redis: aioredis.Redis | None = None
     redis_timeout: float = 0.5
     # Wired by fleet mode; None: `POST /v1/policy/reload` reloads this gateway only.

@@ -283,11 +283,17 @@ class Credential(_Handler):
             raise ApiError(404, f"unknown tenant {tenant!r}", "tenant")
         return tenant, name
 
+    def _changed(self) -> None:
+        """This gateway stops using the old value now, not at its watcher's next look."""
+        if self.state.credentials_changed is not None:
+            self.state.credentials_changed()
+
     async def put(self, tenant: str, name: str) -> None:
         store = _credentials(self.state)
         tenant, name = self._target(tenant, name)
         value = Secret(self.parse(CredentialValue).value)
         info = await store.put(tenant, name, value)
+        self._changed()
         log.info("admin.credential_set", tenant=tenant, name=name, version=info.version)
         self.reply({"credential": _info(info)})
 
@@ -296,6 +302,7 @@ class Credential(_Handler):
         tenant, name = self._target(tenant, name)
         if not await store.remove(tenant, name):
             raise ApiError(404, f"no credential {name!r} for tenant {tenant!r}", "name")
+        self._changed()
         log.info("admin.credential_removed", tenant=tenant, name=name)
         self.reply({"removed": {"tenant": tenant, "name": name}})
 

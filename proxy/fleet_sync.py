@@ -68,6 +68,8 @@ class FleetRegistrySync:
         self.store = RedisSandboxStore(self.client, self.keys)
         self.version: int | None = None
         self.stale = False
+        # Whether the reload that dropped a stale snapshot's sandboxes has succeeded.
+        self._dropped = False
         self._snapshot: tuple[DynamicSandbox, ...] = ()
         self._last_ok: float | None = None
         self._last_report = 0.0
@@ -110,6 +112,7 @@ class FleetRegistrySync:
             if self.stale:
                 log.warning("fleet.registry_restored", sandboxes=len(snap.sandboxes), version=snap.version)
             self._snapshot, self.version, self.stale = snap.sandboxes, snap.version, False
+            self._dropped = False
             if changed:
                 await self.reload(trigger)
             await self._report()
@@ -159,10 +162,12 @@ class FleetRegistrySync:
         except RedisError:
             await self._failed()
             return
-        self._succeeded()
         if self.stale or int(raw or 0) != self.version:
+            # Only a registry read (sync) proves the snapshot current and resets the staleness clock.
             await self.sync("fleet_version")
-        elif time.monotonic() - self._last_report > HEARTBEAT_SECONDS:
+            return
+        self._succeeded()
+        if time.monotonic() - self._last_report > HEARTBEAT_SECONDS:
             await self._report()
 
     def _succeeded(self) -> None:
@@ -178,17 +183,18 @@ class FleetRegistrySync:
             log.error("fleet.redis_unreachable", snapshot_sandboxes=len(self._snapshot), version=self.version)
             self._unreachable_logged = True
         since = now - self._last_ok if self._last_ok is not None else None
-        if self.stale or (since is not None and since < self.cfg.max_staleness_seconds):
+        if self._dropped or (since is not None and since < self.cfg.max_staleness_seconds):
             return
+        if not self.stale:
+            log.error(
+                "fleet.registry_stale",
+                dropped_sandboxes=len(self._snapshot),
+                seconds_without_redis=round(since, 1) if since is not None else None,
+                max_staleness_seconds=self.cfg.max_staleness_seconds,
+            )
         self.stale = True
-        log.error(
-            "fleet.registry_stale",
-            dropped_sandboxes=len(self._snapshot),
-            seconds_without_redis=round(since, 1) if since is not None else None,
-            max_staleness_seconds=self.cfg.max_staleness_seconds,
-        )
-        if self._snapshot:
-            await self.reload("fleet_stale")
+        # Until the reload that drops them succeeds, try again on every failed poll.
+        self._dropped = not self._snapshot or await self.reload("fleet_stale")
 
     async def _report(self) -> None:
         self._last_report = time.monotonic()

@@ -124,8 +124,9 @@ def ensure_sysctl(interface: str, family: str, name: str, root: Path | None = No
         return
     except OSError as e:
         problem = e.strerror or str(e)
-    # rp_filter takes the larger of `all` and the interface's value; disable_ipv6 honours `all`.
-    if _read_sysctl(conf / "all" / name) == "1" and (name != "rp_filter" or _read_sysctl(path) in {"0", "1"}):
+    # rp_filter takes the larger of `all` and the interface's value, so a host-wide strict
+    # setting holds; disable_ipv6 is read per interface only (no fallback).
+    if name == "rp_filter" and _read_sysctl(conf / "all" / name) == "1" and _read_sysctl(path) in {"0", "1"}:
         return
     raise ConfigError(
         f"cannot set net.{family}.conf.{interface}.{name}=1 ({problem}); set "

@@ -11,6 +11,7 @@ import contextlib
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -44,7 +45,7 @@ from .credential_store import stored_secrets
 from .credential_watch import CredentialWatcher
 from .credentials import configure_broker
 from .dnslistener import DnsListener
-from .fleet_channel import FleetKeys, publish_reload_with
+from .fleet_channel import publish_reload_with
 from .fleet_sync import FleetRegistrySync, default_gateway_id
 from .gate import Gate
 from .hostaddrs import own_addresses
@@ -59,7 +60,7 @@ from .registry_file import FileSandboxStore
 from .registry_redis import RedisSandboxStore, rules_checker
 from .reload import PolicyReloader
 from .statusfile import remove_status, write_status
-from .stores import CredentialStore, SandboxStore
+from .stores import SandboxStore
 from .transparent import Transparent
 
 __all__ = ["Gateway", "build_resolver", "serve"]
@@ -152,17 +153,25 @@ class _Lifecycle:
         gw.ready.set()
 
     async def done(self) -> None:
-        remove_status(self.gateway.config.status_path)
-        await self.gateway.reloader.stop()
-        await self.gateway.credential_watch.stop()
-        await self.gateway.credential_store.aclose()
-        if self.gateway.limit_sync is not None:
-            await self.gateway.limit_sync.stop()
-        await self.gateway.broker.aclose()
-        await self.gateway.engine.close()
-        if self.gateway.dns is not None:
-            await self.gateway.dns.stop()
-        await asyncio.to_thread(self.gateway.ctx.audit.close)
+        gw = self.gateway
+        remove_status(gw.config.status_path)
+        # What could still reload or audit (admin requests, fleet events) stops first; a step
+        # that fails is logged and the rest still run; the audit log closes last, always.
+        steps: list[Callable[[], Awaitable[None]]] = [gw.stop_admin, gw.reloader.stop]
+        if gw.fleet is not None:
+            steps.append(gw.fleet.stop)
+        steps += [gw.credential_watch.stop, gw.credential_store.aclose]
+        if gw.limit_sync is not None:
+            steps.append(gw.limit_sync.stop)
+        steps += [gw.broker.aclose, gw.engine.close]
+        if gw.dns is not None:
+            steps.append(gw.dns.stop)
+        for step in steps:
+            try:
+                await step()
+            except Exception:
+                log.exception("gateway.stop_step_failed", step=getattr(step, "__qualname__", "?"))
+        await asyncio.to_thread(gw.ctx.audit.close)
 
 
 class Gateway:
@@ -177,8 +186,6 @@ class Gateway:
         config: GatewayConfig,
         *,
         resolver: Resolver | None = None,
-        sandbox_store: SandboxStore | None = None,
-        credential_store: CredentialStore | None = None,
     ) -> None:
         self.config = config
         # `stored:` credentials: read through an in-memory cache that change events invalidate.
@@ -192,8 +199,6 @@ class Gateway:
         # Set after the first load (which has no redis snapshot yet: run() syncs before serving).
         self.fleet: FleetRegistrySync | None = None
         # The admin API's backends: the registry (file, or redis in a fleet), the credential store.
-        self.sandbox_store = sandbox_store or self._default_sandbox_store()
-        self.admin_credentials: CredentialStore = credential_store or self.credential_store
         self.admin: AdminServer | None = None
         if config.rego.bundle_store:
             use_store(config.path(config.rego.bundle_store))
@@ -256,6 +261,12 @@ class Gateway:
                 lambda: self.ctx.policy.version,
                 poll_interval=config.redis.sync_interval_seconds,
             )
+        # The admin API's registry: the file on one machine; in a fleet, redis through the sync's client.
+        self.sandbox_store: SandboxStore = (
+            RedisSandboxStore(self.fleet.client, self.fleet.keys, check=rules_checker(config.rules_path))
+            if self.fleet is not None
+            else FileSandboxStore(config)
+        )
         self.ready = asyncio.Event()
         self.exit_code = 0
         self.listen_addrs: list[tuple[str, int]] = []
@@ -318,6 +329,11 @@ class Gateway:
             },
         )
 
+    async def stop_admin(self) -> None:
+        admin, self.admin = self.admin, None
+        if admin is not None:
+            await admin.stop()
+
     def admin_state(self) -> AdminState:
         """What the admin API serves from this gateway."""
         state = AdminState(
@@ -327,29 +343,20 @@ class Gateway:
             listeners=lambda: [f"{h}:{p}" for h, p in self.listen_addrs],
             ready=self.ready.is_set,
             sandboxes=self.sandbox_store,
-            credentials=self.admin_credentials,
+            credentials=self.credential_store,
+            credentials_changed=self.credential_watch.source.invalidate,
         )
-        fleet, redis_cfg = self.fleet, self.config.redis
-        if fleet is not None and redis_cfg is not None:
-            keys = FleetKeys.for_prefix(redis_cfg.prefix)
+        fleet = self.fleet
+        if fleet is not None:
             state.gateway_id = fleet.gateway_id
 
             async def publish(_version: str) -> None:
-                await publish_reload_with(fleet.client, keys)
+                await publish_reload_with(fleet.client, fleet.keys)
 
             state.publish_reload = publish
             # A registry change is read back from redis, so it is in force here before the answer.
             state.refresh = fleet.sync
         return state
-
-    def _default_sandbox_store(self) -> SandboxStore:
-        if self.config.redis is None:
-            return FileSandboxStore(self.config)
-        return RedisSandboxStore(
-            connect(self.config.redis),
-            FleetKeys.for_prefix(self.config.redis.prefix),
-            check=rules_checker(self.config.rules_path),
-        )
 
     def _attach_metrics(self) -> None:
         METRICS.attach(
@@ -396,8 +403,7 @@ class Gateway:
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
-            if self.admin is not None:
-                await self.admin.stop()
+            await self.stop_admin()  # already done by the done hook, unless the master failed first
             METRICS.detach()
             if self.fleet is not None:
                 await self.fleet.stop()

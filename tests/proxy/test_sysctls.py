@@ -67,3 +67,13 @@ def test_a_read_only_proc_without_the_host_setting_is_an_error(
         ConfigError, match=r"net\.ipv4\.conf\.eth9\.rp_filter=1 \(Read-only file system\).*all"
     ):
         ensure_sysctl("eth9", "ipv4", "rp_filter", root)
+
+
+def test_disable_ipv6_has_no_host_wide_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel reads disable_ipv6 per interface: `all` = 1 does not turn it off on one that is 0."""
+    for iface in ("all", "eth9"):
+        (tmp_path / "ipv6" / "conf" / iface).mkdir(parents=True)
+        (tmp_path / "ipv6" / "conf" / iface / "disable_ipv6").write_text("1\n" if iface == "all" else "0\n")
+    read_only(monkeypatch)
+    with pytest.raises(ConfigError, match=r"net\.ipv6\.conf\.eth9\.disable_ipv6=1"):
+        ensure_sysctl("eth9", "ipv6", "disable_ipv6", tmp_path)
