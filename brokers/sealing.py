@@ -141,11 +141,15 @@ def parse_keyring(text: str, where: str) -> Keyring:
         key_id, colon, encoded = line.partition(":")
         if not colon:
             raise KeyringError(f"{where}:{lineno}: expected 'id:base64key'")
+        key_id = key_id.strip()
+        if not _KEY_ID.match(key_id):
+            # Not echoed: a malformed line may hold key material before its first ':'.
+            raise KeyringError(f"{where}:{lineno}: the key id is not 1-32 letters, digits, '_', '.' or '-'")
         try:
             key = base64.b64decode(encoded.strip(), validate=True)
         except (binascii.Error, ValueError):
-            raise KeyringError(f"{where}:{lineno}: key {key_id.strip()} is not valid base64") from None
-        keys.append((key_id.strip(), key))
+            raise KeyringError(f"{where}:{lineno}: key {key_id} is not valid base64") from None
+        keys.append((key_id, key))
     if not keys:
         raise KeyringError(f"{where}: holds no key")
     try:

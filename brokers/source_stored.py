@@ -86,7 +86,8 @@ class StoredSource:
         try:
             secret = await self._store.get(*key)
         except Exception as e:
-            if stale is not None:
+            # Only a value no change has superseded is kept (a removal must not come back).
+            if stale is not None and generation == self._generation:
                 # Keep the last good value while the store is unreachable; try again in a few seconds.
                 kept = _Cached(stale.secret, self._clock() - self.ttl + min(self.ttl, RETRY_SECONDS))
                 self._cache[key] = kept

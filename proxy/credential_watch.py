@@ -60,18 +60,26 @@ class CredentialWatcher:
     async def _watch_file(self) -> None:
         assert isinstance(self.store, FileCredentialStore)
         store = self.store
-        last = await asyncio.to_thread(store.stamp)
+        last: object = None
+        first = True
         while True:
-            await asyncio.sleep(self.interval)
+            if not first:
+                await asyncio.sleep(self.interval)
             try:
                 stamp = await asyncio.to_thread(store.stamp)
             except OSError as e:
                 log.warning("credentials.watch_failed", path=str(store.path), error=e.strerror)
                 continue
-            if stamp != last:
+            if first:
+                last, first = stamp, False
+            elif stamp != last:
                 last = stamp
                 self.source.invalidate()
                 log.info("credentials.changed", store="file")
+
+    def _reconnected(self, _connection: object) -> None:
+        self.source.invalidate()
+        log.info("credentials.watch_reconnected")
 
     async def _watch_redis(self) -> None:
         assert isinstance(self.store, RedisCredentialStore)
@@ -81,8 +89,10 @@ class CredentialWatcher:
             pubsub = store.client.pubsub()
             try:
                 await pubsub.subscribe(store.channel)
-                # Subscribed: whatever changed while we were not is read afresh.
+                # Subscribed: whatever changed while we were not is read afresh. redis-py also
+                # reconnects and resubscribes on its own (no exception reaches us): the same then.
                 self.source.invalidate()
+                pubsub.connection.register_connect_callback(self._reconnected)
                 backoff = 0.1
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)

@@ -248,3 +248,38 @@ def test_the_cli_never_shows_a_value(tmp_path: Path) -> None:
     removed = cli(home, "remove", "--tenant", "acme", "openai")
     assert removed.returncode == 0
     assert cli(home, "remove", "--tenant", "acme", "openai").returncode == 1
+
+
+async def test_a_redis_restart_drops_the_cached_values(redis_server: RedisServer, tmp_path: Path) -> None:
+    """redis-py resubscribes by itself after a reconnect: a change published before that is
+    missed, so the watcher must drop the cache on the reconnect (not wait for the ttl)."""
+    from sandgate.brokers.refs import parse_ref
+    from sandgate.brokers.source_stored import StoredSource
+    from sandgate.proxy.credential_watch import CredentialWatcher
+
+    keys = StoreKeys(f"file:{tmp_path / 'store.keys'}", create=True)
+    store = RedisCredentialStore(connect(RedisConfig(url=redis_server.url)), Keys("sandgate:"), keys)
+    source = StoredSource(store, ttl=300.0)
+    watcher = CredentialWatcher(store, source)
+    ref = parse_ref("stored:openai").for_tenant("acme")
+    await store.put("acme", "openai", Secret(VALUE))
+    watcher.start()
+    try:
+        await asyncio.sleep(0.3)  # subscribed
+        assert (await source.get(ref)).reveal() == VALUE
+        redis_server.kill()
+        redis_server.start()  # a fresh, empty redis on the same port
+        writer = RedisCredentialStore(connect(RedisConfig(url=redis_server.url)), Keys("sandgate:"), keys)
+        await writer.put("acme", "openai", Secret(ROTATED))  # published before the watcher is back
+        await writer.aclose()
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    if (await source.get(ref)).reveal() == ROTATED:
+                        break
+                except Exception:
+                    pass
+                await asyncio.sleep(0.1)
+    finally:
+        await watcher.stop()
+        await store.aclose()
