@@ -92,7 +92,9 @@ class CredentialWatcher:
                 # Subscribed: whatever changed while we were not is read afresh. redis-py also
                 # reconnects and resubscribes on its own (no exception reaches us): the same then.
                 self.source.invalidate()
-                pubsub.connection.register_connect_callback(self._reconnected)
+                connection = getattr(pubsub, "connection", None)  # typed None in redis-py; set by subscribe
+                if connection is not None:
+                    connection.register_connect_callback(self._reconnected)
                 backoff = 0.1
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
