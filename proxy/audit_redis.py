@@ -39,9 +39,12 @@ _ADD_ONCE = """
 local added = 0
 local skip = tonumber(ARGV[4])
 for i = 2, #KEYS do
-  if redis.call('SET', KEYS[i], '1', 'NX', 'EX', ARGV[2]) then
+  -- Marked seen only after the XADD went through: a script is not rolled back, so a failed
+  -- XADD (say WRONGTYPE) must leave the record to be sent again, not remembered as sent.
+  if redis.call('EXISTS', KEYS[i]) == 0 then
     redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*',
                'id', string.sub(KEYS[i], skip + 1), 'gw', ARGV[3], 'r', ARGV[i + 3])
+    redis.call('SET', KEYS[i], '1', 'EX', ARGV[2])
     added = added + 1
   end
 end
@@ -212,11 +215,17 @@ class RedisStreamSink:
 
     def _next_lines(self) -> tuple[list[str], int]:
         """Up to one batch of complete lines after the replay offset, and the bytes they span."""
-        with self._lock:
-            data = os.pread(self._fd, _READ_CHUNK, self._offset)
-        end = data.rfind(b"\n") + 1
-        lines = data[:end].decode(errors="replace").splitlines(keepends=True)[: self._batch]
-        return lines, sum(len(line.encode()) for line in lines)
+        size = _READ_CHUNK
+        while True:
+            with self._lock:
+                data = os.pread(self._fd, size, self._offset)
+            end = data.rfind(b"\n") + 1
+            if end or len(data) < size:
+                break
+            size *= 2  # one record longer than the window: read further
+        # Split and count in bytes, so the offset stays on a line boundary whatever the bytes.
+        raw = data[:end].split(b"\n")[:-1][: self._batch]
+        return [line.decode(errors="replace") + "\n" for line in raw], sum(len(line) + 1 for line in raw)
 
     def _replay_some(self) -> bool:
         """Send the next batch of the spool; True once it is empty and truncated."""
@@ -229,8 +238,13 @@ class RedisStreamSink:
                 self.replayed += len(lines)
             return False
         with self._lock:
+            appended = os.fstat(self._fd).st_size > self._offset
+        if appended:
+            self._stop.wait(_FIRST_DELAY)  # a line still being written: no busy loop
+            return False
+        with self._lock:
             if os.fstat(self._fd).st_size > self._offset:
-                return False  # appended meanwhile
+                return False
             os.ftruncate(self._fd, 0)
             self._offset = 0
             self._depth = 0

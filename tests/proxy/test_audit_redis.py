@@ -178,3 +178,38 @@ async def test_the_audit_log_writes_file_and_stream_and_exposes_the_counters(
     # A record that came without an id got one, the same in the file and the stream.
     assert len({r["decision_id"] for r in in_file}) == 300
     assert sink.written == 300
+
+
+def test_a_failed_add_leaves_the_record_to_be_sent_again(
+    redis_server: RedisServer, tmp_path: Path, sinks: list[RedisStreamSink]
+) -> None:
+    """The stream key holding a string makes XADD fail inside the script (WRONGTYPE): the
+    records spool, and none of them may be remembered as sent."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.set(PREFIX + "audit", "not a stream")
+    sink = make_sink(redis_server, tmp_path / "spool")
+    sinks.append(sink)
+    batch = lines(5)
+    sink.write(batch)
+    assert sink.spooling and sink.spool_depth == 5
+    client.delete(PREFIX + "audit")
+    client.close()
+    sink.start()
+    wait_for(lambda: not sink.spooling)
+    assert [e[b"r"].decode() + "\n" for e in stream(redis_server)] == batch
+
+
+def test_a_record_longer_than_the_read_window_is_replayed(
+    redis_server: RedisServer, tmp_path: Path, sinks: list[RedisStreamSink]
+) -> None:
+    big = (
+        json.dumps({"event": "decision", "decision_id": new_decision_id(), "detail": "x" * (2 << 20)}) + "\n"
+    )
+    spool = tmp_path / "spool"
+    spool.write_text("".join([*lines(1), big, *lines(2, 1)]))
+    sink = make_sink(redis_server, spool)
+    sinks.append(sink)
+    sink.start()
+    wait_for(lambda: not sink.spooling)
+    entries = stream(redis_server)
+    assert len(entries) == 4 and len(entries[1][b"r"]) == len(big) - 1
