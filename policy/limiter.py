@@ -149,8 +149,6 @@ class Limiter:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.counters: dict[CounterKey, WindowCounter] = {}
-        # Called (no I/O) when a counter is new here: a fleet sync learns the others' count now.
-        self.on_new_counter: Callable[[], None] | None = None
 
     def admit(
         self,
@@ -241,8 +239,6 @@ class Limiter:
         if counter is None:
             counter = self.counters[key] = WindowCounter(key.kind.window)
             counter.roll(self.clock())
-            if self.on_new_counter is not None:
-                self.on_new_counter()
         return counter
 
     def pending(self, refresh_all: bool = False) -> list[SyncItem]:

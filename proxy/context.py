@@ -12,6 +12,7 @@ from sandgate.policy.decision import Decision, EgressRequest, Identity
 from sandgate.policy.engine import PolicyEngine
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.limiter import Limiter
+from sandgate.policy.models import Limits
 from sandgate.policy.policyset import PolicySet
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import Resolver
@@ -79,8 +80,8 @@ class GatewayContext:
         self.connections: dict[str, ConnectionState] = {}
         # Tenants' rate and size limits: local counters (merged with the fleet's by LimitSync).
         self.limiter = Limiter()
-        # Fleet mode: one redis sync before the first decision on a sandbox new to this gateway.
-        self.limit_warmup: Callable[[], Awaitable[None]] | None = None
+        # Fleet mode: learn the fleet's counts before the first decisions on a sandbox new here.
+        self.limit_learn: Callable[[str, str, Limits | None], Awaitable[None]] | None = None
 
     async def decide(
         self, identity: Identity | None, request: EgressRequest, *, address: str | None = None

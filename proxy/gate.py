@@ -17,6 +17,8 @@ Every hook is guarded: an exception denies with `internal_error`, never lets tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import structlog
 from mitmproxy import http, tcp
 from mitmproxy.proxy import server_hooks
@@ -250,14 +252,11 @@ class Gate:
         return host, port, address
 
     async def _learn_fleet_counts(self, identity: Identity | None) -> None:
-        """Fleet mode: the first request of a sandbox new to this gateway waits for one sync, so
-        the fleet's count decides it too (later requests use the background task's totals)."""
-        warmup = self.ctx.limit_warmup
-        if warmup is None or identity is None:
-            return
-        limits = tenant_limits(self.ctx.policy, identity)
-        if self.ctx.limiter.prepare(identity.tenant, identity.sandbox, limits):
-            await warmup()
+        """Fleet mode: decisions on a sandbox new to this gateway wait for one sync, so the
+        fleet's count decides them too (later ones use the background task's totals)."""
+        learn = self.ctx.limit_learn
+        if learn is not None and identity is not None:
+            await learn(identity.tenant, identity.sandbox, tenant_limits(self.ctx.policy, identity))
 
     def _admit(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> LimitExceeded | None:
         """Count an allowed request against its tenant's limits; the refusal when over one."""
@@ -290,8 +289,11 @@ class Gate:
         self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
     ) -> None:
         # Refuse first, record second, as in _deny_flow.
-        flow.response = limited_response(
-            exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
+        _refuse(
+            flow,
+            lambda: limited_response(
+                exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
+            ),
         )
         await self._record(dctx, _limit_decision(decision, exceeded))
 
@@ -412,17 +414,23 @@ class Gate:
         state = self.ctx.connections.get(flow.client_conn.id)
         if flow.request.method == "CONNECT" and state is not None:
             state.denied = reason
-        if flow.request.stream:
-            flow.kill()  # mitmproxy cannot answer a request whose large body it already streams
-        else:
-            # Only a Rego author's message reaches the guest; other details stay in the audit trail.
-            message = decision.detail if reason is Reason.POLICY_DENIED else None
-            flow.response = denied_response(reason, dctx.host, dctx.decision_id, message)
+        # Only a Rego author's message reaches the guest; other details stay in the audit trail.
+        message = decision.detail if reason is Reason.POLICY_DENIED else None
+        _refuse(flow, lambda: denied_response(reason, dctx.host, dctx.decision_id, message))
         await self._record(dctx, decision)
 
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:
         if state is not None:
             state.denied = reason
+
+
+def _refuse(flow: http.HTTPFlow, response: Callable[[], http.Response]) -> None:
+    """Answer with `response`, or cut the flow when mitmproxy already streams its large body
+    (it cannot answer such a request: setting a response would crash the flow's handler)."""
+    if flow.request.stream:
+        flow.kill()
+    else:
+        flow.response = response()
 
 
 def _is_tunnel(state: ConnectionState) -> bool:

@@ -1,6 +1,6 @@
 """Fleet mode: share rate-limit counts through redis, off the request path.
 
-Every `interval` seconds (at once when a counter is new here) one pipelined round trip adds
+Every `interval` seconds (and before the first decisions on a sandbox new here) one pipelined round trip adds
 this gateway's unsynced counts to the per-window fleet keys (INCRBY, with an expiry of two
 windows) and reads the totals back; the Limiter then refuses on its own count plus the rest
 of the fleet's last known count. When
@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from sandgate.policy.limiter import Limiter, SyncItem
+from sandgate.policy.models import Limits
 
 from .redis_conn import Keys
 
@@ -40,9 +41,8 @@ class LimitSync:
         self.healthy = True
         self._ticks = 0
         self._task: asyncio.Task[None] | None = None
-        # Set when a counter is new on this gateway: sync at once rather than at the next tick.
-        self._wake = asyncio.Event()
-        limiter.on_new_counter = self._wake.set
+        # Sandboxes whose first sync here is under way: their other requests wait for it too.
+        self._learning: dict[tuple[str, str], asyncio.Event] = {}
         # One sync at a time: the background tick and a first request's warm-up.
         self._lock = asyncio.Lock()
 
@@ -50,10 +50,23 @@ class LimitSync:
         k = item.key
         return self.keys("limits", k.scope, k.name, k.kind.value, str(item.index))
 
-    async def warm(self) -> None:
-        """Before a sandbox's first decision here: learn the fleet's counts (bounded by the
-        redis timeout; when redis fails the decision goes on with the local view)."""
-        await self.sync_once()
+    async def learn(self, tenant: str, sandbox: str, limits: Limits | None) -> None:
+        """Before the decisions on a sandbox new here: learn the fleet's counts with one sync.
+        Requests that arrive while it runs wait for the same sync (none is decided blind).
+        Bounded by the redis timeout; skipped while redis is known down (the local view decides)."""
+        key = (tenant, sandbox)
+        running = self._learning.get(key)
+        if running is not None:
+            await running.wait()
+            return
+        if not self.limiter.prepare(tenant, sandbox, limits) or not self.healthy:
+            return
+        done = self._learning[key] = asyncio.Event()
+        try:
+            await self.sync_once()
+        finally:
+            done.set()
+            del self._learning[key]
 
     async def sync_once(self) -> bool:
         """One round trip: push deltas, merge fleet totals. False (and logged) when redis failed."""
@@ -93,9 +106,7 @@ class LimitSync:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
-            self._wake.clear()
+            await asyncio.sleep(self.interval)
             try:
                 await self.sync_once()
             except Exception:

@@ -239,7 +239,7 @@ class Gateway:
                 Keys(config.redis.prefix),
                 config.limits.sync_interval_seconds,
             )
-            self.ctx.limit_warmup = self.limit_sync.warm
+            self.ctx.limit_learn = self.limit_sync.learn
         self.dns: DnsListener | None = None
         if config.dns is not None:
             self.dns = DnsListener(
