@@ -27,6 +27,7 @@ from sandgate.policy.reasons import Reason
 
 from .context import GatewayContext
 from .gate import CREDENTIALS_KEY, PENDING_KEY
+from .limits import body_length_unknown, declared_length
 from .metrics import METRICS
 from .records import DecisionContext, decision_record
 from .respond import denied_response
@@ -260,31 +261,19 @@ def _replace_body(message: http.Message, body: bytes) -> None:
         message.headers["content-length"] = str(len(body))
 
 
-def _declared_length(message: http.Message) -> int | None:
-    try:
-        length = message.headers.get("content-length")
-        return int(length) if length is not None else None
-    except ValueError:
-        return None
-
-
 def _request_streamed(request: http.Request) -> bool:
     """Whether a request body is too large, or of unknown size, to buffer and scan first.
 
     HTTP/2 and chunked bodies without a length count as unknown: mitmproxy would start
     streaming them upstream past 1 MiB, before the broker saw them.
     """
-    length = _declared_length(request)
-    if length is not None:
-        return length > MAX_BUFFERED_BODY
-    if "chunked" in request.headers.get("transfer-encoding", "").lower():
-        return True
-    return not request.http_version.startswith("HTTP/1")
+    length = declared_length(request)
+    return length > MAX_BUFFERED_BODY if length is not None else body_length_unknown(request)
 
 
 def _response_buffered(response: http.Response) -> bool:
     """Whether mitmproxy will hand the `response` hook the whole body (a known, small length)."""
-    length = _declared_length(response)
+    length = declared_length(response)
     return length is not None and length <= MAX_BUFFERED_BODY
 
 

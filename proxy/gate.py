@@ -191,7 +191,7 @@ class Gate:
                 sni=state.sni,
                 query=flow.request.path.partition("?")[2],
                 headers=tuple(flow.request.headers.items(multi=True)),
-                body_size=_declared_length(flow.request),
+                body_size=declared_length(flow.request),
                 client=_client_ip(flow),
             )
             decision = await self.ctx.decide(dctx.identity, request, address=address)
@@ -474,14 +474,6 @@ def _sni_matches(sni: str | None, host: str | None) -> bool:
 def _client_ip(flow: http.HTTPFlow) -> str | None:
     peer = flow.client_conn.peername
     return str(peer[0]) if peer else None
-
-
-def _declared_length(request: http.Request) -> int | None:
-    try:
-        length = request.headers.get("content-length")
-        return int(length) if length is not None else None
-    except ValueError:
-        return None
 
 
 def _match_path(path: str) -> str:

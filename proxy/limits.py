@@ -47,10 +47,10 @@ def head_bytes(request: http.Request) -> int:
     return size + 2
 
 
-def declared_length(request: http.Request) -> int | None:
-    """The Content-Length, or None when absent or unparseable."""
+def declared_length(message: http.Message) -> int | None:
+    """The Content-Length of a request or response, or None when absent or unparseable."""
     try:
-        length = request.headers.get("content-length")
+        length = message.headers.get("content-length")
         return int(length) if length is not None else None
     except ValueError:
         return None
