@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +99,14 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
 
 def _through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
     if args.sandbox_command == "add":
-        entry = _sandbox_from_args(args).model_dump(exclude_none=True)
-        result = admin_client.add_sandbox(config, entry)
+        sandbox = _sandbox_from_args(args)
+        entry = sandbox.model_dump(exclude_none=True)
+        if config.redis is not None and sandbox.interface:
+            # A fleet gateway's store is redis: this host's rules are this command's to install.
+            current = [DynamicSandbox.model_validate(e) for e in admin_client.list_sandboxes(config)]
+            result = _rules_first(config, sandbox, current, lambda: admin_client.add_sandbox(config, entry))
+        else:
+            result = admin_client.add_sandbox(config, entry)
         print(
             f"registered {entry['id']} (tenant {entry['tenant']}); policy version {result['policy_version']}"
         )
@@ -156,19 +162,34 @@ def _fleet_store(config: GatewayConfig) -> RedisSandboxStore:
 
 
 def _fleet_add(config: GatewayConfig, sandbox: DynamicSandbox) -> None:
-    """Register in redis, then install host rules for the sandboxes on this host's interfaces."""
+    """Install host rules for the sandboxes on this host's interfaces, then register in redis."""
 
-    async def add() -> list[DynamicSandbox]:
+    async def run[T](work: Callable[[RedisSandboxStore], Awaitable[T]]) -> T:
         store = _fleet_store(config)
         try:
-            await store.add(sandbox)
-            return await store.list()
+            return await work(store)
         finally:
             await store.client.aclose()
 
-    everything = _run_store(add())
-    if sandbox.interface:
-        apply_host_rules(config, [*everything, *registered(config)])
+    if not sandbox.interface:
+        _run_store(run(lambda store: store.add(sandbox)))
+        return
+    current = _run_store(run(lambda store: store.list()))
+    _rules_first(config, sandbox, current, lambda: _run_store(run(lambda store: store.add(sandbox))))
+
+
+def _rules_first[R](
+    config: GatewayConfig, sandbox: DynamicSandbox, current: list[DynamicSandbox], add: Callable[[], R]
+) -> R:
+    """Anti-spoofing rules for the new interface before its address means an identity anywhere;
+    when registering fails, the rules go back to what they were."""
+    others = [s for s in current if s.id != sandbox.id]
+    apply_host_rules(config, [*others, sandbox, *registered(config)])
+    try:
+        return add()
+    except BaseException:
+        apply_host_rules(config, [*others, *registered(config)])
+        raise
 
 
 def _fleet_list(config: GatewayConfig) -> list[DynamicSandbox]:
