@@ -31,3 +31,11 @@ class Reason(StrEnum):
     INTERNAL_ERROR = "internal_error"
     # A request line or Host the gateway cannot parse into one unambiguous destination.
     INVALID_REQUEST = "invalid_request"
+    # A placeholder-shaped value this gateway did not mint (another gateway's key, a forgery).
+    UNKNOWN_PLACEHOLDER = "unknown_placeholder"
+    # A request or response head over the size or count cap (431, then the connection closes).
+    HEADER_TOO_LARGE = "header_too_large"
+    # An `Upgrade` (WebSocket, h2c, ...) no rule allows, or an unexpected 101 from upstream.
+    UPGRADE_NOT_ALLOWED = "upgrade_not_allowed"
+    # An allowed destination that could not be reached (502) or did not answer in time (504).
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
