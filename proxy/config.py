@@ -26,6 +26,7 @@ __all__ = [
     "GatewayConfig",
     "LimitsConfig",
     "ListenerConfig",
+    "PassthroughConfig",
     "RedisConfig",
     "ResolverConfig",
     "TransparentConfig",
@@ -115,6 +116,19 @@ class UpstreamConfig(_Strict):
     """How the gateway talks to upstream servers."""
 
     trusted_ca: str | None = Field(default=None, description="PEM bundle trusted for upstream TLS")
+
+
+class PassthroughConfig(_Strict):
+    """TLS tunnels the gateway passes through without intercepting."""
+
+    require_sni: bool = Field(
+        default=True,
+        description=(
+            "a passthrough tunnel to a host allowed by name needs a ClientHello whose SNI names that "
+            "host (sni_mismatch otherwise); false admits clients that send no SNI, which lets them "
+            "pick any site the pinned server hosts by its inner Host"
+        ),
+    )
 
 
 class DnsListenerConfig(_Strict):
@@ -297,6 +311,7 @@ class GatewayConfig(_Strict):
     address_guard: AddressGuardConfig = Field(default_factory=AddressGuardConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    passthrough: PassthroughConfig = Field(default_factory=PassthroughConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     reload: ReloadConfig = Field(default_factory=ReloadConfig)
     redis: RedisConfig | None = Field(default=None, description="fleet mode's shared state (off when unset)")

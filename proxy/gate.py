@@ -51,8 +51,10 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 class Gate:
     """Decides at CONNECT, ClientHello and per request; guards every upstream connection."""
 
-    def __init__(self, ctx: GatewayContext) -> None:
+    def __init__(self, ctx: GatewayContext, *, require_sni: bool = True) -> None:
         self.ctx = ctx
+        # Passthrough tunnels to hosts allowed by name need an SNI naming the host.
+        self.require_sni = require_sni
 
     # -- CONNECT -----------------------------------------------------------------------------
 
@@ -116,12 +118,14 @@ class Gate:
                 identity=state.identity,
             )
             decision = state.tunnel_decision
-            if not _sni_matches(raw_sni, state.tunnel_host):
+            problem = _sni_problem(raw_sni, state.tunnel_host, decision, require_sni=self.require_sni)
+            if problem is not None:
                 decision = Decision(
                     reason=Reason.SNI_MISMATCH,
                     policy_version=decision.policy_version,
                     mode=decision.mode,
                     address=decision.address,
+                    detail=problem,
                 )
             queued = await self._record(dctx, decision)
             if not decision.allowed or not queued:
@@ -454,21 +458,27 @@ def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, streamed: bo
     )
 
 
-def _sni_matches(sni: str | None, host: str | None) -> bool:
-    """An absent SNI is accepted (the address is pinned anyway); a present one must name the host.
+def _sni_problem(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> str | None:
+    """Why a ClientHello's SNI does not fit the tunnel, or None.
 
-    A tunnel to an IP literal was allowed by a network rule for that address: any SNI will do.
+    A present SNI must name the CONNECT host (compared normalised: case, trailing dot). An
+    absent one is accepted where the gateway sees every request anyway (intercepted), where
+    a network rule allowed the address (a tunnel to an IP literal, any SNI will do), and on
+    `protocol: tcp` tunnels (any bytes may pass). A passthrough tunnel to a name needs one:
+    without it the server picks a default site and routes by the inner Host, which the
+    gateway cannot see (domain fronting), unless the operator admits such clients.
     """
-    if sni is None:
-        return True
     if host is None:
-        return False
+        return "no tunnel host"
     if literal_ip(host) is not None:
-        return True
+        return None
+    if sni is None:
+        passthrough = not decision.inspect and not decision.raw_tcp
+        return "no SNI on a passthrough tunnel" if passthrough and require_sni else None
     try:
-        return normalise_host(sni) == host
+        return None if normalise_host(sni) == host else "SNI does not name the CONNECT host"
     except HostError:
-        return False
+        return "SNI is not a host name"
 
 
 def _client_ip(flow: http.HTTPFlow) -> str | None:

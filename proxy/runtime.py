@@ -279,7 +279,7 @@ class Gateway:
             Transparent(self.ctx),
             next_layer.NextLayer(),
             tlsconfig.TlsConfig(),
-            Gate(self.ctx),
+            Gate(self.ctx, require_sni=config.passthrough.require_sni),
             CredentialBroker(self.ctx),
             UpstreamTiming(),
             _Lifecycle(self),
