@@ -97,7 +97,13 @@ class AuditConfig(_Strict):
     backups: Annotated[int, Field(ge=1, le=1000)] = 10
     queue_size: Annotated[int, Field(ge=1)] = 10_000
     max_wait_seconds: Annotated[float, Field(ge=0)] = 5.0
-    fsync: bool = False
+    fsync: Literal["off", "per_batch"] = Field(
+        default="off",
+        description=(
+            "per_batch: each batch is fsynced and a decision (an answered request) waits until "
+            "its record is on disk; off: written by the writer thread at its pace, not fsynced"
+        ),
+    )
     stdout: bool = False
     # The fleet audit stream (used when `redis:` is set).
     stream_dedupe_ttl_seconds: Annotated[int, Field(ge=60)] = Field(
@@ -110,6 +116,14 @@ class AuditConfig(_Strict):
     gateway_name: str | None = Field(
         default=None, description="this gateway's name in stream entries (`gw`); default: the host name"
     )
+
+    @field_validator("fsync", mode="before")
+    @classmethod
+    def _fsync_bool(cls, v: object) -> object:
+        # `fsync: true|false` from configs written before per_batch existed.
+        if isinstance(v, bool):
+            return "per_batch" if v else "off"
+        return v
 
 
 class UpstreamConfig(_Strict):

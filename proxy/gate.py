@@ -202,6 +202,10 @@ class Gate:
             if not decision.allowed or decision.address is None:
                 await self._deny_flow(flow, dctx, decision)
                 return
+            # Nothing goes upstream without a place for its record (completed when it ends).
+            if not await self.ctx.audit.reserve(dctx.decision_id):
+                await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
+                return
             await self._learn_fleet_counts(dctx.identity)
             exceeded = self._admit(flow, dctx, decision)
             if exceeded is not None:

@@ -33,6 +33,8 @@ class GatewayGauges:
     reload_failures: Callable[[], int]
     # The audit engineer's spooling sink provides this; 0 until then.
     spooled: Callable[[], int] = lambda: 0
+    # Decisions denied without an audit record (no place in the audit queue).
+    audit_unrecorded: Callable[[], int] = lambda: 0
 
 
 class _GatewayCollector(Collector):
@@ -47,6 +49,11 @@ class _GatewayCollector(Collector):
         )
         yield GaugeMetricFamily(
             "sandgate_audit_spooled_records", "Audit records buffered on disk for a failed sink", g.spooled()
+        )
+        yield CounterMetricFamily(
+            "sandgate_audit_unrecorded_denials",
+            "Requests and connections denied without an audit record (no place in the audit queue)",
+            g.audit_unrecorded(),
         )
         info = GaugeMetricFamily(
             "sandgate_policy_version_info", "The policy version in force", labels=["version"]

@@ -212,14 +212,19 @@ class Gateway:
                 config.audit_path,
                 max_bytes=config.audit.max_bytes,
                 backups=config.audit.backups,
-                fsync=config.audit.fsync,
+                fsync=config.audit.fsync == "per_batch",
             )
         ]
         if config.audit.stdout:
             sinks.append(StdoutSink())
         if config.redis is not None:
             sinks.append(build_stream_sink(config, config.redis))
-        audit = AuditLog(sinks, queue_size=config.audit.queue_size, max_wait=config.audit.max_wait_seconds)
+        audit = AuditLog(
+            sinks,
+            queue_size=config.audit.queue_size,
+            max_wait=config.audit.max_wait_seconds,
+            acknowledge=config.audit.fsync == "per_batch",
+        )
         tcfg = config.transparent
         self.ctx = GatewayContext(
             policy=policy,
@@ -366,6 +371,7 @@ class Gateway:
                 policy_version=lambda: self.ctx.policy.version,
                 reload_failures=lambda: self.reloader.failures,
                 spooled=lambda: self.ctx.audit.stream.spool_depth if self.ctx.audit.stream else 0,
+                audit_unrecorded=lambda: self.ctx.audit.unrecorded,
             )
         )
 

@@ -8,11 +8,15 @@ import threading
 from pathlib import Path
 
 import pytest
+import redis
+from support import SmallDisk, free_port
 
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.audit import AuditLog, JsonlFileSink
+from sandgate.proxy.audit_redis import RedisStreamSink
 from sandgate.proxy.records import DecisionContext, decision_record, new_decision_id, redact_query
+from sandgate.proxy.redis_conn import Keys
 
 
 def _lines(path: Path) -> list[dict[str, object]]:
@@ -70,7 +74,7 @@ async def test_a_failing_sink_is_retried_and_a_full_queue_pushes_back_without_dr
     # (the caller then denies the connection), never silently dropped.
     refused = results.count(False)
     assert refused >= 1
-    assert audit.overflow_denials == refused
+    assert audit.unrecorded == refused
     assert sink.failures >= 1
     sink.release.set()
     audit.close()
@@ -138,3 +142,113 @@ def test_decision_record_fields() -> None:
     assert isinstance(rec["time"], float), "rendered by the writer thread, not on the hot path"
     ids = {new_decision_id() for _ in range(1000)}
     assert len(ids) == 1000
+
+
+# -- durability: a full disk, a full queue, acknowledged writes --------------------------------
+
+
+def _ids(path: Path) -> list[str]:
+    return [str(r["decision_id"]) for r in _lines(path)]
+
+
+def _decision(n: int) -> dict[str, object]:
+    return {"event": "decision", "decision_id": new_decision_id(), "n": n, "pad": "x" * 200}
+
+
+@pytest.mark.root
+async def test_a_full_disk_is_retried_and_each_record_written_once_after_a_partial_write(
+    tmp_path: Path,
+) -> None:
+    with SmallDisk(tmp_path / "disk", size="1m") as disk:
+        path = disk.path / "a.jsonl"
+        audit = AuditLog([JsonlFileSink(path, max_bytes=10**8, backups=1)], log_events=False)
+        audit.start()
+        for i in range(3):
+            assert await audit.emit(_decision(i))
+        while audit.depth or audit.written < 3:
+            await asyncio.sleep(0.01)
+        disk.fill()  # the file's last page still has room: the next batch is written in part
+        sent = [_decision(i) for i in range(3, 60)]
+        for r in sent:
+            assert await audit.emit(r)
+        await asyncio.sleep(1.0)  # several failed attempts (50 ms doubling)
+        assert audit.written < 60, "the disk is full: a batch is held and retried"
+        disk.free()
+        audit.close()
+        ids = _ids(path)
+    assert len(ids) == len(set(ids)) == 60
+    assert [r["n"] for r in _lines_of(ids, sent)] == list(range(3, 60))
+
+
+def _lines_of(ids: list[str], sent: list[dict[str, object]]) -> list[dict[str, object]]:
+    order = {i: n for n, i in enumerate(ids)}
+    return sorted(sent, key=lambda r: order[str(r["decision_id"])])
+
+
+@pytest.mark.root
+async def test_a_full_disk_under_the_stream_spool_is_retried_without_duplicates(tmp_path: Path) -> None:
+    # No redis at this port: every record goes to the spool, which sits on a disk that fills.
+    client = redis.Redis(host="127.0.0.1", port=free_port(), socket_timeout=0.2, socket_connect_timeout=0.2)
+    with SmallDisk(tmp_path / "disk", size="1m") as disk:
+        spool = disk.path / "stream.spool"
+        sink = RedisStreamSink(client, Keys("t:"), spool, maxlen=1000, dedupe_ttl=3600, gateway="gw")
+        audit = AuditLog([sink], log_events=False)
+        audit.start()
+        for i in range(3):
+            assert await audit.emit(_decision(i))
+        while audit.written < 3:
+            await asyncio.sleep(0.01)
+        disk.fill()
+        for i in range(3, 60):
+            assert await audit.emit(_decision(i))
+        await asyncio.sleep(1.0)
+        assert audit.written < 60, "the disk is full: a batch is held and retried"
+        disk.free()
+        audit.close()
+        ids = _ids(spool)
+    assert len(ids) == len(set(ids)) == 60
+
+
+async def test_a_reserved_place_takes_its_record_even_when_the_queue_is_full() -> None:
+    sink = BlockedSink()
+    audit = AuditLog([sink], queue_size=2, max_wait=0.3, log_events=False)
+    audit.start()
+    assert await audit.emit({"event": "decision", "decision_id": "held"})
+    await asyncio.sleep(0.05)  # the writer holds it, retrying
+    assert await audit.reserve("a") and await audit.reserve("b")
+    started = asyncio.get_running_loop().time()
+    assert not await audit.reserve("c"), "no place: the request is denied"
+    assert asyncio.get_running_loop().time() - started >= 0.25
+    # Its denial record finds no place either: counted, without waiting a second time.
+    started = asyncio.get_running_loop().time()
+    assert not await audit.emit({"event": "decision", "decision_id": "c", "decision": "deny"})
+    assert asyncio.get_running_loop().time() - started < 0.1
+    assert audit.unrecorded == 1
+    # The reserved records never wait, even with the queue full.
+    assert await asyncio.wait_for(audit.emit({"event": "decision", "decision_id": "a"}), 0.1)
+    audit.emit_nowait({"event": "decision", "decision_id": "b"})
+    sink.release.set()
+    audit.close()
+    assert [json.loads(line)["decision_id"] for line in sink.lines] == ["held", "a", "b"]
+
+
+async def test_in_acknowledge_mode_emit_returns_once_the_record_is_written() -> None:
+    sink = BlockedSink()
+    audit = AuditLog([sink], log_events=False, acknowledge=True)
+    audit.start()
+    waiting = asyncio.ensure_future(audit.emit({"event": "decision", "decision_id": "x"}))
+    await asyncio.sleep(0.3)
+    assert not waiting.done(), "not on disk yet: the caller (the response) waits"
+    sink.release.set()
+    assert await asyncio.wait_for(waiting, 5)
+    assert [json.loads(line)["decision_id"] for line in sink.lines] == ["x"]
+    audit.close()
+
+
+def test_a_torn_last_line_is_cut_when_the_file_is_opened(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"n":1}\n{"n":2}\n{"n":3,"dec')
+    sink = JsonlFileSink(path, max_bytes=10**6, backups=1)
+    sink.write(['{"n":4}\n'])
+    sink.close()
+    assert [r["n"] for r in _lines(path)] == [1, 2, 4]

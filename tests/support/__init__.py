@@ -7,6 +7,7 @@ from .dnsserver import DNSQuery, ScriptedDNSServer
 from .pki import TestPKI
 from .ports import free_port, wait_for_port
 from .redisserver import RedisServer
+from .smalldisk import SmallDisk
 from .upstream import RecordedConnection, RecordedRequest, RecordingUpstream
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "RecordingUpstream",
     "RedisServer",
     "ScriptedDNSServer",
+    "SmallDisk",
     "TestPKI",
     "free_port",
     "wait_for_port",
