@@ -15,6 +15,7 @@ spool replayed after a longer gap may repeat at most the batch that was in fligh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -162,6 +163,8 @@ class RedisStreamSink:
             self._thread.join(timeout)
             self._thread = None
         with self._lock:
+            with contextlib.suppress(OSError):
+                os.fsync(self._fd)  # each append is fsynced already; this is the last word
             os.close(self._fd)
             self._fd = -1
         self._client.close()

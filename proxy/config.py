@@ -126,6 +126,15 @@ class AuditConfig(_Strict):
         return v
 
 
+class ShutdownConfig(_Strict):
+    """What SIGTERM/SIGINT does: drain in-flight work, then stop."""
+
+    drain_seconds: Annotated[float, Field(ge=0)] = Field(
+        default=10.0,
+        description="how long in-flight requests and tunnels may take to finish before they are cut",
+    )
+
+
 class UpstreamConfig(_Strict):
     """How the gateway talks to upstream servers."""
 
@@ -331,6 +340,7 @@ class GatewayConfig(_Strict):
     redis: RedisConfig | None = Field(default=None, description="fleet mode's shared state (off when unset)")
     admin: AdminConfig = Field(default_factory=AdminConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
     # Filled in by load_config: the folder relative paths are resolved against.
     base_dir: str = Field(default=".", exclude=True)
 

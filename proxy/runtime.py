@@ -45,6 +45,7 @@ from .credential_store import stored_secrets
 from .credential_watch import CredentialWatcher
 from .credentials import configure_broker
 from .dnslistener import DnsListener
+from .drain import DrainEnd, Drainer, DrainStart
 from .fleet_channel import publish_reload_with
 from .fleet_sync import FleetRegistrySync, default_gateway_id
 from .gate import Gate
@@ -276,6 +277,8 @@ class Gateway:
         self.exit_code = 0
         self.listen_addrs: list[tuple[str, int]] = []
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
+        self.drainer = Drainer(self.ctx, self.master)
+        self._drain_task: asyncio.Future[None] | None = None
         # Pipeline order: identity and transparent steering come before mitmproxy's layer
         # selection (so a raw-TCP approval picks the layer), decisions after it.
         self.master.addons.add(
@@ -284,9 +287,11 @@ class Gateway:
             Transparent(self.ctx),
             next_layer.NextLayer(),
             tlsconfig.TlsConfig(),
+            DrainStart(self.drainer),
             Gate(self.ctx, require_sni=config.passthrough.require_sni),
             CredentialBroker(self.ctx),
             UpstreamTiming(),
+            DrainEnd(self.drainer),  # after every addon that records
             _Lifecycle(self),
         )
         trusted = config.upstream.trusted_ca
@@ -376,8 +381,24 @@ class Gateway:
         )
 
     def shutdown(self) -> None:
-        """Stop serving; run() returns once connections and the audit queue are closed."""
+        """Stop serving now; run() returns once connections and the audit queue are closed."""
         self.master.shutdown()
+
+    def terminate(self) -> None:
+        """SIGTERM/SIGINT: drain in-flight work (up to shutdown.drain_seconds), then stop;
+        a second signal ends the drain at once (what was decided is still recorded)."""
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain_and_stop())
+        else:
+            self.drainer.cut_now()
+
+    async def _drain_and_stop(self) -> None:
+        try:
+            await self.drainer.drain(self.config.shutdown.drain_seconds)
+        except Exception:
+            log.exception("gateway.drain_failed")
+        finally:
+            self.shutdown()
 
     async def run(self, *, signals: bool = True) -> int:
         """Serve until shutdown (SIGTERM/SIGINT when `signals`); SIGHUP reloads the policy."""
@@ -393,7 +414,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.shutdown)
+                loop.add_signal_handler(sig, self.terminate)
             loop.add_signal_handler(
                 signal.SIGHUP, lambda: asyncio.ensure_future(self.reloader.reload("sighup"))
             )
