@@ -17,6 +17,12 @@ Rows:
   process: wall time and peak RSS (`ru_maxrss`); the first row, `stats` over a 1 MB file, is
   the baseline (interpreter and imports) to compare with (`--size-mb 0` skips them).
 
+- `gateway, fsync off|per_batch, cC`: requests/s through a real `sandgate run` (regular mode,
+  plain HTTP, keep-alive, C concurrent connections, bench/loadclient.py) in front of a loopback
+  upstream, with `audit.fsync: off` and `per_batch` (each response waits for its record's
+  batch to be written and fsynced; the audit file on the state dir's disk under /tmp);
+  `--gateway-seconds 0` skips them.
+
 Records/s is N / wall time. Single run, one machine: noisy (2 shared cores).
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -37,15 +44,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from support import RedisServer  # noqa: E402
+from conftest import SANDGATE, TOKEN, UPSTREAM_IP, tenant_yaml, write_gateway_files  # noqa: E402
+from support import RecordingUpstream, RedisServer, wait_for_port  # noqa: E402
 
 from sandgate.policy.decision import Decision, Identity, Phase  # noqa: E402
 from sandgate.policy.reasons import Reason  # noqa: E402
 from sandgate.proxy.audit import AuditLog, AuditSink, JsonlFileSink  # noqa: E402
-from sandgate.proxy.audit_redis import RedisStreamSink, connect_sync  # noqa: E402
+from sandgate.proxy.audit_redis import RedisStreamSink  # noqa: E402
 from sandgate.proxy.config import RedisConfig  # noqa: E402
 from sandgate.proxy.records import DecisionContext, decision_record  # noqa: E402
-from sandgate.proxy.redis_conn import Keys  # noqa: E402
+from sandgate.proxy.redis_conn import Keys, connect_sync  # noqa: E402
 
 
 def record(i: int) -> dict[str, Any]:
@@ -163,10 +171,66 @@ def big_file_rows(tmp: Path, size_mb: int) -> list[dict[str, Any]]:
     return rows
 
 
+def gateway_row(
+    root: Path, upstream: RecordingUpstream, fsync: str, concurrency: int, seconds: float
+) -> dict[str, Any]:
+    """Requests/s through a real gateway with `audit.fsync: fsync`."""
+    tenants = {"t1.yaml": tenant_yaml("t1", [{"hosts": ["api.test"], "ports": [upstream.port]}])}
+    config, port = write_gateway_files(
+        root, tenants, config={"log": {"level": "warning"}, "audit": {"fsync": fsync}}
+    )
+    with open(root / "gateway.log", "wb") as log:
+        proc = subprocess.Popen(
+            [SANDGATE, "run", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        wait_for_port("127.0.0.1", port, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable, str(REPO / "bench" / "loadclient.py"),
+                "--address", f"127.0.0.1:{port}", "--url", f"http://api.test:{upstream.port}/x",
+                "--proxy", "--auth", f"sb1:{TOKEN}", "--concurrency", str(concurrency),
+                "--duration", str(seconds), "--warmup", "1",
+            ],
+            capture_output=True, text=True, timeout=seconds + 60, check=True,
+        )  # fmt: skip
+        result = json.loads(out.stdout)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    audit = root / "state" / "audit" / "audit.jsonl"
+    records = sum(1 for _ in audit.open()) if audit.exists() else 0
+    return {
+        "row": f"gateway, fsync {fsync}, c{concurrency}",
+        "rps": round(result["rps"]),
+        "p50_ms": result["p50_ms"],
+        "p99_ms": result["p99_ms"],
+        "errors": result["errors"],
+        "records": records,
+    }
+
+
+def gateway_rows(tmp: Path, seconds: float) -> list[dict[str, Any]]:
+    rows = []
+    with RecordingUpstream(UPSTREAM_IP, name="bench") as upstream:
+        for concurrency in (10, 1):
+            for fsync in ("off", "per_batch"):
+                upstream.reset()
+                root = tmp / f"gw-{fsync}-{concurrency}"
+                rows.append(gateway_row(root, upstream, fsync, concurrency, seconds))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000, help="records per writer row (100000)")
     parser.add_argument("--size-mb", type=int, default=1024, help="big-file size in MB (1024; 0 skips)")
+    parser.add_argument(
+        "--gateway-seconds", type=float, default=5.0, help="load per gateway row (5; 0 skips them)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sandgate-bench-audit-"))
@@ -186,6 +250,8 @@ def main() -> int:
         rows.append(replay_row(server, tmp, n))
         if args.size_mb:
             rows.extend(big_file_rows(tmp, args.size_mb))
+        if args.gateway_seconds:
+            rows.extend(gateway_rows(tmp, args.gateway_seconds))
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -120,12 +120,11 @@ class Drainer:
         ps = self._master.addons.get("proxyserver")
         if ps is None:
             return
-        for server in list(ps.servers):
-            if server.is_running:
-                try:
-                    await server.stop()
-                except Exception:
-                    log.exception("gateway.listener_stop_failed", listener=server.mode.full_spec)
+        try:
+            # Open connections stay; only the listening sockets close.
+            await ps.servers.update([])
+        except Exception:
+            log.exception("gateway.listener_stop_failed")
 
     def _handlers(self) -> list[Any]:
         ps = self._master.addons.get("proxyserver")
