@@ -10,7 +10,7 @@ dev=0
 [[ "${1:-}" == "--dev" ]] && dev=1
 
 packages=(curl ca-certificates iproute2 nftables)
-if (( dev )); then packages+=(redis-server wrk); fi
+if (( dev )); then packages+=(redis-server wrk nginx-light); fi
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

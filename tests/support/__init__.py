@@ -1,9 +1,11 @@
-"""Real servers on loopback for end-to-end tests: a recording HTTP(S) upstream, a scripted
-DNS server, a throwaway PKI, and port helpers. Each server binds port 0 by default,
-serves from a background thread, and is used as a context manager or with start()/stop().
+"""Real servers on loopback for end-to-end tests: a recording HTTP(S) upstream, nginx with
+default settings, a scripted DNS server, a throwaway PKI, and port helpers. Each server
+binds port 0 by default (nginx gets a free port), serves from a background thread (nginx
+from a child process), and is used as a context manager or with start()/stop().
 """
 
 from .dnsserver import DNSQuery, ScriptedDNSServer
+from .nginx import NginxRequest, NginxServer
 from .pki import TestPKI
 from .ports import free_port, wait_for_port
 from .redisserver import RedisServer
@@ -12,6 +14,8 @@ from .upstream import RecordedConnection, RecordedRequest, RecordingUpstream
 
 __all__ = [
     "DNSQuery",
+    "NginxRequest",
+    "NginxServer",
     "RecordedConnection",
     "RecordedRequest",
     "RecordingUpstream",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import ssl
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from .dnsserver import Answers, ScriptedDNSServer
+from .nginx import NginxServer
 from .pki import TestPKI
 from .ports import free_port, wait_for_port
 from .upstream import RecordingUpstream
@@ -283,3 +285,39 @@ def test_dns_stops_with_an_idle_tcp_client_connected() -> None:
         idle.recv(65535)
         server.stop()
         assert idle.recv(1) == b""
+
+
+def _raw_get(host: str, port: int, target: str) -> bytes:
+    """One HTTP/1.1 GET with the target exactly as given (no client normalises it)."""
+    with socket.create_connection((host, port), timeout=5) as s:
+        s.sendall(f"GET {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    return data
+
+
+def test_nginx_with_default_settings_merges_slashes_before_dot_segments(tmp_path: Path) -> None:
+    with NginxServer(tmp_path / "nginx") as nginx:
+        assert nginx.process is not None
+        pid = nginx.process.pid
+        assert _raw_get(nginx.host, nginx.port, "/v1/x").endswith(b"v1 /v1/x\n")
+        assert _raw_get(nginx.host, nginx.port, "/v1//../admin").endswith(b"admin /admin\n")
+        assert _raw_get(nginx.host, nginx.port, "/elsewhere").endswith(b"other /elsewhere\n")
+        assert [(r.raw, r.uri, r.location) for r in nginx.requests()] == [
+            ("/v1/x", "/v1/x", "v1"),
+            ("/v1//../admin", "/admin", "admin"),
+            ("/elsewhere", "/elsewhere", "other"),
+        ]
+        nginx.reset()
+        assert nginx.requests() == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_nginx_serves_https_with_the_test_pki(tmp_path: Path, pki: TestPKI) -> None:
+    with NginxServer(tmp_path / "nginx", "127.0.0.1", tls=pki) as nginx:
+        ctx = ssl.create_default_context(cafile=str(pki.ca_file))
+        with httpx.Client(verify=ctx, timeout=5) as client:
+            resp = client.get(f"https://{nginx.host}:{nginx.tls_port}/admin/x")
+        assert (resp.status_code, resp.text, resp.headers["X-Location"]) == (200, "admin /admin/x\n", "admin")
