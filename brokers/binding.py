@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandgate.policy.errors import HostError
-from sandgate.policy.hosts import normalise_host, normalise_path
+from sandgate.policy.hosts import normalise_host
+from sandgate.policy.paths import normalise_path
 
 from .errors import BrokerConfigError
 from .models import AwsSigV4Inject, BodyInject, Credential, QueryInject

@@ -1,9 +1,9 @@
-"""Canonical forms of hosts, authorities and request paths, for matching. No I/O.
+"""Canonical forms of hosts and authorities, for matching (request paths: `paths`). No I/O.
 
 A guest controls every byte of a URL, so each function here either returns the one
 form that every resolver, libc and browser would agree on, or raises `HostError`.
 The rules follow the WHATWG URL standard's host parser (percent-decode, UTS #46,
-"ends in a number" → IPv4) and RFC 3986 for paths, and refuse what they leave open.
+"ends in a number" → IPv4), and refuse what they leave open.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ipaddress import IPv4Address, IPv6Address
 import idna
 
 from .errors import HostError
+from .paths import normalise_path  # re-exported: paths lived here first
 
 __all__ = [
     "normalise_host",
@@ -353,89 +354,3 @@ def split_authority(authority: str, default_port: int) -> tuple[str, int]:
         if not 1 <= port <= 65535:
             raise _fail("port out of range 1..65535", authority)
     return normalise_host(host), port
-
-
-# --- paths ----------------------------------------------------------------------------
-
-_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-# RFC 3986 pchar minus unreserved and pct-encoded: sub-delims, ':' and '@'; plus '/'.
-_PATH_KEEP = frozenset(b"!$&'()*+,;=:@/")
-# %2F and %5C: an upstream that decodes before splitting sees another segment.
-_REFUSED_ESCAPES = {0x2F: "an encoded '/'", 0x5C: "an encoded backslash", 0x00: "an encoded NUL"}
-# %25 followed by these: a second decode (a proxy, then the app) yields a dot, slash or NUL.
-# Checked on the output, so "%25%32%45" (which becomes "%252E") is caught too.
-_DOUBLE_ENCODED_RE = re.compile(r"%25(?:2[eEfF]|5[cC]|00)")
-
-
-def _encode_path(target: str) -> str:
-    """Percent-decode unreserved bytes, uppercase other escapes, encode raw non-pchars."""
-    try:
-        data = target.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        raise HostError("path is not valid Unicode") from None
-    out: list[str] = []
-    i = 0
-    while i < len(data):
-        byte = data[i]
-        if byte == 0x25:  # '%'
-            pair = data[i + 1 : i + 3]
-            if len(pair) != 2 or not all(b in _HEX_DIGITS for b in pair):
-                raise HostError("path has an invalid percent-escape")
-            value = int(pair, 16)
-            if value in _REFUSED_ESCAPES:
-                raise HostError(f"path contains {_REFUSED_ESCAPES[value]}")
-            out.append(chr(value) if value in _UNRESERVED else f"%{value:02X}")
-            i += 3
-            continue
-        if byte == 0x00:
-            raise HostError("path contains NUL")
-        if byte == 0x5C:
-            raise HostError("path contains a backslash")
-        if byte <= 0x20 or byte == 0x7F:
-            raise HostError("path contains whitespace or a control character")
-        if byte in _UNRESERVED or byte in _PATH_KEEP:
-            out.append(chr(byte))
-        else:
-            # Not legal raw in a path (non-ASCII, '"', '<', '|', ...): one spelling only.
-            out.append(f"%{byte:02X}")
-        i += 1
-    return "".join(out)
-
-
-def _remove_dot_segments(path: str) -> str:
-    """RFC 3986 §5.2.4 remove_dot_segments for an absolute path."""
-    stack: list[str] = []
-    segments = path[1:].split("/")
-    for segment in segments:
-        if segment == ".":
-            continue
-        if segment == "..":
-            if stack:
-                stack.pop()
-            continue
-        stack.append(segment)
-    if segments[-1] in (".", ".."):
-        stack.append("")  # "/a/." and "/a/b/.." keep their trailing slash.
-    return "/" + "/".join(stack)
-
-
-def normalise_path(path: str) -> str:
-    """The canonical request path for glob matching: no query, no dot segments, one spelling."""
-    end = len(path)
-    for delimiter in "?#":
-        found = path.find(delimiter)
-        if 0 <= found < end:
-            end = found
-    target = path[:end]
-    if target == "*":
-        return "*"
-    if not target.startswith("/"):
-        raise HostError("path must start with '/'")
-    encoded = _encode_path(target)
-    if _DOUBLE_ENCODED_RE.search(encoded):
-        raise HostError("path contains a double-encoded dot, slash, backslash or NUL")
-    for segment in encoded.split("/"):
-        # Tomcat and Spring read "..;x" as "..": refuse rather than guess.
-        if ";" in segment and segment.partition(";")[0] in (".", ".."):
-            raise HostError("path has a dot segment with parameters")
-    return _remove_dot_segments(encoded)

@@ -169,7 +169,12 @@ def _compile_rules(
                 rule_id=f"{owner}/{kind}/{rule.id or i}",
                 ports=ports,
                 methods=frozenset(rule.methods) if rule.methods is not None else None,
-                paths=compile_path_globs(rule.paths) if rule.paths is not None else None,
+                # Deny globs fold case: "/ADMIN" must not slip past "/admin/**" to a server that folds it.
+                paths=(
+                    compile_path_globs(rule.paths, fold_case=kind == "deny")
+                    if rule.paths is not None
+                    else None
+                ),
                 inspect=rule.needs_inspection,
                 hosts=tuple(rule.hosts),
                 cidrs=tuple(rule.cidrs),

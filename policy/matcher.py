@@ -77,14 +77,26 @@ class RuleMatch:
     nearest: CompiledRule | None = None
 
 
-def compile_path_globs(globs: Iterable[str]) -> re.Pattern[str]:
-    """One anchored regex for a list of globs: `*` within a segment, `**` across, `?` one char."""
+# A sub-delimiter, ':' or '@' written in a glob matches its escape too: servers decode both alike.
+_EITHER_SPELLING = {c: f"(?:{re.escape(c)}|%{ord(c):02X})" for c in "!$&'()+,=:@"}
+
+
+def compile_path_globs(globs: Iterable[str], *, fold_case: bool = False) -> re.Pattern[str]:
+    """One anchored regex for a list of globs: `*` within a segment, `**` across, `?` one char.
+
+    A `/**` segment covers the path without it too: `/admin/**` matches `/admin`, `/a/**/b`
+    matches `/a/b`. With `fold_case` (deny rules), letters match in either case, as a
+    case-insensitive server (IIS, a case-folding framework) would read them.
+    """
     parts = []
     for glob in globs:
         out = []
         i = 0
         while i < len(glob):
-            if glob.startswith("**", i):
+            if glob.startswith("/**", i) and glob[i + 3 : i + 4] in ("", "/"):
+                out.append("(?:/.*)?")
+                i += 3
+            elif glob.startswith("**", i):
                 out.append(".*")
                 i += 2
             elif glob[i] == "*":
@@ -94,10 +106,11 @@ def compile_path_globs(globs: Iterable[str]) -> re.Pattern[str]:
                 out.append("[^/]")
                 i += 1
             else:
-                out.append(re.escape(glob[i]))
+                out.append(_EITHER_SPELLING.get(glob[i]) or re.escape(glob[i]))
                 i += 1
         parts.append("".join(out))
-    return re.compile("|".join(f"(?:{p})" for p in parts))
+    flags = re.IGNORECASE | re.ASCII if fold_case else 0
+    return re.compile("|".join(f"(?:{p})" for p in parts), flags)
 
 
 class RuleIndex:

@@ -16,6 +16,7 @@ from sandgate.brokers.models import Credential
 from .addresses import parse_network
 from .errors import HostError
 from .hosts import not_normal, parse_host_pattern, parse_ip_literal
+from .paths import glob_problem
 
 __all__ = [
     "BaseFile",
@@ -70,6 +71,9 @@ def check_method(value: str) -> str:
 def check_path_glob(value: str) -> str:
     if not _PATH_GLOB.match(value):
         raise ValueError(f"{value!r}: a path glob starts with '/' and has no spaces")
+    problem = glob_problem(value)
+    if problem is not None:
+        raise ValueError(f"{value!r}: {problem}")
     return value
 
 

@@ -39,10 +39,11 @@ from .decision import EgressRequest, Identity, Phase
 from .engine import PolicyEngine, make_engine
 from .errors import HostError, PolicyLoadError, SourceLocation
 from .guard import AddressGuard
-from .hosts import normalise_host, normalise_path
+from .hosts import normalise_host
 from .loader import load_policy_dir
 from .matcher import UNPARSEABLE_PATH
 from .models import NAME_PATTERN
+from .paths import normalise_path
 from .policyset import PolicySet
 from .reasons import Reason
 from .rego_compile import RegoTestResult, run_rego_tests

@@ -18,6 +18,7 @@ Every hook is guarded: an exception denies with `internal_error`, never lets tra
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import structlog
 from mitmproxy import http, tcp
@@ -27,14 +28,16 @@ from mitmproxy.tls import ClientHelloData
 from sandgate.policy.decide import literal_ip
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
-from sandgate.policy.hosts import normalise_host, normalise_path, split_authority
+from sandgate.policy.hosts import normalise_host, split_authority
 from sandgate.policy.limiter import LimitExceeded
-from sandgate.policy.matcher import UNPARSEABLE_PATH
+from sandgate.policy.paths import read_target
 from sandgate.policy.reasons import Reason
 
 from .context import ConnectionState, GatewayContext
+from .hopbyhop import strip_hop_by_hop
 from .identify import IDENTITY_KEY
 from .limits import body_length_unknown, body_meter, declared_length, head_bytes, tenant_limits
+from .readings import decide_readings
 from .records import DecisionContext, decision_record
 from .respond import denied_response, limited_response
 
@@ -177,6 +180,10 @@ class Gate:
         dctx = self._context(flow, Phase.REQUEST)
         try:
             state = self._state(flow)
+            strip_hop_by_hop(flow.request)
+            # What the rules match is what the upstream gets: the normalised path, no fragment.
+            reading = read_target(flow.request.path)
+            flow.request.path = reading.forward
             dctx.method = flow.request.method
             dctx.path = flow.request.path
             target = self._request_target(flow, state)
@@ -191,15 +198,21 @@ class Gate:
                 port,
                 scheme=flow.request.scheme,
                 method=flow.request.method,
-                path=_match_path(flow.request.path),
+                path=reading.path,
                 sni=state.sni,
-                query=flow.request.path.partition("?")[2],
+                query=reading.query,
                 headers=tuple(flow.request.headers.items(multi=True)),
                 body_size=declared_length(flow.request),
                 client=_client_ip(flow),
             )
             decision = await self.ctx.decide(dctx.identity, request, address=address)
+            if decision.allowed:
+                decision = await decide_readings(
+                    self.ctx.decide, dctx.identity, request, decision, address=address
+                )
             if not decision.allowed or decision.address is None:
+                if reading.problem and not decision.detail:
+                    decision = replace(decision, detail=reading.problem)
                 await self._deny_flow(flow, dctx, decision)
                 return
             # Nothing goes upstream without a place for its record (completed when it ends).
@@ -488,11 +501,3 @@ def _sni_problem(sni: str | None, host: str | None, decision: Decision, *, requi
 def _client_ip(flow: http.HTTPFlow) -> str | None:
     peer = flow.client_conn.peername
     return str(peer[0]) if peer else None
-
-
-def _match_path(path: str) -> str:
-    """The normalised path for glob matching, or a marker that no allow glob can match."""
-    try:
-        return normalise_path(path)
-    except HostError:
-        return UNPARSEABLE_PATH

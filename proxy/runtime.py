@@ -49,6 +49,7 @@ from .drain import DrainEnd, Drainer, DrainStart
 from .fleet_channel import publish_reload_with
 from .fleet_sync import FleetRegistrySync, default_gateway_id
 from .gate import Gate
+from .hopbyhop import HopByHop
 from .hostaddrs import own_addresses
 from .identify import Identify
 from .limits_sync import LimitSync
@@ -289,6 +290,7 @@ class Gateway:
             tlsconfig.TlsConfig(),
             DrainStart(self.drainer),
             Gate(self.ctx, require_sni=config.passthrough.require_sni),
+            HopByHop(),
             CredentialBroker(self.ctx),
             UpstreamTiming(),
             DrainEnd(self.drainer),  # after every addon that records

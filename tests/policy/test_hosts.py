@@ -1,4 +1,4 @@
-"""Tests for sandgate.policy.hosts: canonical hosts, authorities and paths."""
+"""Tests for sandgate.policy.hosts: canonical hosts and authorities (paths: test_paths.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import (
     normalise_host,
-    normalise_path,
     parse_ip_literal,
     split_authority,
 )
@@ -220,67 +219,6 @@ def test_split_authority_never_echoes_userinfo() -> None:
     assert "hunter2" not in str(caught.value)
 
 
-# --- normalise_path -------------------------------------------------------------------
-
-PATHS_OK = [
-    ("/", "/", "the root is unchanged"),
-    ("/a/b", "/a/b", "a plain path is unchanged"),
-    ("/a/b?x=1#f", "/a/b", "the query and fragment are dropped"),
-    ("/a#f?x", "/a", "a fragment before a question mark ends the path"),
-    ("*", "*", "an options asterisk is kept"),
-    ("*?x", "*", "an options asterisk loses a query"),
-    ("/a/./b/../c", "/a/c", "dot segments are resolved"),
-    ("/a/b/..", "/a/", "a final dot-dot keeps the trailing slash"),
-    ("/a/.", "/a/", "a final dot keeps the trailing slash"),
-    ("/../../etc", "/etc", "dot-dot cannot climb above the root"),
-    ("/a/%2e%2E/b", "/b", "encoded dots are dots"),
-    ("/a/.%2e/b", "/b", "a half-encoded dot-dot is a dot-dot"),
-    ("/%41%7e%2d%5F", "/A~-_", "unreserved escapes are decoded"),
-    ("/a%3fb", "/a%3Fb", "other escapes are kept with upper case hex"),
-    ("/a%2520", "/a%2520", "an encoded percent before harmless hex is kept"),
-    ("/a//b", "/a//b", "empty segments are not collapsed"),
-    ("/A/B", "/A/B", "case is not folded"),
-    ("/a;b/c", "/a;b/c", "path parameters on a name are kept"),
-    ("/\u00e4", "/%C3%A4", "a raw non-ascii character is percent-encoded"),
-    ("/a|b", "/a%7Cb", "a raw character illegal in a uri is percent-encoded"),
-    ("/$&'()*+,;=:@", "/$&'()*+,;=:@", "sub-delimiters, colon and at sign stay raw"),
-    ("/...", "/...", "three dots are an ordinary segment"),
-]
-
-
-@pytest.mark.parametrize(("path", "expected"), [c[:2] for c in PATHS_OK], ids=[c[2] for c in PATHS_OK])
-def test_normalise_path(path: str, expected: str) -> None:
-    assert normalise_path(path) == expected
-
-
-PATHS_BAD = [
-    ("", "start with '/'", "an empty path is refused"),
-    ("a/b", "start with '/'", "a relative path is refused"),
-    ("http://example.com/", "start with '/'", "an absolute url is refused"),
-    ("/a%2fb", "encoded '/'", "an encoded slash is refused"),
-    ("/a%2Fb", "encoded '/'", "an upper case encoded slash is refused"),
-    ("/a%5cb", "encoded backslash", "an encoded backslash is refused"),
-    ("/a\\b", "backslash", "a raw backslash is refused"),
-    ("/a%00b", "encoded NUL", "an encoded nul is refused"),
-    ("/a\x00b", "NUL", "a raw nul is refused"),
-    ("/a b", "whitespace", "a raw space is refused"),
-    ("/a\tb", "whitespace", "a raw tab is refused"),
-    ("/a%zz", "invalid percent-escape", "an invalid escape is refused"),
-    ("/a%4", "invalid percent-escape", "a truncated escape is refused"),
-    ("/a%252e%252e/b", "double-encoded", "a double-encoded dot is refused"),
-    ("/a%252F", "double-encoded", "a double-encoded slash is refused"),
-    ("/a%25%32%65", "double-encoded", "a double-encoded dot with encoded hex is refused"),
-    ("/a/..;/b", "dot segment with parameters", "a dot-dot with parameters is refused"),
-    ("/a/%2e%2e;x/b", "dot segment with parameters", "an encoded dot-dot with parameters"),
-]
-
-
-@pytest.mark.parametrize(("path", "problem"), [c[:2] for c in PATHS_BAD], ids=[c[2] for c in PATHS_BAD])
-def test_normalise_path_refuses(path: str, problem: str) -> None:
-    with pytest.raises(HostError, match=re.escape(problem)):
-        normalise_path(path)
-
-
 # --- properties -----------------------------------------------------------------------
 
 _LABEL_CHARS = "abcXYZ019-_\u00e4\u00df\u00c4\uff41\uff11"
@@ -338,25 +276,3 @@ def test_every_ipv4_spelling_normalises_to_the_dotted_quad(case: tuple[IPv4Addre
     address, text = case
     assert parse_ip_literal(text) == address
     assert normalise_host(text) == str(address)
-
-
-_path_segments = st.sampled_from(
-    ["a", "B", ".", "..", "%2e", "%2E%2e", ".%2e", "", "%41", "%7e", "%3f", "%c3%a4", "x;y", "~"]
-)
-_paths = st.one_of(
-    st.lists(_path_segments, max_size=8).map(lambda s: "/" + "/".join(s)),
-    st.text(alphabet="/.%2eEaA5fF;?#~ \u00e4", max_size=24).map(lambda s: "/" + s),
-)
-
-
-@PROPERTY
-@given(_paths)
-def test_normalise_path_is_idempotent_and_has_no_dot_segments(path: str) -> None:
-    try:
-        once = normalise_path(path)
-    except HostError:
-        return
-    assert normalise_path(once) == once
-    assert "/../" not in once
-    assert "/./" not in once
-    assert once.split("/")[-1] not in (".", "..")

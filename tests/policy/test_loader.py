@@ -497,6 +497,47 @@ def test_rules_compile_ports_methods_paths_and_inspection(good: PolicySet) -> No
     assert no_admin.ports == frozenset(), "a deny rule without ports covers every port"
 
 
+def test_deny_path_globs_fold_case_and_allow_globs_do_not(tmp_path: Path) -> None:
+    tenant = (
+        "tenant: t\n"
+        "allow:\n"
+        "  - hosts: [api.example.com]\n"
+        "    paths: ['/v1/**']\n"
+        "deny:\n"
+        "  - hosts: [api.example.com]\n"
+        "    paths: ['/admin/**']\n"
+    )
+    policy = load_policy_dir(write_rules(tmp_path, {"tenants/t.yaml": tenant}))
+    (allow,), (deny,) = policy.tenants["t"].allow.rules, policy.tenants["t"].deny.rules
+    assert deny.paths is not None and allow.paths is not None
+    assert [bool(deny.paths.fullmatch(p)) for p in ("/admin", "/ADMIN/x", "/Admin/", "/adminx")] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert [bool(allow.paths.fullmatch(p)) for p in ("/v1", "/v1/x", "/V1/x")] == [True, True, False]
+
+
+def test_a_path_glob_that_can_never_match_is_an_error_with_the_form_to_use(tmp_path: Path) -> None:
+    tenant = (
+        "tenant: t\nallow:\n  - hosts: [api.example.com]\n    paths: ['/v1/**', '/%7Euser/**', '/a//b']\n"
+    )
+    errors = load_errors(write_rules(tmp_path, {"tenants/t.yaml": tenant}))
+    assert sorted((e.location.line, e.field, e.problem) for e in errors) == [
+        (
+            4,
+            "allow.0.paths.1",
+            "'/%7Euser/**': use '/~user/**' instead (paths are matched in their normal form)",
+        ),
+        (
+            4,
+            "allow.0.paths.2",
+            "'/a//b': an ambiguous path (';', '//', double encoding) never matches: the glob never does",
+        ),
+    ]
+
+
 def test_deny_wildcards_below_a_tld_are_accepted(good: PolicySet) -> None:
     base_deny = good.tenants["beta"].base_deny
     hit = base_deny.deny_match("db.corp.internal", None, 5432, None, None)

@@ -255,7 +255,8 @@ GLOBS = [
     (["/v1/*"], "/v1", False, "a star needs the slash before it"),
     (["/v1/**"], "/v1/a/b/c", True, "a double star crosses slashes"),
     (["/v1/**"], "/v1/", True, "a double star matches nothing at all"),
-    (["/v1/**"], "/v1", False, "a double star does not drop the slash before it"),
+    (["/v1/**"], "/v1", True, "a trailing double star covers the base path itself"),
+    (["/admin/**"], "/adminx", False, "a covered base path is a whole segment"),
     (["/v1/**"], "/v10/a", False, "a double star after a slash does not widen the segment"),
     (["/files/*.txt"], "/files/a.txt", True, "a star inside a segment matches a prefix"),
     (["/files/*.txt"], "/files/a/b.txt", False, "a star inside a segment does not cross a slash"),
@@ -266,7 +267,13 @@ GLOBS = [
     (["/v1.0/x"], "/v1x0/x", False, "a dot is literal"),
     (["/a+b/(x)"], "/a+b/(x)", True, "regex characters are literal"),
     (["/a/**/z"], "/a/b/c/z", True, "a double star in the middle spans segments"),
-    (["/a/**/z"], "/a/z", False, "a double star in the middle keeps both slashes"),
+    (["/a/**/z"], "/a/z", True, "a double star in the middle may stand for no segment"),
+    (["/a/**/z"], "/az", False, "a double star in the middle keeps one slash"),
+    (["/v1/**.json"], "/v1/a/b.json", True, "a double star inside a segment crosses slashes"),
+    (["/v1/*:run"], "/v1/x%3Arun", True, "a colon in a glob matches its escape too"),
+    (["/a@b!c"], "/a%40b%21c", True, "sub-delimiters in a glob match their escapes too"),
+    (["/a:b"], "/a%3Bb", False, "a colon does not match another escape"),
+    (["/v1/**"], "/V1/x", False, "allow globs do not fold case"),
     (["/v1/**", "/health"], "/health", True, "any of several globs may match"),
     (["/v1/**", "/health"], "/healthz", False, "several globs are each anchored"),
     (["/**"], UNPARSEABLE_PATH, False, "even the widest glob does not match an unparseable path"),
@@ -280,6 +287,23 @@ GLOBS = [
 )
 def test_path_globs(globs: list[str], path: str, matches: bool) -> None:
     assert (compile_path_globs(globs).fullmatch(path) is not None) is matches
+
+
+FOLDED = [
+    (["/admin/**"], "/ADMIN/x", True, "an upper case path hits a lower case deny glob"),
+    (["/admin/**"], "/Admin", True, "a mixed case base path hits a deny glob for its subtree"),
+    (["/a/%C3%A4"], "/A/%c3%a4", True, "escapes fold too"),
+    (["/admin/**"], "/admins", False, "folding does not widen a segment"),
+]
+
+
+@pytest.mark.parametrize(
+    ("globs", "path", "matches"),
+    [c[:3] for c in FOLDED],
+    ids=[c[3] for c in FOLDED],
+)
+def test_deny_globs_fold_case(globs: list[str], path: str, matches: bool) -> None:
+    assert (compile_path_globs(globs, fold_case=True).fullmatch(path) is not None) is matches
 
 
 @PROPERTY
