@@ -39,3 +39,8 @@ class Reason(StrEnum):
     UPGRADE_NOT_ALLOWED = "upgrade_not_allowed"
     # An allowed destination that could not be reached (502) or did not answer in time (504).
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    # A connection over the gateway's caps (per source, per sandbox, fd headroom): closed at connect,
+    # or 429 on the explicit proxy once the sandbox is known.
+    CONNECTION_LIMIT = "connection_limit"
+    # A client abusing a protocol's machinery (HTTP/2 rapid reset): GOAWAY, then the connection closes.
+    PROTOCOL_ABUSE = "protocol_abuse"

@@ -22,8 +22,10 @@ from .errors import ConfigError
 __all__ = [
     "AdminConfig",
     "AuditConfig",
+    "ConnectionsConfig",
     "DnsListenerConfig",
     "GatewayConfig",
+    "Http2Config",
     "LimitsConfig",
     "ListenerConfig",
     "PassthroughConfig",
@@ -265,6 +267,73 @@ class LimitsConfig(_Strict):
     )
 
 
+class ConnectionsConfig(_Strict):
+    """Hardening: how many guest connections one source or sandbox may hold, and for how long idle.
+
+    See proxy/connlimits.py; refusals at connect are audited per source and second, not one
+    record per connection (a flood must not become an audit flood).
+    """
+
+    idle_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=60.0,
+        description=(
+            "a connection with no request in flight and no byte either way for this long is closed; "
+            "covers a new connection that never sends its first byte"
+        ),
+    )
+    tunnel_idle_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=600.0,
+        description=(
+            "passthrough TLS, raw TCP and upgraded connections (whose requests the gateway cannot see), "
+            "and requests waiting on an upstream: closed after this long without a byte"
+        ),
+    )
+    max_per_source: Annotated[int, Field(ge=0)] = Field(
+        default=256,
+        description="open connections from one source address (an IPv6 /64); 0: no cap",
+    )
+    max_per_sandbox: Annotated[int, Field(ge=0)] = Field(
+        default=256,
+        description=(
+            "open connections of one sandbox (transparent: at connect; explicit proxy: once its "
+            "Proxy-Authorization is checked); 0: no cap"
+        ),
+    )
+    listen_backlog: Annotated[int, Field(ge=16, le=65535)] = Field(
+        default=1024,
+        description=(
+            "the guest listeners' accept queue (capped by net.core.somaxconn); mitmproxy's 100 "
+            "overflows under a burst of connects and every dropped SYN waits a 1 s retransmit"
+        ),
+    )
+    fd_headroom_percent: Annotated[float, Field(ge=2, le=50)] = Field(
+        default=10.0,
+        description=(
+            "file descriptors kept for upstream connections, the audit, redis and the admin API: past "
+            "(100 - this) % of RLIMIT_NOFILE (and never closer than 512 to it) only sources holding "
+            "fewer than 4 connections are admitted, past (100 - this / 2) % (never closer than 256) none"
+        ),
+    )
+
+
+class Http2Config(_Strict):
+    """Hardening of intercepted HTTP/2 connections from guests (proxy/h2guard.py)."""
+
+    max_concurrent_streams: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=100,
+        description=(
+            "SETTINGS_MAX_CONCURRENT_STREAMS announced to the guest, and the streams one connection may "
+            "have in the gateway's hands at once (reset ones included until their work is done); a new "
+            "stream past it is refused with REFUSED_STREAM"
+        ),
+    )
+    max_resets: Annotated[int, Field(ge=1)] = Field(
+        default=200,
+        description="streams the guest resets (or the gateway refuses) per window before GOAWAY and close",
+    )
+    reset_window_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
+
+
 class AdminConfig(_Strict):
     """The admin API (and /metrics): a unix socket by default, never a guest-facing listener."""
 
@@ -341,6 +410,8 @@ class GatewayConfig(_Strict):
     admin: AdminConfig = Field(default_factory=AdminConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
+    connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
+    http2: Http2Config = Field(default_factory=Http2Config)
     # Filled in by load_config: the folder relative paths are resolved against.
     base_dir: str = Field(default=".", exclude=True)
 

@@ -49,6 +49,8 @@ class Identify:
         self.ctx = ctx
 
     def client_connected(self, client: connection.Client) -> None:
+        if client.error:
+            return  # refused at connect (connection limits): mitmproxy closes it at once
         try:
             self.ctx.connections[client.id] = ConnectionState(
                 listener=client.proxy_mode.full_spec,
