@@ -43,6 +43,9 @@ _AMBIGUOUS_ESCAPES = {
 # so "/%2561dmin" is /admin to an app that decodes twice. Checked on the output, so
 # "%25%32%45" (which becomes "%252E") is caught too.
 _DOUBLE_ENCODED_RE = re.compile(r"%25[0-9A-Fa-f]{2}")
+# Already in normal form: segments of unreserved and kept characters, none empty (but a
+# final one), none starting with '.' (so no dot segment), no '%' and no ';'. Most paths.
+_PLAIN_RE = re.compile(r"(?:/[A-Za-z0-9_~!$&'()*+,=:@-][A-Za-z0-9._~!$&'()*+,=:@-]*)*/?", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,8 @@ def normalise_path(path: str) -> str:
     target = path[:end]
     if target == "*":
         return "*"
+    if target and _PLAIN_RE.fullmatch(target):
+        return target
     if not target.startswith("/"):
         raise HostError("path must start with '/'")
     encoded = _encode_path(target)

@@ -10,7 +10,9 @@ Version 1, field by field (`sandgate policy schema --input` prints it as JSON Sc
     dest         {host, port, ip, sni, scheme}: the normalised host, the port, the address
                  the gateway resolved, checked and will dial, the TLS SNI, "http"/"https"
     request      {method, path, query, headers, body_size}: null fields before the HTTP
-                 layer (phase "connect"); `path` normalised, without the query; `query`
+                 layer (phase "connect"); `path` normalised (sandgate.policy.paths), without
+                 query or fragment, "\\u0000unparseable" when servers could read it
+                 differently (check paths by allow-list); `query`
                  maps each name to its values; `headers` maps lower-case names to values
                  (repeats joined with ", "); `body_size` is the declared length, or null
     credentials  names of the credentials the broker would use for this request

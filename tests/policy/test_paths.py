@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sandgate.policy import paths
 from sandgate.policy.errors import HostError
 from sandgate.policy.matcher import UNPARSEABLE_PATH, compile_path_globs
 from sandgate.policy.paths import glob_problem, normalise_path, read_target
@@ -189,6 +190,14 @@ def test_the_forwarded_target_reads_back_as_the_matched_path(path: str) -> None:
     segments = reading.path.split("/")
     assert "." not in segments and ".." not in segments
     assert "" not in segments[1:-1]
+
+
+@PROPERTY
+@given(_paths)
+def test_the_fast_path_for_plain_paths_agrees_with_the_full_reading(path: str) -> None:
+    target = path.partition("?")[0].partition("#")[0]
+    if target and paths._PLAIN_RE.fullmatch(target):
+        assert paths._remove_dot_segments(paths._encode_path(target)) == target
 
 
 # How servers read the path they receive: None when they refuse it.
