@@ -7,7 +7,7 @@ gateway. Steps after the one that decided are shown as not reached.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .decide import decide, literal_ip, pick_address
@@ -16,6 +16,7 @@ from .engine import PolicyEngine, RegoQuery, RegoVerdict
 from .errors import ResolveError
 from .guard import AddressGuard
 from .matcher import CompiledRule
+from .overrides import decide_readings
 from .policyset import PolicySet, TenantPolicy
 from .reasons import Reason
 from .rego_input import input_document
@@ -67,7 +68,38 @@ async def explain(
     guard: AddressGuard,
     engine: PolicyEngine,
 ) -> Explanation:
-    """Decide `request` with `decide`, and describe each step of the order on the way."""
+    """Decide `request` with `decide`, and describe each step of the order on the way.
+
+    A request that can mean other methods (sandgate.policy.overrides) is decided for each of
+    them as the gateway does; when one is refused, that reading is the one explained.
+    """
+    explained = await _explain_one(policy, identity, request, resolver, guard, engine)
+    if not explained.decision.allowed:
+        return explained
+    refused: list[EgressRequest] = []
+
+    async def decide_one(who: Identity | None, req: EgressRequest, *, address: str | None = None) -> Decision:
+        found = await decide(policy, who, req, resolver, guard, address=address, engine=engine)
+        if not found.allowed:
+            refused.append(req)
+        return found
+
+    decision = await decide_readings(decide_one, identity, request, explained.decision)
+    if decision is explained.decision:
+        return explained
+    if refused:
+        explained = await _explain_one(policy, identity, refused[0], resolver, guard, engine)
+    return replace(explained, decision=decision)
+
+
+async def _explain_one(
+    policy: PolicySet,
+    identity: Identity | None,
+    request: EgressRequest,
+    resolver: Resolver,
+    guard: AddressGuard,
+    engine: PolicyEngine,
+) -> Explanation:
     decision = await decide(policy, identity, request, resolver, guard, engine=engine)
     steps: list[Step] = []
     tenant = policy.tenant(identity.tenant) if identity else None

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from .decide import decide
-from .decision import EgressRequest, Identity, Phase
+from .decision import Decision, EgressRequest, Identity, Phase
 from .engine import PolicyEngine, make_engine
 from .errors import HostError, PolicyLoadError, SourceLocation
 from .guard import AddressGuard
@@ -43,6 +43,7 @@ from .hosts import normalise_host
 from .loader import load_policy_dir
 from .matcher import UNPARSEABLE_PATH
 from .models import NAME_PATTERN
+from .overrides import decide_readings
 from .paths import normalise_path
 from .policyset import PolicySet
 from .reasons import Reason
@@ -218,7 +219,14 @@ async def _run_case(
         return TestOutcome(case.name, "error", f"{where}: {e}")
     if case.client or case.credentials:
         request = replace(request, client=case.client, credentials=tuple(case.credentials))
-    decision = await decide(policy, identity, request, resolver, AddressGuard(), engine=engine)
+    guard = AddressGuard()
+
+    async def decide_one(who: Identity, req: EgressRequest, *, address: str | None = None) -> Decision:
+        return await decide(policy, who, req, resolver, guard, address=address, engine=engine)
+
+    decision = await decide_one(identity, request)
+    if decision.allowed:
+        decision = await decide_readings(decide_one, identity, request, decision)
     got = (decision.verdict, decision.reason)
     want = case.expect
     if got[0] == want.decision and (want.reason is None or got[1] == want.reason):

@@ -30,6 +30,7 @@ from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import normalise_host, split_authority
 from sandgate.policy.limiter import LimitExceeded
+from sandgate.policy.overrides import decide_readings
 from sandgate.policy.paths import read_target
 from sandgate.policy.reasons import Reason
 
@@ -37,7 +38,6 @@ from .context import ConnectionState, GatewayContext
 from .hopbyhop import strip_hop_by_hop
 from .identify import IDENTITY_KEY
 from .limits import body_length_unknown, body_meter, declared_length, head_bytes, tenant_limits
-from .readings import decide_readings
 from .records import DecisionContext, decision_record
 from .respond import denied_response, limited_response
 
