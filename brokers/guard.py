@@ -17,9 +17,9 @@ class RequestBodyGuard:
     """Feed every chunk of a streamed request body before forwarding it; a denial means: kill the flow.
 
     Chunks before the one that completes a placeholder held only part of it. Any placeholder
-    in a streamed body is denied: another sandbox's (foreign), an unbound credential's, a
-    bound body credential's (it cannot be replaced in a stream: `body_too_large`), or a
-    bound credential of another kind (`misplaced`).
+    in a streamed body is denied: one that is not this sandbox's (`unknown_placeholder`), an
+    unbound credential's, a bound body credential's (it cannot be replaced in a stream:
+    `body_too_large`), or a bound credential of another kind (`misplaced`).
     """
 
     __slots__ = ("_denial", "_index", "_path", "_request", "_sandbox", "_scanner", "_table")

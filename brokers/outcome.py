@@ -20,6 +20,7 @@ class DenialCause(StrEnum):
     """Why the broker denied, finer than the reason code (audited as `detail`)."""
 
     FOREIGN_PLACEHOLDER = "foreign_placeholder"  # another sandbox's or tenant's placeholder
+    UNKNOWN_PLACEHOLDER = "unknown_placeholder"  # placeholder-shaped, minted for no one this gateway knows
     UNBOUND_HOST = "unbound_host"
     UNBOUND_PORT = "unbound_port"
     UNBOUND_SCHEME = "unbound_scheme"  # plain http to a credential without `plaintext: true`
@@ -37,7 +38,10 @@ class DenialCause(StrEnum):
         return _REASONS.get(self, Reason.CREDENTIAL_HOST_MISMATCH)
 
 
+# Both look the same to the guest: it must not learn whether a string it holds is genuine.
 _REASONS = {
+    DenialCause.FOREIGN_PLACEHOLDER: Reason.UNKNOWN_PLACEHOLDER,
+    DenialCause.UNKNOWN_PLACEHOLDER: Reason.UNKNOWN_PLACEHOLDER,
     DenialCause.CONFLICT: Reason.INVALID_REQUEST,
     DenialCause.UNSIGNABLE: Reason.INVALID_REQUEST,
     DenialCause.BODY_TOO_LARGE: Reason.BODY_TOO_LARGE,
@@ -51,9 +55,10 @@ class BrokerDenial:
 
     `credentials`: this tenant's credential names involved; `where`: places in the request
     (`header:authorization`, `query:key`, `body`, `body:encoded`, `path`, `host`);
-    `foreign`: a placeholder of another sandbox or tenant was seen, whose owners
-    (`tenant/sandbox`, or `unknown` for a genuine placeholder of a sandbox this gateway does
-    not know) are in `foreign_owners` for the operator's log, not for the guest.
+    `foreign`: a placeholder that is not this sandbox's was seen, whose owners (`tenant/sandbox`;
+    `unknown` for one minted with this gateway's key for a sandbox it does not know;
+    `not minted here` for one of another key, a forgery, or a truncated or extended one) are
+    in `foreign_owners` for the operator's log, not for the guest.
     """
 
     cause: DenialCause

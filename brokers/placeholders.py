@@ -6,6 +6,10 @@ mints the same placeholder for the same triple, so a fleet agrees without sharin
 without the key a placeholder can be neither guessed nor forged, and it carries nothing
 derived from the secret. The alphabet has no case, so a guest that changes the case of a
 placeholder still names the same one (matching lower-cases first).
+
+Anything *shaped* like a placeholder (`sgph_` and at least `MIN_SHAPE_CHARS` alphabet
+characters, any case: truncated, extended, forged, another key's) is matched too, so that
+the broker can refuse what this gateway did not mint instead of forwarding it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .secret import Secret
 
 __all__ = [
     "MIN_KEY_BYTES",
+    "MIN_SHAPE_CHARS",
     "PLACEHOLDER_LENGTH",
     "PLACEHOLDER_PATTERN",
     "PLACEHOLDER_PREFIX",
@@ -36,8 +41,11 @@ _ID_BYTES = 15
 _TAG_BYTES = 5
 _BODY_CHARS = (_ID_BYTES + _TAG_BYTES) * 8 // 5
 PLACEHOLDER_LENGTH = len(PLACEHOLDER_PREFIX) + _BODY_CHARS
-# Applied to lower-cased bytes: one compiled pattern finds every placeholder shape.
-PLACEHOLDER_PATTERN = re.compile(re.escape(PLACEHOLDER_PREFIX.encode()) + rb"[a-z2-7]{%d}" % _BODY_CHARS)
+# Fewer alphabet characters after the prefix are too common by chance to refuse ("sgph_log").
+MIN_SHAPE_CHARS = 8
+# Applied to lower-cased bytes. Greedy on purpose: a placeholder with characters appended (or
+# cut off) is one placeholder-shaped value of the wrong length, which no owner matches.
+PLACEHOLDER_PATTERN = re.compile(re.escape(PLACEHOLDER_PREFIX.encode()) + rb"[a-z2-7]{%d,}" % MIN_SHAPE_CHARS)
 MIN_KEY_BYTES = 32
 
 _MINT_LABEL = b"sandgate placeholder v1\x00"

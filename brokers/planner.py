@@ -4,8 +4,11 @@ Evaluation order (the first step that denies wins):
 
 1. Scan the host, path, query, every header and the buffered body for placeholders
    (raw, any case, percent-encoded, JSON-escaped, base64; see `scan`).
-2. A placeholder of another sandbox or tenant (or a genuine one whose owner this gateway
-   does not know) → `credential_host_mismatch`, foreign.
+2. Anything placeholder-shaped that is not a placeholder of this sandbox → `unknown_placeholder`:
+   another sandbox's or tenant's (cause `foreign_placeholder`), or one no sandbox known here
+   owns: minted under another key (a `credentials placeholders` run without this gateway's
+   `--config`), forged, truncated or extended (cause `unknown_placeholder`). The guest gets
+   the same reason for all of them, so it cannot tell a genuine placeholder from a forgery.
 3. A placeholder of this sandbox whose credential is not bound to this destination
    (host, port, scheme, method, path prefix) → `credential_host_mismatch`.
 4. A placeholder of a bound credential in a place its injector does not replace (a header
@@ -51,27 +54,31 @@ class _Classified:
     own: dict[str, list[Where]]
 
 
-def _owner_text(owner: PlaceholderOwner | None) -> str:
-    return "unknown" if owner is None else f"{owner.tenant}/{owner.sandbox}"
+def _owner_text(owner: PlaceholderOwner | None, genuine: bool) -> str:
+    if owner is not None:
+        return f"{owner.tenant}/{owner.sandbox}"
+    return "unknown" if genuine else "not minted here"
 
 
 def classify(
     hits: list[Hit], index: PlaceholderIndex, table: CompiledTenant, sandbox: str
 ) -> tuple[BrokerDenial | None, dict[str, list[Where]]]:
-    """Split hits into this sandbox's (by credential) and foreign ones; deny on any foreign one."""
+    """Split hits into this sandbox's (by credential) and the rest; deny on any of the rest."""
     foreign_owners: list[str] = []
     foreign_names: list[str] = []
     where: list[str] = []
     own: dict[str, list[Where]] = {}
+    minted_elsewhere = False
     for hit in hits:
         owner = index.owner(hit.placeholder)
         if owner is None:
-            if index.minter.is_genuine(hit.placeholder):
-                foreign_owners.append(_owner_text(None))
-                where.append(str(hit.where))
-            continue  # A look-alike that no gateway of this fleet minted: not a credential.
+            genuine = index.minter.is_genuine(hit.placeholder)
+            minted_elsewhere |= not genuine
+            foreign_owners.append(_owner_text(None, genuine))
+            where.append(str(hit.where))
+            continue
         if owner.tenant != table.tenant or owner.sandbox != sandbox or owner.credential not in table.by_name:
-            foreign_owners.append(_owner_text(owner))
+            foreign_owners.append(_owner_text(owner, True))
             if owner.tenant == table.tenant:
                 foreign_names.append(owner.credential)
             where.append(str(hit.where))
@@ -80,7 +87,7 @@ def classify(
     if foreign_owners:
         return (
             BrokerDenial(
-                DenialCause.FOREIGN_PLACEHOLDER,
+                DenialCause.UNKNOWN_PLACEHOLDER if minted_elsewhere else DenialCause.FOREIGN_PLACEHOLDER,
                 credentials=tuple(dict.fromkeys(foreign_names)),
                 where=tuple(dict.fromkeys(where)),
                 foreign=True,

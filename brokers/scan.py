@@ -1,5 +1,9 @@
 """Find placeholders anywhere in a request: raw, any case, percent-encoded, JSON-escaped, base64.
 
+What is found is anything placeholder-shaped (`PLACEHOLDER_PATTERN`: the prefix and at least
+`MIN_SHAPE_CHARS` alphabet characters), genuine or not: the planner refuses every one that
+is not a placeholder of the requesting sandbox.
+
 This is the exfiltration tripwire. The guarantee that a secret only reaches its bound hosts
 comes from injecting only there; the scan makes sure no placeholder (of this sandbox or any
 other) is forwarded elsewhere, in any of the encodings an upstream would decode:
@@ -27,7 +31,7 @@ from urllib.parse import unquote_to_bytes
 
 import ahocorasick_rs
 
-from .placeholders import PLACEHOLDER_LENGTH, PLACEHOLDER_PATTERN, PLACEHOLDER_PREFIX
+from .placeholders import MIN_SHAPE_CHARS, PLACEHOLDER_LENGTH, PLACEHOLDER_PATTERN, PLACEHOLDER_PREFIX
 from .request import BrokerRequest
 
 __all__ = [
@@ -45,6 +49,8 @@ _PERCENT_ROUNDS = 3
 # Long enough to hold any encoding decoded here: \\u-escaped is 6 bytes per character.
 STREAM_TAIL = 8 * PLACEHOLDER_LENGTH
 
+# How far from the end of a decoded chunk a cut value may end (a cut escape stays literal: `\\u007`).
+_SLACK = 6
 _JSON_ESCAPE = re.compile(rb"\\(?:[uU]([0-9a-fA-F]{4})|/)")
 _URLSAFE_TO_STD = bytes.maketrans(b"-_", b"+/")
 
@@ -56,8 +62,9 @@ def _b64_core(data: bytes, align: int) -> bytes:
 
 
 def _min_b64_run() -> int:
-    """The fewest contiguous base64 characters that can carry a whole placeholder."""
-    return min(len(_b64_core(b"x" * PLACEHOLDER_LENGTH, a)) for a in range(3))
+    """The fewest contiguous base64 characters that can carry the shortest placeholder shape."""
+    shortest = len(PLACEHOLDER_PREFIX) + MIN_SHAPE_CHARS
+    return min(len(_b64_core(b"x" * shortest, a)) for a in range(3))
 
 
 def _prefix_cores() -> list[bytes]:
@@ -160,7 +167,23 @@ def _decoded_variants(data: bytes) -> list[bytes]:
     return out
 
 
-def _base64_hits(data: bytes) -> set[str]:
+def _shapes(buf: bytes, open_end: bool, slack: int) -> list[str]:
+    """The placeholder-shaped values in lower-cased `buf`.
+
+    With `open_end` (a stream chunk, more to come), a value shorter than a placeholder that
+    ends within `slack` bytes of the end is left out: the next chunk may extend it.
+    """
+    if not open_end:
+        return [m.decode("ascii") for m in PLACEHOLDER_PATTERN.findall(buf)]
+    limit = len(buf) - slack
+    return [
+        m.group().decode("ascii")
+        for m in PLACEHOLDER_PATTERN.finditer(buf)
+        if m.end() < limit or m.end() - m.start() >= PLACEHOLDER_LENGTH
+    ]
+
+
+def _base64_hits(data: bytes, open_end: bool = False) -> set[str]:
     """Placeholders inside base64 runs of `data`, at any of the four alignments."""
     if len(data) < _MIN_RUN:
         return set()
@@ -171,6 +194,8 @@ def _base64_hits(data: bytes) -> set[str]:
     found: set[str] = set()
     for m in _B64_RUN.finditer(data):
         run = m.group().translate(_URLSAFE_TO_STD)
+        # A run cut by the end of a stream chunk decodes to a cut value: wait for the rest.
+        cut = open_end and m.end() == len(data)
         for offset in range(4):
             segment = run[offset:]
             rest = len(segment) % 4
@@ -180,7 +205,7 @@ def _base64_hits(data: bytes) -> set[str]:
                 decoded = binascii.a2b_base64(segment)
             except binascii.Error:
                 continue
-            found.update(p.decode("ascii") for p in PLACEHOLDER_PATTERN.findall(decoded.lower()))
+            found.update(_shapes(decoded.lower(), cut, _SLACK))
     return found
 
 
@@ -189,35 +214,40 @@ _NOTHING = BodyScan((), frozenset())
 _NONE: frozenset[str] = frozenset()
 
 
-def scan_body(data: bytes) -> BodyScan:
-    """Every placeholder in `data`: raw spans (for replacement) and those present only in an encoded form."""
+def scan_body(data: bytes, *, open_end: bool = False) -> BodyScan:
+    """Every placeholder in `data`: raw spans (for replacement) and those present only in an encoded form.
+
+    `open_end`: `data` is a stream window with more to come (see `_shapes`).
+    """
     if len(data) < _MIN_RUN and b"%" not in data and b"\\" not in data and _PREFIX_BYTES not in data.lower():
         return _NOTHING  # The common short header value: too short for base64, nothing to decode.
     lowered = data.lower()
     raw: tuple[tuple[int, int, str], ...] = ()
     if _PREFIX_BYTES in lowered:
         raw = tuple(
-            (m.start(), m.end(), m.group().decode("ascii")) for m in PLACEHOLDER_PATTERN.finditer(lowered)
+            (m.start(), m.end(), m.group().decode("ascii"))
+            for m in PLACEHOLDER_PATTERN.finditer(lowered)
+            if not open_end or m.end() < len(lowered) or m.end() - m.start() >= PLACEHOLDER_LENGTH
         )
     encoded: set[str] = set()
     variants = _decoded_variants(data)
     if variants:
         raw_counts = Counter(p for _, _, p in raw)
         for variant in variants:
-            counts = Counter(p.decode("ascii") for p in PLACEHOLDER_PATTERN.findall(variant.lower()))
+            counts = Counter(_shapes(variant.lower(), open_end, _SLACK))
             encoded.update(p for p, n in counts.items() if n > raw_counts.get(p, 0))
     for variant in (data, *variants):
-        encoded |= _base64_hits(variant)
+        encoded |= _base64_hits(variant, open_end)
     if not raw and not encoded:
         return _NOTHING
     return BodyScan(raw, frozenset(encoded))
 
 
-def find_placeholders(data: bytes | str) -> frozenset[str]:
-    """Every placeholder in `data`, raw or encoded, lower case."""
+def find_placeholders(data: bytes | str, *, open_end: bool = False) -> frozenset[str]:
+    """Every placeholder-shaped value in `data`, raw or encoded, lower case."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogateescape")
-    scan = scan_body(data)
+    scan = scan_body(data, open_end=open_end)
     return _NONE if scan is _NOTHING else scan.placeholders
 
 
@@ -259,7 +289,9 @@ class StreamScanner:
 
     Each chunk is scanned together with the last `STREAM_TAIL` bytes before it, so a
     placeholder (or an encoding of one) split across chunk boundaries is found in the chunk
-    that completes it, before that chunk is forwarded. Memory: one chunk plus the tail.
+    that completes it, before that chunk is forwarded. A shorter placeholder-shaped value
+    that the chunk ends in is reported with the next chunk (or at the end, `feed(b"")`),
+    once it is known not to grow into a placeholder. Memory: one chunk plus the tail.
     """
 
     __slots__ = ("_tail", "found")
@@ -269,11 +301,13 @@ class StreamScanner:
         self.found: set[str] = set()
 
     def feed(self, chunk: bytes) -> frozenset[str]:
-        """Scan one chunk; return the placeholders first completed in it."""
+        """Scan one chunk (b"" at the end of the body); return the placeholders first completed in it."""
         if not chunk:
-            return frozenset()
-        window = self._tail + chunk
-        new = find_placeholders(window) - self.found
+            new = find_placeholders(self._tail) - self.found if self._tail else frozenset()
+            self._tail = b""
+        else:
+            window = self._tail + chunk
+            new = find_placeholders(window, open_end=True) - self.found
+            self._tail = window[-STREAM_TAIL:]
         self.found |= new
-        self._tail = window[-STREAM_TAIL:]
-        return new
+        return frozenset(new)

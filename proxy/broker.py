@@ -155,8 +155,9 @@ class CredentialBroker:
     ) -> None:
         if outcome.foreign:
             log.warning(
-                "broker.foreign_placeholder",
+                "broker.unknown_placeholder",
                 decision_id=dctx.decision_id,
+                cause=outcome.cause.value,
                 owners=list(outcome.foreign_owners),
             )
         denial = Decision(

@@ -18,6 +18,7 @@ from sandgate.brokers import (
     BrokerDenial,
     DenialCause,
     PlaceholderMinter,
+    Secret,
     SecretRegistry,
     TenantCredentials,
     apply_mutations,
@@ -314,11 +315,61 @@ async def test_foreign_placeholders_are_denied_and_flagged(
         foreign=True,
         foreign_owners=owners,
     )
-    assert decision.reason is Reason.CREDENTIAL_HOST_MISMATCH
+    # The guest cannot tell a genuine placeholder of someone else from a forgery.
+    assert decision.reason is Reason.UNKNOWN_PLACEHOLDER
 
 
-async def test_a_look_alike_that_no_gateway_minted_is_just_text(broker: Broker) -> None:
-    decision = await broker.decide("t1", "sb1", request(EVIL, headers=(("X", "sgph_" + "a" * 32),)))
+OTHER_KEY_PLACEHOLDER = PlaceholderMinter(Secret("another-gateway-key-" + "k" * 32)).mint(
+    "t1", "sb1", "openai"
+)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+NOT_MINTED_HERE = [
+    (
+        "minted under another gateway's key",
+        {"headers": (("Authorization", f"Bearer {OTHER_KEY_PLACEHOLDER}"),)},
+    ),
+    ("another key's, in upper case", {"headers": (("X-Key", OTHER_KEY_PLACEHOLDER.upper()),)}),
+    ("forged", {"headers": (("X", "sgph_" + "a" * 32),)}),
+    ("truncated", {"headers": (("X", OPENAI[:-10]),)}),
+    ("extended by one character", {"headers": (("Authorization", f"Bearer {OPENAI}a"),)}),
+    ("the shortest shape", {"headers": (("X", "sgph_abcdefgh"),)}),
+    ("in the query", {"query": f"key={OTHER_KEY_PLACEHOLDER}"}),
+    ("percent-encoded in the query", {"query": "key=" + OTHER_KEY_PLACEHOLDER.replace("_", "%5F")}),
+    ("in a header name", {"headers": ((f"X-{OTHER_KEY_PLACEHOLDER}", "1"),)}),
+    ("in a JSON body", {"body": json.dumps({"k": OTHER_KEY_PLACEHOLDER}).encode()}),
+    (
+        "base64 in basic auth",
+        {"headers": (("Authorization", "Basic " + _b64(f"u:{OTHER_KEY_PLACEHOLDER}")),)},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [p for _, p in NOT_MINTED_HERE],
+    ids=[f"a placeholder {n} is unknown" for n, _ in NOT_MINTED_HERE],
+)
+async def test_a_placeholder_this_gateway_did_not_mint_is_refused(
+    broker: Broker, memory: MemorySource, parts: dict[str, Any]
+) -> None:
+    decision = await broker.decide("t1", "sb1", request(EVIL, **parts))
+    assert isinstance(decision, BrokerDenial)
+    assert (decision.cause, decision.reason) == (DenialCause.UNKNOWN_PLACEHOLDER, Reason.UNKNOWN_PLACEHOLDER)
+    assert decision.foreign and "not minted here" in decision.foreign_owners
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["sgph_", "sgph_log", "see sgph_abcdefg.", "prefix sgph_ then text", "sgph-" + "a" * 32],
+    ids=["the bare prefix", "a short word", "seven characters", "prefix and a space", "another separator"],
+)
+async def test_text_too_short_to_be_a_placeholder_passes(broker: Broker, text: str) -> None:
+    decision = await broker.decide("t1", "sb1", request(EVIL, headers=(("X", text),), body=text.encode()))
     assert decision == BrokerAllow()
 
 

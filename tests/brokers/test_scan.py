@@ -43,10 +43,10 @@ ENCODINGS = {
     "json unicode-escaped": json.dumps(P).replace("s", "\\u0073").encode(),
     "base64": base64.b64encode(PB),
     "base64 at offset 1": base64.b64encode(b"x" + PB),
-    "base64 at offset 2": base64.b64encode(b"xy" + PB + b"z"),
+    "base64 at offset 2": base64.b64encode(b"xy" + PB + b"."),
     "url-safe base64 of upper case": base64.urlsafe_b64encode(b"\xfb\xff" + P.upper().encode()),
     "base64 without padding": base64.b64encode(b"x" + PB).rstrip(b"="),
-    "line-wrapped base64": base64.encodebytes(b"a" * 50 + PB + b"b" * 50),
+    "line-wrapped base64": base64.encodebytes(b"a" * 50 + PB + b"." * 50),
     "base64 of user:placeholder": b"Basic " + base64.b64encode(b"user:" + PB),
     "percent-encoded base64": quote(base64.b64encode(b"??>" + PB).decode(), safe="").encode(),
 }
@@ -59,19 +59,27 @@ def test_every_encoding_is_found(data: bytes) -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"sgph_", b"sgph_abc", PB[:-1], b"plain text " * 100, base64.b64encode(PB[:-1]), b"%%%zz\\u00"],
-    ids=[
-        "empty",
-        "the prefix alone",
-        "a short tail",
-        "one character short",
-        "plain text",
-        "base64 of a truncated one",
-        "junk escapes",
-    ],
+    [b"", b"sgph_", b"sgph_abc", b"sgph_abcdefg!", b"plain text " * 100, b"%%%zz\\u00"],
+    ids=["empty", "the prefix alone", "a short tail", "seven characters", "plain text", "junk escapes"],
 )
 def test_nothing_is_found_where_there_is_none(data: bytes) -> None:
     assert find_placeholders(data) == set()
+
+
+SHAPES = {
+    "one character short": (PB[:-1], P[:-1]),
+    "base64 of a truncated one": (base64.b64encode(PB[:-1]), P[:-1]),
+    "one character too many": (PB + b"a", P + "a"),
+    "the shortest shape": (b"x sgph_abcdefgh.", "sgph_abcdefgh"),
+    "a truncated one, percent-encoded": (pct_all(P[:20]).encode(), P[:20]),
+}
+
+
+@pytest.mark.parametrize(
+    ("data", "shape"), SHAPES.values(), ids=[f"{k} is one placeholder-shaped value" for k in SHAPES]
+)
+def test_a_placeholder_of_the_wrong_length_is_found_whole(data: bytes, shape: str) -> None:
+    assert find_placeholders(data) == {shape}
 
 
 def test_raw_occurrences_have_spans_and_encoded_ones_are_flagged() -> None:
@@ -117,7 +125,7 @@ def test_a_request_is_scanned_everywhere() -> None:
 def test_the_stream_scanner_finds_a_placeholder_split_anywhere(
     before: bytes, after: bytes, size: int
 ) -> None:
-    data = before + PB + after
+    data = before + PB + b"." + after  # a letter right after would make it a longer, unknown value
     scanner = StreamScanner()
     found: set[str] = set()
     for i in range(0, len(data), size):
@@ -131,6 +139,22 @@ def test_the_stream_scanner_finds_encodings_split_at_every_boundary(encoding: st
     for cut in range(1, len(data)):
         scanner = StreamScanner()
         assert scanner.feed(data[:cut]) | scanner.feed(data[cut:]) == {P}, cut
+
+
+@pytest.mark.parametrize("encoding", ["raw", "percent-encoded", "base64 at offset 1", "json unicode-escaped"])
+def test_a_truncated_placeholder_at_a_chunk_boundary_waits_for_the_next_chunk(encoding: str) -> None:
+    data = b"prefix " * 20 + ENCODINGS[encoding]
+    cut = len(data) - 3
+    scanner = StreamScanner()
+    assert scanner.feed(data[:cut]) == set(), "a value the next chunk completes is not reported cut"
+    assert scanner.feed(data[cut:]) == {P}
+    assert scanner.feed(b"") == set()
+
+
+def test_a_truncated_placeholder_at_the_end_of_a_stream_is_reported_at_the_end() -> None:
+    scanner = StreamScanner()
+    assert scanner.feed(b"text " + PB[:20]) == set()
+    assert scanner.feed(b"") == {P[:20]}
 
 
 def test_the_stream_scanner_keeps_a_bounded_tail() -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import ssl
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -16,6 +17,8 @@ import pytest
 import yaml
 from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, SANDGATE, TOKEN, TOKEN_REF, GatewayFactory, RunningGateway
 from support import RecordingUpstream
+
+from sandgate.brokers import PlaceholderMinter, Secret
 
 pytestmark = pytest.mark.slow
 
@@ -241,13 +244,76 @@ def test_another_tenants_placeholder_is_refused_and_flagged(
     with client(gateway) as c:
         resp = c.get(f"{https_upstream.url_for('api.test')}/x", headers={"X-Their-Key": theirs})
     assert resp.status_code == 403
-    assert resp.headers["X-Sandgate-Reason"] == "credential_host_mismatch"
+    # The same answer as for a forgery: the guest learns nothing about whose it is.
+    assert resp.headers["X-Sandgate-Reason"] == "unknown_placeholder"
     record = gateway.record(resp.json()["decision_id"])
     assert record["broker"]["foreign"] is True
     assert https_upstream.requests == []
     with client(gateway, "sb2", OTHER_TOKEN) as c:
         ok = c.get(f"{https_upstream.url_for('api.test')}/x", headers={"X-Their-Key": theirs})
     assert ok.status_code == 200 and https_upstream.requests[0].header("X-Their-Key") == OTHER_REAL
+
+
+# What `credentials placeholders` prints when it is run without this gateway's `--config`.
+ANOTHER_KEY = PlaceholderMinter(Secret("the-placeholder-key-of-another-gateway-0123456789"))
+
+
+def _unknown_request(where: str, forged: str, url: str) -> dict[str, Any]:
+    if where == "authorization header":
+        return {"url": url, "headers": {"Authorization": f"Bearer {forged}"}}
+    if where == "upper-cased header":
+        return {"url": url, "headers": {"X-Api-Key": forged.upper()}}
+    if where == "query":
+        return {"url": f"{url}?api_key={forged}"}
+    if where == "percent-encoded path":
+        return {"url": f"{url}/" + quote(forged, safe="").replace("_", "%5F")}
+    if where == "json body":
+        return {"url": url, "json": {"key": forged}}
+    assert where == "streamed body"
+    return {"url": url, "content": b"x" * (2 * 1024 * 1024) + forged.encode() + b"\n"}
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "authorization header",
+        "upper-cased header",
+        "query",
+        "percent-encoded path",
+        "json body",
+        "streamed body",
+    ],
+    ids=lambda w: f"in the {w}",
+)
+def test_a_placeholder_this_gateway_did_not_mint_is_refused_audited_and_never_forwarded(
+    gateway: RunningGateway, https_upstream: RecordingUpstream, where: str
+) -> None:
+    forged = ANOTHER_KEY.mint("t1", "sb1", "openai")  # the right triple, the wrong key
+    args = _unknown_request(where, forged, f"{https_upstream.url_for('api.test')}/v1/echo")
+    url = args.pop("url")
+    with client(gateway, timeout=20) as c:
+        try:
+            resp: httpx.Response | None = c.post(url, **args)
+        except httpx.HTTPError:
+            resp = None  # a streamed body is cut: mitmproxy cannot answer it any more
+    if where == "streamed body":
+        assert resp is None or resp.status_code != 200
+        deadline = time.monotonic() + 10
+        while not (records := [r for r in gateway.records() if r["phase"] == "request"]):
+            assert time.monotonic() < deadline, "no record of the streamed request"
+            time.sleep(0.05)
+        time.sleep(0.5)  # a moment for any second record of it to show up
+        records = [r for r in gateway.records() if r["phase"] == "request"]
+    else:
+        assert resp is not None and resp.status_code == 403, resp.text
+        assert resp.headers["X-Sandgate-Reason"] == "unknown_placeholder"
+        assert forged not in resp.text
+        records = [r for r in gateway.records() if r["decision_id"] == resp.json()["decision_id"]]
+    assert len(records) == 1 and records[0]["decision"] == "deny"
+    assert records[0]["reason"] == "unknown_placeholder"
+    assert not any(forged.encode() in r.body or forged in r.target for r in https_upstream.requests)
+    if where != "streamed body":
+        assert https_upstream.requests == [], "nothing reached the upstream"
 
 
 def test_an_unavailable_secret_fails_closed(
