@@ -10,10 +10,23 @@ Secrets are fetched for each request that needs them (each source decides what i
 a file is re-read when it changes, a command's output is kept for its TTL, tokens until
 shortly before they expire), so a rotated secret is used by the next request. A secret that
 cannot be had denies the request with `internal_error`; the placeholder is never forwarded.
+
+The scrubbers must know a secret before any response could carry it, injected or not (a
+bound host may echo a stored key the guest never asked for). So every secret a tenant can
+inject is resolved off the request path by `refresh()` (the gateway runs it at start, after
+each load, on stored-credential changes and every reload interval), and a request of a
+tenant whose secrets were not resolved since the last `configure` or `secrets_changed`
+waits for that first (fail closed; afterwards it is one comparison). A value that cannot
+be resolved is logged once and retried each refresh; its credential's injections fail as
+before, and it is scrubbed from the moment it is resolved (a request that resolves it
+records it before it is forwarded). Values the gateway mints at run time (OAuth2 and
+GitHub App tokens, a rotated refresh token) are scrubbed from the moment they are minted;
+their client secrets, refresh tokens and private keys from the start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,7 +35,7 @@ from datetime import UTC, datetime
 import structlog
 
 from .binding import CompiledCredential, CompiledTenant, TenantCredentials, compile_tenant
-from .errors import BrokerConfigError, SecretUnavailable
+from .errors import BrokerConfigError, BrokerError, SecretUnavailable
 from .github_app import GitHubAppProvider
 from .guard import RequestBodyGuard
 from .httpclient import AsyncHttpClient, HttpxClient
@@ -43,6 +56,9 @@ __all__ = ["Broker"]
 log = structlog.get_logger("sandgate.brokers")
 
 _Provider = OAuth2Provider | GitHubAppProvider
+
+# The longest a refresh waits for one credential's values (a `cmd:` has its own 10 s timeout).
+RESOLVE_TIMEOUT = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +95,15 @@ class Broker:
         self._clock = clock
         self._state = _State({}, PlaceholderIndex(self._minter))
         self._providers: dict[tuple[str, str], tuple[object, _Provider]] = {}
+        # Values recorded by requests (minted tokens included), and by refresh().
         self._known: dict[tuple[str, str], _Known] = {}
+        self._resolved: dict[tuple[str, str], _Known] = {}
         self._versions: dict[str, int] = {}
+        # Bumped when what a tenant can inject may have changed; a tenant is primed at one.
+        self._generation = 0
+        self._primed: dict[str, int] = {}
+        self._priming: dict[str, asyncio.Task[None]] = {}
+        self._unresolved: set[tuple[str, str]] = set()
         self._scrubbers: dict[tuple[str, str], tuple[int, Scrubber]] = {}
 
     # --- configuration -------------------------------------------------------------
@@ -108,11 +131,73 @@ class Broker:
             )
         self._state = _State(compiled, PlaceholderIndex(self._minter, owners))
         live = {(t, n) for t, table in compiled.items() for n in table.by_name}
-        self._providers = {k: v for k, v in self._providers.items() if k in live}
-        self._known = {k: v for k, v in self._known.items() if k in live}
+        # list(): configure runs in the reload worker thread while requests add entries.
+        self._providers = {k: v for k, v in list(self._providers.items()) if k in live}
+        self._known = {k: v for k, v in list(self._known.items()) if k in live}
+        self._resolved = {k: v for k, v in list(self._resolved.items()) if k in live}
         self._scrubbers.clear()
         for tenant in compiled:
             self._bump(tenant)
+        self._generation += 1
+
+    def secrets_changed(self) -> None:
+        """Values behind the references may have changed (a stored credential was set, rotated or
+        removed): each tenant's next request waits for them to be resolved again."""
+        self._generation += 1
+
+    async def refresh(self) -> None:
+        """Resolve every secret every tenant can inject, so the scrubbers know it (off the request path)."""
+        await asyncio.gather(*(self._prime(tenant) for tenant in self._state.tenants))
+
+    async def _prime(self, tenant: str) -> None:
+        """Resolve one tenant's secrets; concurrent callers share one run."""
+        task = self._priming.get(tenant)
+        if task is None:
+            task = asyncio.ensure_future(self._resolve_tenant(tenant, self._generation))
+            self._priming[tenant] = task
+
+            def done(_: object, task: asyncio.Task[None] = task) -> None:
+                if self._priming.get(tenant) is task:
+                    del self._priming[tenant]
+
+            task.add_done_callback(done)
+        await asyncio.shield(task)
+
+    async def _resolve_tenant(self, tenant: str, generation: int) -> None:
+        table = self._state.tenants.get(tenant)
+        if table is not None:
+            await asyncio.gather(*(self._resolve(tenant, cred) for cred in table.by_name.values()))
+        self._primed[tenant] = generation
+
+    async def _resolve(self, tenant: str, cred: CompiledCredential) -> None:
+        key = (tenant, cred.name)
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT):
+                values = await self._scrub_values(tenant, cred)
+            self._remember(tenant, cred.name, values, self._resolved)
+        except Exception as e:  # never let one credential stop the others from being known
+            if key not in self._unresolved:
+                self._unresolved.add(key)
+                error = str(e) if isinstance(e, BrokerError) else type(e).__name__
+                log.warning("broker.secret_unresolved", tenant=tenant, credential=cred.name, error=error)
+            return
+        if key in self._unresolved:
+            self._unresolved.discard(key)
+            log.info("broker.secret_resolved", tenant=tenant, credential=cred.name)
+
+    async def _scrub_values(self, tenant: str, cred: CompiledCredential) -> tuple[Secret, ...]:
+        """What must never reach the guest, short of a token only a request mints."""
+        if isinstance(cred.credential.inject, OAuth2Inject | GitHubAppInject):
+            # Client secret, refresh token, private key: known before any token is minted.
+            return tuple([await self._secrets.get(cred.ref(ref)) for ref in _refs(cred)])
+        return (await self._material(tenant, cred)).scrub
+
+    async def _ensure_primed(self, tenant: str, table: CompiledTenant) -> None:
+        """Fail closed: a tenant's request waits until its secrets were resolved since the last change."""
+        for _ in range(2):  # a second round when a change arrived during the first
+            if not table.by_name or self._primed.get(tenant) == self._generation:
+                return
+            await self._prime(tenant)
 
     def placeholder(self, tenant: str, sandbox: str, credential: str) -> str | None:
         """The placeholder a sandbox holds for one credential."""
@@ -147,6 +232,7 @@ class Broker:
         """Decide one request that policy already allowed (see `planner` for the order)."""
         state = self._state
         table = state.tenants.get(tenant) or CompiledTenant(tenant, (sandbox,), {}, ())
+        await self._ensure_primed(tenant, table)
         plan = plan_request(table, state.index, sandbox, request)
         if isinstance(plan, BrokerDenial):
             return plan
@@ -171,7 +257,7 @@ class Broker:
         for cred in plan.credentials:
             try:
                 material = await self._material(tenant, cred)
-                self._remember(tenant, cred.name, material.scrub)
+                self._remember(tenant, cred.name, material.scrub, self._known)
             except SecretUnavailable as e:
                 log.warning(
                     "broker.secret_unavailable",
@@ -246,7 +332,9 @@ class Broker:
 
     # --- responses -----------------------------------------------------------------
 
-    def _remember(self, tenant: str, credential: str, values: tuple[Secret, ...]) -> None:
+    def _remember(
+        self, tenant: str, credential: str, values: tuple[Secret, ...], into: dict[tuple[str, str], _Known]
+    ) -> None:
         """Record the values a credential resolved to (for scrubbing); refuse ones too short to scrub."""
         for value in values:
             if len(value.reveal_bytes()) < MIN_SCRUB_BYTES:
@@ -254,7 +342,7 @@ class Broker:
                     f"credential {credential}: a secret value is shorter than {MIN_SCRUB_BYTES} bytes"
                 )
         key = (tenant, credential)
-        known = self._known.get(key)
+        known = into.get(key)
         if (
             known is not None
             and len(known.current) == len(values)
@@ -262,7 +350,7 @@ class Broker:
         ):
             return
         previous = known.current if known is not None else ()
-        self._known[key] = _Known(values, previous)
+        into[key] = _Known(values, previous)
         self._bump(tenant)
 
     def _bump(self, tenant: str) -> None:
@@ -271,15 +359,18 @@ class Broker:
     def scrubber(self, tenant: str, sandbox: str) -> Scrubber:
         """The response scrubber of one sandbox: its tenant's known secret values → its placeholders.
 
-        Covers every value resolved since start-up for the tenant's credentials, the current
-        and the one before each rotation. Rebuilt only when those values change.
+        Covers every value of the tenant's credentials, resolved by `refresh` or by a request,
+        the current and the one before each rotation. Rebuilt only when those values change.
+        Other tenants' secrets are not in it: a tenant's secret is only sent to its own bound
+        hosts, and matching every tenant's secrets in every response would cost memory and
+        time in the number of tenants for an upstream that discloses what it was given anyway.
         """
         version = self._versions.get(tenant, 0)
         cached = self._scrubbers.get((tenant, sandbox))
         if cached is not None and cached[0] == version:
             return cached[1]
         pairs: list[tuple[Secret, str]] = []
-        for (owner, credential), known in self._known.items():
+        for (owner, credential), known in [*self._known.items(), *self._resolved.items()]:
             if owner != tenant:
                 continue
             placeholder = self.placeholder(tenant, sandbox, credential)

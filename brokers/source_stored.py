@@ -43,7 +43,7 @@ class StoredSource:
     a missed event); on expiry the value is read again, and kept if the store cannot be read.
     """
 
-    __slots__ = ("_cache", "_clock", "_generation", "_locks", "_store", "ttl")
+    __slots__ = ("_cache", "_clock", "_generation", "_locks", "_store", "on_change", "ttl")
 
     def __init__(
         self, store: StoredValues, *, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic
@@ -54,11 +54,15 @@ class StoredSource:
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._generation = 0
+        # Told after each invalidation (the broker then resolves its tenants' secrets again).
+        self.on_change: Callable[[], None] | None = None
 
     def invalidate(self) -> None:
         """Forget every cached value; the next use of each reads the store."""
         self._generation += 1
         self._cache.clear()
+        if self.on_change is not None:
+            self.on_change()
 
     def _fresh(self, key: tuple[str, str]) -> _Cached | None:
         cached = self._cache.get(key)

@@ -67,6 +67,7 @@ from .registry import load_registry, merge_registry, merge_registry_lenient, reg
 from .registry_file import FileSandboxStore
 from .registry_redis import RedisSandboxStore, rules_checker
 from .reload import PolicyReloader
+from .secret_refresh import SecretRefresher
 from .statusfile import remove_status, write_status
 from .stores import SandboxStore
 from .transparent import Transparent
@@ -134,6 +135,7 @@ class _Lifecycle:
             return
         await gw.reloader.start()
         gw.credential_watch.start()
+        gw.secret_refresh.start()
         if gw.limit_sync is not None:
             await gw.limit_sync.start()
         if gw.config.rego.engine == "opa" and not await gw.engine.health():
@@ -168,7 +170,7 @@ class _Lifecycle:
         steps: list[Callable[[], Awaitable[None]]] = [gw.stop_admin, gw.reloader.stop]
         if gw.fleet is not None:
             steps.append(gw.fleet.stop)
-        steps += [gw.credential_watch.stop, gw.credential_store.aclose]
+        steps += [gw.credential_watch.stop, gw.secret_refresh.stop, gw.credential_store.aclose]
         if gw.limit_sync is not None:
             steps.append(gw.limit_sync.stop)
         steps += [gw.broker.aclose, gw.engine.close]
@@ -204,6 +206,9 @@ class Gateway:
         self.broker = Broker(
             placeholder_key=load_placeholder_key(config.placeholder_key_ref), secrets=secrets
         )
+        # The scrubbers know every injectable secret before the first request, and as it changes.
+        self.secret_refresh = SecretRefresher(self.broker, interval=config.reload.interval_seconds)
+        stored.on_change = self._stored_credentials_changed
         # Set after the first load (which has no redis snapshot yet: run() syncs before serving).
         self.fleet: FleetRegistrySync | None = None
         # The admin API's backends: the registry (file, or redis in a fleet), the credential store.
@@ -334,6 +339,10 @@ class Gateway:
                 log.error("registry.entries_refused", source="redis", errors=[str(e) for e in refused])
         configure_broker(self.broker, merged)
         return merged
+
+    def _stored_credentials_changed(self) -> None:
+        self.broker.secrets_changed()
+        self.secret_refresh.poke()
 
     def _watched_files(self, policy: PolicySet) -> list[Path]:
         return [

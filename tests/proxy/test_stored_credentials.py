@@ -7,6 +7,8 @@ without a restart; a removal fails closed; a cached value costs no redis round t
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import subprocess
 import time
@@ -16,8 +18,9 @@ from typing import Any
 import pytest
 import redis
 import yaml
-from conftest import SANDGATE, TOKEN_REF, GatewayFactory, RunningGateway
+from conftest import SANDGATE, TOKEN_REF, UPSTREAM_IP, GatewayFactory, RunningGateway
 from support import RecordingUpstream, RedisServer
+from support.pki import TestPKI
 
 from .test_broker import client, placeholders
 
@@ -162,3 +165,57 @@ def test_a_gateway_that_loses_redis_keeps_serving_its_cached_value(
     redis_server.kill()
     assert authorization_seen(gw, https_upstream, ph) == (200, f"Bearer {VALUE}")
     assert_no_secret_in_audit_or_log(gw)
+
+
+def _leak(value: str, *, compressed: bool) -> tuple[bytes, list[tuple[str, str]]]:
+    """A response that hands `value` back in its body, a redirect and a cookie."""
+    body = json.dumps({"your_key": value}).encode()
+    headers = [
+        ("Location", f"https://api.test/callback?key={value}"),
+        ("Set-Cookie", f"session={value}; Secure"),
+    ]
+    if compressed:
+        return gzip.compress(body), [*headers, ("Content-Encoding", "gzip")]
+    return body, headers
+
+
+def _changes_seen(gw: RunningGateway) -> int:
+    return gw.log().count('"credentials.changed"')
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_a_stored_value_echoed_before_any_injection_reaches_the_guest_as_its_placeholder(
+    start_gateway: GatewayFactory, pki: TestPKI, mode: dict[str, Any], compressed: bool
+) -> None:
+    body, headers = _leak(VALUE, compressed=compressed)
+    with RecordingUpstream(
+        UPSTREAM_IP, tls=pki, name="leaky", status=302, body=body, headers=headers
+    ) as leaky:
+        gw = start(start_gateway, leaky, mode)
+        ph = placeholders(gw, "sb1")["OPENAI_API_KEY"]
+
+        def fetch() -> tuple[str, str, str]:
+            with client(gw) as c:  # no placeholder: nothing is injected, the host echoes anyway
+                resp = c.get(f"{leaky.url_for('api.test')}/v1/whoami")
+            assert resp.status_code == 302
+            return resp.text, resp.headers["location"], resp.headers["set-cookie"]
+
+        text, location, cookie = fetch()  # the fresh gateway's first request
+        assert VALUE not in text + location + cookie, "the stored value reached the guest"
+        assert ph in text and ph in location and ph in cookie
+
+        # Rotated at run time: once the gateway saw the change, the next echo is scrubbed too.
+        seen = _changes_seen(gw)
+        cli(gw.root / "sandgate.yaml", "rotate", "--tenant", "acme", "openai", stdin=ROTATED)
+        leaky.body, leaky.extra_headers = (
+            _leak(ROTATED, compressed=compressed)[0],
+            tuple(_leak(ROTATED, compressed=compressed)[1]),
+        )
+        deadline = time.monotonic() + 10
+        while _changes_seen(gw) == seen:
+            assert time.monotonic() < deadline, "the gateway never noticed the rotation"
+            time.sleep(0.05)
+        text, location, cookie = fetch()
+        assert ROTATED not in text + location + cookie, "the rotated value reached the guest"
+        assert ph in text and ph in location and ph in cookie
+        assert_no_secret_in_audit_or_log(gw)
