@@ -243,8 +243,15 @@ class CredentialBroker:
             scrubber = self.ctx.broker.scrubber(*owner)
             response = flow.response
             if "content-encoding" in response.headers:
-                # Decoded, scrubbed, encoded again: a compressed echo must not slip past.
-                content = response.get_content(strict=False) or b""
+                # Decoded, scrubbed, encoded again: a compressed echo must not slip past. Strictly:
+                # an encoding mitmproxy cannot undo ("gzip, gzip", "compress", a corrupt stream)
+                # would otherwise be scanned still encoded and reach the guest with its header gone.
+                try:
+                    content = response.get_content(strict=True) or b""
+                except ValueError:
+                    log.warning("broker.unscrubbable_response", host=flow.request.pretty_host)
+                    flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
+                    return
                 response.set_content(scrubber.scrub(content))
             elif response.raw_content:
                 scrubbed = scrubber.scrub(response.raw_content)

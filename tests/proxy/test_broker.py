@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import ssl
@@ -314,6 +315,40 @@ def test_a_placeholder_this_gateway_did_not_mint_is_refused_audited_and_never_fo
     assert not any(forged.encode() in r.body or forged in r.target for r in https_upstream.requests)
     if where != "streamed body":
         assert https_upstream.requests == [], "nothing reached the upstream"
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "encode"),
+    [
+        ("gzip, gzip", lambda b: gzip.compress(gzip.compress(b))),
+        ("x-gzip", gzip.compress),
+        ("gzip", lambda b: _flip(gzip.compress(b), 15)),  # a damaged stream: it does not decode
+    ],
+    ids=["a chain of encodings", "an encoding mitmproxy does not know", "a corrupt gzip body"],
+)
+def test_an_echo_in_an_encoding_the_gateway_cannot_undo_never_reaches_the_guest(
+    gateway: RunningGateway, https_upstream: RecordingUpstream, encoding: str, encode: Any
+) -> None:
+    https_upstream.body = encode(json.dumps({"echo": f"Bearer {REAL}"}).encode())
+    https_upstream.extra_headers = (("Content-Encoding", encoding),)
+    try:
+        with client(gateway) as c:
+            resp = c.get(f"{https_upstream.url_for('api.test')}/v1/echo")  # nothing injected
+    finally:
+        https_upstream.body, https_upstream.extra_headers = None, ()
+    assert resp.status_code == 403 and resp.headers["X-Sandgate-Reason"] == "internal_error"
+    raw = resp.content
+    for _ in range(2):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError):
+            break
+    assert REAL.encode() not in raw and REAL.encode() not in resp.content
+    assert_no_secret_anywhere(gateway, resp.text)
 
 
 def test_an_unavailable_secret_fails_closed(
