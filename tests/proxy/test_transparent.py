@@ -120,6 +120,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Lab]
                 "upstream": {"trusted_ca": str(pki.ca_file)},
                 # A table of its own: concurrent test runs on one host must not replace each other's.
                 "host_rules": {"table": f"sgt_{nl.tag}"},
+                # Low enough for a test to reach (see the per-sandbox cap test).
+                "connections": {"max_per_sandbox": 40},
             },
         )
         with (root / "gateway.log").open("wb") as log:
@@ -509,3 +511,50 @@ def test_a_connect_through_the_transparent_listener_is_refused(lab: Lab) -> None
 def test_jail_reports_a_killed_command_and_still_cleans_up(lab: Lab) -> None:
     result = lab.sandgate("jail", "--tenant", "t1", "--", "sh", "-c", "kill -KILL $$")
     assert result.returncode == 128 + signal.SIGKILL
+
+
+def _connect(addr: str, port: int, count: int) -> list[socket.socket]:
+    """`count` TCP connections that send nothing (run inside a guest's namespace)."""
+    conns = []
+    for _ in range(count):
+        s = socket.create_connection((addr, port), timeout=5)
+        conns.append(s)
+    return conns
+
+
+def _closed_soon(conns: list[socket.socket], wait: float) -> int:
+    """How many of `conns` the gateway closes within `wait` seconds (they sent nothing)."""
+    closed = 0
+    deadline = time.monotonic() + wait
+    for s in conns:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if s.recv(1) == b"":
+                closed += 1
+        except TimeoutError:
+            pass
+        except OSError:
+            closed += 1
+    return closed
+
+
+def test_a_sandbox_past_its_connection_cap_is_closed_at_connect(lab: Lab) -> None:
+    mark = lab.mark()
+    conns = in_namespace(lab.g1.name, lambda: _connect(lab.up.addr, 80, 45))
+    try:
+        assert _closed_soon(conns[40:], wait=2) == 5
+        assert _closed_soon(conns[:40], wait=0.2) == 0
+        # Another sandbox is not affected.
+        g2 = lab.curl(lab.g2, "--cacert", str(lab.pki.ca_file), "https://pass.test/")
+        assert g2.returncode == 0, g2.stderr
+    finally:
+        for s in conns:
+            s.close()
+    time.sleep(1.2)  # refusals are recorded once a second, aggregated
+    refusals = [r for r in lab.records(mark) if r["reason"] == "connection_limit"]
+    assert [(r["sandbox"], r["tenant"], r["detail"]) for r in refusals] == [
+        ("sb1", "t1", "connections.max_per_sandbox (40)")
+    ]
+    assert refusals[0]["connections"] == 5
+    # The slots are free again.
+    assert lab.curl(lab.g1, "-o", "/dev/null", "-w", "%{http_code}", "http://api.test/").stdout == "200"
