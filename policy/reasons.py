@@ -35,6 +35,8 @@ class Reason(StrEnum):
     UNKNOWN_PLACEHOLDER = "unknown_placeholder"
     # A request or response head over the size or count cap (431, then the connection closes).
     HEADER_TOO_LARGE = "header_too_large"
+    # A request head not read whole within the header-read timeout (408, then the connection closes).
+    HEADER_TIMEOUT = "header_timeout"
     # An `Upgrade` (WebSocket, h2c, ...) no rule allows, or an unexpected 101 from upstream.
     UPGRADE_NOT_ALLOWED = "upgrade_not_allowed"
     # An allowed destination that could not be reached (502) or did not answer in time (504).

@@ -25,6 +25,7 @@ __all__ = [
     "ConnectionsConfig",
     "DnsListenerConfig",
     "GatewayConfig",
+    "HeadsConfig",
     "Http2Config",
     "LimitsConfig",
     "ListenerConfig",
@@ -316,6 +317,25 @@ class ConnectionsConfig(_Strict):
     )
 
 
+class HeadsConfig(_Strict):
+    """Caps on an HTTP/1 head (request or status line plus header lines) and on reading one."""
+
+    max_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = Field(
+        default=64 * 1024,
+        description="a request head over this is answered 431, a response head 502; both close",
+    )
+    max_lines: Annotated[int, Field(ge=8, le=10_000)] = Field(
+        default=100, description="lines in one head, the request or status line included"
+    )
+    read_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=20.0,
+        description=(
+            "time to read a whole request head, from its first byte (the first request of a "
+            "connection or tunnel: from its start); then 408 and close"
+        ),
+    )
+
+
 class Http2Config(_Strict):
     """Hardening of intercepted HTTP/2 connections from guests (proxy/h2guard.py)."""
 
@@ -412,6 +432,7 @@ class GatewayConfig(_Strict):
     shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     http2: Http2Config = Field(default_factory=Http2Config)
+    heads: HeadsConfig = Field(default_factory=HeadsConfig)
     # Filled in by load_config: the folder relative paths are resolved against.
     base_dir: str = Field(default=".", exclude=True)
 

@@ -48,6 +48,8 @@ log = structlog.get_logger("sandgate.gate")
 PENDING_KEY = "sandgate.pending"
 # Set by the broker addon: (credential names, injector kinds) used on this request.
 CREDENTIALS_KEY = "sandgate.credentials"
+# The request line and headers as the guest sent them, in bytes (audit `bytes.up`, byte limits).
+HEAD_BYTES_KEY = "sandgate.head_bytes"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -186,6 +188,7 @@ class Gate:
             flow.request.path = reading.forward
             dctx.method = flow.request.method
             dctx.path = flow.request.path
+            flow.metadata[HEAD_BYTES_KEY] = head_bytes(flow.request)
             target = self._request_target(flow, state)
             if isinstance(target, Decision):
                 await self._deny_flow(flow, dctx, target)
@@ -291,7 +294,7 @@ class Gate:
             identity.sandbox,
             limits,
             body_bytes=declared,
-            egress_bytes=head_bytes(flow.request) + (declared or 0),
+            egress_bytes=flow.metadata.get(HEAD_BYTES_KEY, 0) + (declared or 0),
         )
         metered = (
             limits.request_body_bytes is not None
@@ -343,7 +346,7 @@ class Gate:
                 decision,
                 credentials=credentials,
                 status=flow.response.status_code if flow.response else None,
-                bytes_up=len(flow.request.raw_content or b""),
+                bytes_up=flow.metadata.get(HEAD_BYTES_KEY, 0) + len(flow.request.raw_content or b""),
                 bytes_down=len(flow.response.raw_content or b"") if flow.response else None,
                 error=error,
             )

@@ -55,6 +55,9 @@ from .fleet_sync import FleetRegistrySync, default_gateway_id
 from .gate import Gate
 from .h2guard import H2Guard
 from .h2guard import check_seam as check_h2_seam
+from .head_guard import HeadGuard
+from .heads import install as install_head_caps
+from .heads import self_test as head_caps_self_test
 from .hopbyhop import HopByHop
 from .hostaddrs import own_addresses
 from .identify import Identify
@@ -288,6 +291,8 @@ class Gateway:
         self.ready = asyncio.Event()
         self.exit_code = 0
         self.listen_addrs: list[tuple[str, int]] = []
+        # Caps on HTTP/1 heads live inside mitmproxy's HTTP/1 layer (sandgate.proxy.heads).
+        install_head_caps()
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
         self.drainer = Drainer(self.ctx, self.master)
         self._drain_task: asyncio.Future[None] | None = None
@@ -306,6 +311,7 @@ class Gateway:
             H2Guard(self.ctx, config.http2),
             tlsconfig.TlsConfig(),
             DrainStart(self.drainer),
+            HeadGuard(self.ctx, config.heads),
             Gate(self.ctx, require_sni=config.passthrough.require_sni),
             HopByHop(),
             CredentialBroker(self.ctx),
@@ -327,6 +333,8 @@ class Gateway:
         # mitmproxy internals the idle sweep and the HTTP/2 guard rely on: fail start-up if moved.
         check_connection_seams()
         check_h2_seam(self.master.options)
+        # The same for the caps on HTTP/1 heads (sandgate.proxy.heads).
+        head_caps_self_test(self.master.options)
 
     def _load_policy(self) -> PolicySet:
         """The rules directory plus the dynamic sandbox registry (runs in a worker thread)."""
