@@ -158,7 +158,7 @@ def test_a_1_mib_request_header_gets_431_one_record_and_never_reaches_the_upstre
 def test_a_head_of_too_many_lines_gets_431(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream
 ) -> None:
-    gw = start_gateway(one_tenant(http_upstream), config={"hardening": {"heads": {"max_lines": 20}}})
+    gw = start_gateway(one_tenant(http_upstream), config={"heads": {"max_lines": 20}})
     raw = raw_request(gw, request_head(http_upstream, *[f"X-{i}: y".encode() for i in range(30)]))
     record = assert_refused(gw, raw, 431, "header_too_large")
     assert record["detail"] == "request head over 20 lines"
@@ -292,7 +292,7 @@ def test_the_timeout_closes_a_half_sent_head_with_408(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream
 ) -> None:
     gw = start_gateway(
-        one_tenant(http_upstream), config={"hardening": {"heads": {"read_timeout_seconds": 1.5}}}
+        one_tenant(http_upstream), config={"heads": {"read_timeout_seconds": 1.5}}
     )
     sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
     started = time.monotonic()
