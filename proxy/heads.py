@@ -13,6 +13,11 @@ through, `Http1Connection._handle_event`, and checks each chunk BEFORE it is buf
 - a response head over a cap → the upstream connection is closed and the guest gets 502
   `header_too_large` (a `RefusedResponse` the HeadGuard addon completes and audits).
 
+HTTP/2 (intercepted tunnels) is bounded by the h2 library itself (a decoded header list
+over its limit, more than 64 CONTINUATION frames: a connection error, GOAWAY); the wrapper
+of `Http2Connection` sets that limit to `max_bytes`, advertises it in SETTINGS
+(MAX_HEADER_LIST_SIZE), and reports a guest's oversized header block like an HTTP/1 one.
+
 Refusals of request heads are reported to addons by the `sandgate_head_refused` hook (no
 flow exists yet). The wrapper acts only where the master declares the `sandgate_head_*`
 options (HeadGuard's), so a master without that addon is left as mitmproxy made it.
@@ -30,13 +35,16 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+import h2.connection
+import h2.events
+import h2.exceptions
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import connection, http, version
 from mitmproxy.net.http import http1
 from mitmproxy.options import Options
 from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.context import Context
-from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http import _http1, _http2
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ResponseEndOfMessage, ResponseHeaders
 
@@ -159,6 +167,53 @@ def install() -> None:
         yield from _guarded(self, event, limits, original)
 
     _http1.Http1Connection._handle_event = _handle_event  # type: ignore[method-assign]
+    _install_h2()
+
+
+def _install_h2() -> None:
+    """Set h2's header-list cap from the options, and report a guest's oversized block."""
+    on_event = _http2.Http2Connection._handle_event
+    on_h2_event = _http2.Http2Connection.handle_h2_event
+
+    def _handle_event(self: _http2.Http2Connection, event: events.Event) -> Commands:
+        limits = _limits(self.context.options)
+        if limits is not None and isinstance(event, events.Start):
+            _cap_header_list(self.h2_conn, limits.max_bytes)
+        yield from on_event(self, event)
+
+    def handle_h2_event(self: _http2.Http2Connection, event: h2.events.Event) -> Generator[Any, Any, bool]:
+        limits = _limits(self.context.options)
+        if (
+            limits is not None
+            and isinstance(self, _http2.Http2Server)
+            and isinstance(event, h2.exceptions.ProtocolError)
+            and _oversized_block(event)
+        ):
+            refusal = HeadRefusal(
+                self.context.client,
+                Reason.HEADER_TOO_LARGE,
+                None,
+                new_decision_id(),
+                f"HTTP/2 header block over {limits.max_bytes} bytes or 64 frames (GOAWAY)",
+            )
+            yield SandgateHeadRefusedHook(refusal)
+        stop: bool = yield from on_h2_event(self, event)
+        return stop
+
+    _http2.Http2Connection._handle_event = _handle_event  # type: ignore[method-assign]
+    _http2.Http2Connection.handle_h2_event = handle_h2_event  # type: ignore[method-assign]
+
+
+def _cap_header_list(conn: h2.connection.H2Connection, max_bytes: int) -> None:
+    """Advertise and enforce the cap before our SETTINGS go out (they go out on Start)."""
+    conn.local_settings.max_header_list_size = max_bytes
+    conn.local_settings.acknowledge()  # sent as current in the connection preamble
+    conn.decoder.max_header_list_size = max_bytes
+
+
+def _oversized_block(error: h2.exceptions.ProtocolError) -> bool:
+    """Whether h2 refused a header block for its size (decoded, or in CONTINUATION frames)."""
+    return isinstance(error, h2.exceptions.DenialOfServiceError) or "continuation frames" in str(error)
 
 
 def _guarded(
@@ -183,6 +238,12 @@ def _guarded(
             return
     yield from original(layer, event)
     if isinstance(layer, _http1.Http1Server) and not watch.refused:
+        if layer.state == layer.read_headers and len(layer.buf) > 0:
+            # A pipelined head that waited in the buffer is now the one being read.
+            problem = head_overflow(bytes(layer.buf), b"", len(layer.buf), limits)
+            if problem is not None:
+                yield from _refuse(layer, watch, problem, limits)
+                return
         yield from _track_head(layer, watch, limits)
 
 

@@ -40,6 +40,7 @@ from .audit_redis import RedisStreamSink
 from .bindings import NameBindings
 from .broker import CredentialBroker
 from .ca import ensure_ca
+from .closefix import install as install_close_fix
 from .config import GatewayConfig, RedisConfig, ResolverConfig
 from .connlimits import ConnectionLimits, SandboxConnectionCap
 from .connlimits import check_seams as check_connection_seams
@@ -293,6 +294,7 @@ class Gateway:
         self.listen_addrs: list[tuple[str, int]] = []
         # Caps on HTTP/1 heads live inside mitmproxy's HTTP/1 layer (sandgate.proxy.heads).
         install_head_caps()
+        install_close_fix()
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
         self.drainer = Drainer(self.ctx, self.master)
         self._drain_task: asyncio.Future[None] | None = None

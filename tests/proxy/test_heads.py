@@ -306,3 +306,20 @@ def test_the_timeout_closes_a_half_sent_head_with_408(
     record = assert_refused(gw, raw, 408, "header_timeout")
     assert record["detail"].startswith("request head not complete after 1.5 s")
     assert http_upstream.connections == []
+
+
+def test_pipelined_bytes_over_the_cap_close_the_connection_and_are_never_forwarded(
+    start_gateway: GatewayFactory,
+) -> None:
+    with RecordingUpstream(UPSTREAM_IP, name="slow", delay=1.0) as slow:
+        gw = start_gateway(one_tenant(slow))
+        first = request_head(slow)
+        raw = raw_request(gw, first + b"GET /second HTTP/1.1\r\nX-Big: " + b"a" * 200_000)
+        refusals = [r for r in gw.records(2) if r["reason"] == "header_too_large"]
+        assert len(refusals) == 1
+        # Refused while the first response was pending (closed, no answer) or right after it (431).
+        assert refusals[0]["status"] in (None, 431)
+        assert b"X-Big" not in raw
+        # The first request may or may not have gone before the close; the second never goes.
+        assert len(slow.requests) <= 1
+        assert all(r.target.endswith("/x") and r.header("x-big") is None for r in slow.requests)

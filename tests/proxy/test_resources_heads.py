@@ -10,12 +10,18 @@ from __future__ import annotations
 import base64
 import contextlib
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
 import httpx
+import hyperframe.frame
 import pytest
 from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, TOKEN, GatewayFactory, RunningGateway, tenant_yaml
 from support import RecordingUpstream
@@ -193,3 +199,117 @@ def test_slowloris_heads_are_closed_at_the_timeout_while_another_tenant_is_serve
     timed_out = [r for r in gw.records(count) if r["reason"] == "header_timeout"]
     assert len(timed_out) == count
     assert not [r for r in http_upstream.requests if r.target.endswith("/slow")]
+
+
+# -- HTTP/2 header blocks on intercepted tunnels -------------------------------------------------
+
+
+def h2_tunnel(gw: RunningGateway, port: int) -> tuple[ssl.SSLSocket, h2.connection.H2Connection]:
+    """An h2 connection to api.test through a CONNECT tunnel the gateway intercepts."""
+    auth = base64.b64encode(f"sb1:{TOKEN}".encode()).decode()
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    sock.sendall(
+        f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode()
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    ctx = ssl.create_default_context(cafile=str(gw.ca_file))
+    ctx.set_alpn_protocols(["h2"])
+    tls = ctx.wrap_socket(sock, server_hostname="api.test")
+    assert tls.selected_alpn_protocol() == "h2"
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    tls.sendall(conn.data_to_send())
+    return tls, conn
+
+
+def until_closed(tls: ssl.SSLSocket, conn: h2.connection.H2Connection) -> list[h2.events.Event]:
+    """Every h2 event the gateway sends until it closes the connection (a reset included:
+    the close can overtake a GOAWAY while the client is still sending)."""
+    seen: list[h2.events.Event] = []
+    try:
+        while data := tls.recv(65536):
+            seen += conn.receive_data(data)
+            if pending := conn.data_to_send():
+                tls.sendall(pending)
+    except TimeoutError:
+        raise AssertionError("the gateway kept the h2 connection open") from None
+    except (OSError, h2.exceptions.ProtocolError):
+        pass
+    return seen
+
+
+def test_h2_header_blocks_over_the_cap_end_the_connection_while_another_tenant_is_served(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream, https_upstream: RecordingUpstream
+) -> None:
+    tenants = two_tenants(http_upstream)
+    tenants["t1.yaml"] = tenant_yaml(
+        "t1", [{"hosts": ["api.test"], "ports": [https_upstream.port], "inspect": True}]
+    )
+    gw = start_gateway(tenants)
+    port = https_upstream.port
+    baseline, peak = rss(gw), [0]
+    stop_watch = threading.Event()
+    watcher = threading.Thread(target=watch_rss(gw, stop_watch, peak))
+    watcher.start()
+    attempts = 0
+    try:
+        with Victim(gw, http_upstream) as victim:
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline or attempts < 4:
+                tls, conn = h2_tunnel(gw, port)
+                with tls:
+                    if attempts == 0:
+                        # The gateway tells clients its cap.
+                        until_first_settings(tls, conn)
+                        assert conn.remote_settings.max_header_list_size == 65536
+                    if attempts % 2 == 0:
+                        # One header of 200 KiB: HEADERS plus CONTINUATION frames, decoded over the cap.
+                        headers = [
+                            (":method", "GET"),
+                            (":scheme", "https"),
+                            (":authority", "api.test"),
+                            (":path", "/h2"),
+                        ]
+                        conn.send_headers(1, [*headers, ("x-big", "a" * 200_000)], end_stream=True)
+                    else:
+                        # A CONTINUATION flood: 16 MiB of header block that never ends.
+                        frames = [hyperframe.frame.HeadersFrame(1, data=b"\x00" * 16_000)]
+                        frames += [
+                            hyperframe.frame.ContinuationFrame(1, data=b"\x00" * 16_000) for _ in range(1000)
+                        ]
+                        conn.data_to_send()
+                    try:
+                        if attempts % 2 == 0:
+                            tls.sendall(conn.data_to_send())
+                        else:
+                            for frame in frames:
+                                tls.sendall(frame.serialize())
+                    except OSError:
+                        pass
+                    seen = until_closed(tls, conn)
+                    if attempts % 2 == 0:
+                        assert any(isinstance(e, h2.events.ConnectionTerminated) for e in seen), seen
+                attempts += 1
+        victim.assert_served(minimum=10)
+    finally:
+        stop_watch.set()
+        watcher.join()
+    assert peak[0] - baseline < RSS_BOUND
+    refused = [r for r in gw.records(attempts) if r["reason"] == "header_too_large"]
+    assert len(refused) == attempts
+    assert all((r["tenant"], r["sandbox"], r["dest"]["host"]) == ("t1", "sb1", "api.test") for r in refused)
+    assert https_upstream.requests == []
+
+
+def until_first_settings(tls: ssl.SSLSocket, conn: h2.connection.H2Connection) -> list[h2.events.Event]:
+    """Read until the gateway's SETTINGS arrived."""
+    seen: list[h2.events.Event] = []
+    while not any(isinstance(e, h2.events.RemoteSettingsChanged) for e in seen):
+        data = tls.recv(65536)
+        assert data, "closed before SETTINGS"
+        seen += conn.receive_data(data)
+    tls.sendall(conn.data_to_send())
+    return seen

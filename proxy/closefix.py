@@ -1,0 +1,42 @@
+"""A close that always closes: mitmproxy 12.3 can leave a socket open after CloseConnection.
+
+`ConnectionHandler.close_connection` only cancels the connection's reader task; that task
+closes the socket itself when the cancellation reaches it while it reads. When the close
+comes from another task (a hook's, a wakeup's: a refused head found in events queued while
+a hook ran) and the reader is waiting for the event lock at that moment, the cancellation
+escapes before its cleanup: the socket stays open, unread and unwritten, until the process
+exits (the guest never learns it was refused; one fd gone for good). `install()` also
+closes the writer at once (pending bytes, such as a 431, are still flushed first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from mitmproxy.connection import Connection, ConnectionState
+from mitmproxy.proxy import server
+
+__all__ = ["install"]
+
+_installed = False
+
+
+def install() -> None:
+    """Wrap `ConnectionHandler.close_connection` once per process (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    original = server.ConnectionHandler.close_connection
+
+    def close_connection(
+        self: server.ConnectionHandler, connection: Connection, half_close: bool = False
+    ) -> None:
+        original(self, connection, half_close)
+        io = self.transports.get(connection)
+        if connection.state is ConnectionState.CLOSED and io is not None and io.writer is not None:
+            with contextlib.suppress(Exception):
+                if not io.writer.is_closing():
+                    io.writer.close()
+
+    server.ConnectionHandler.close_connection = close_connection  # type: ignore[method-assign]
