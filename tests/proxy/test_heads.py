@@ -291,9 +291,7 @@ def test_a_response_head_over_the_cap_is_a_502_with_none_of_its_bytes_and_the_up
 def test_the_timeout_closes_a_half_sent_head_with_408(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream
 ) -> None:
-    gw = start_gateway(
-        one_tenant(http_upstream), config={"heads": {"read_timeout_seconds": 1.5}}
-    )
+    gw = start_gateway(one_tenant(http_upstream), config={"heads": {"read_timeout_seconds": 1.5}})
     sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
     started = time.monotonic()
     sock.sendall(request_head(http_upstream)[:-4])  # never ends the head

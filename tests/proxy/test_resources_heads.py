@@ -146,9 +146,7 @@ def test_slowloris_heads_are_closed_at_the_timeout_while_another_tenant_is_serve
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream
 ) -> None:
     timeout, count = 3.0, 50
-    gw = start_gateway(
-        two_tenants(http_upstream), config={"heads": {"read_timeout_seconds": timeout}}
-    )
+    gw = start_gateway(two_tenants(http_upstream), config={"heads": {"read_timeout_seconds": timeout}})
     auth = base64.b64encode(f"sb1:{TOKEN}".encode()).decode()
     start = (
         f"GET {http_upstream.url_for('api.test')}/slow HTTP/1.1\r\nHost: api.test:{http_upstream.port}\r\n"
