@@ -39,6 +39,8 @@ log = structlog.get_logger("sandgate.broker")
 _DECIDED_KEY = "sandgate.brokered"
 _SCRUB_KEY = "sandgate.scrub"
 _WS_SCRUB_KEY = "sandgate.scrub.websocket"
+# Trailers (HTTP/2: gRPC's grpc-message echoes errors) are sent after the response hook, streamed or not.
+_TRAILERS_KEY = "sandgate.scrub.trailers"
 # Request bodies up to this size are read whole and scanned; larger ones stream past the guard.
 MAX_BUFFERED_BODY = 1024 * 1024
 
@@ -101,6 +103,7 @@ class CredentialBroker:
                 METRICS.injected(dctx.identity.tenant, outcome.credentials)
             if not broker.scrubber(dctx.identity.tenant, dctx.identity.sandbox).empty:
                 flow.metadata[_SCRUB_KEY] = (dctx.identity.tenant, dctx.identity.sandbox)
+                flow.metadata[_TRAILERS_KEY] = flow.metadata[_SCRUB_KEY]
                 # Kept for the connection's life: a WebSocket on it is scrubbed message by message.
                 flow.metadata[_WS_SCRUB_KEY] = flow.metadata[_SCRUB_KEY]
         except Exception:
@@ -236,6 +239,7 @@ class CredentialBroker:
             message.drop()
 
     def response(self, flow: http.HTTPFlow) -> None:
+        self._scrub_trailers(flow)
         owner = flow.metadata.pop(_SCRUB_KEY, None)
         if owner is None or flow.response is None or self.ctx.broker is None:
             return
@@ -260,6 +264,20 @@ class CredentialBroker:
         except Exception:
             log.exception("hook_failed", hook="broker.response")
             flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
+
+    def _scrub_trailers(self, flow: http.HTTPFlow) -> None:
+        owner = flow.metadata.pop(_TRAILERS_KEY, None)
+        response = flow.response
+        if owner is None or response is None or not response.trailers or self.ctx.broker is None:
+            return
+        try:
+            scrubber = self.ctx.broker.scrubber(*owner)
+            pairs = scrubber.scrub_headers(list(response.trailers.items(multi=True)))
+            response.trailers = http.Headers([(k.encode(), v.encode()) for k, v in pairs])
+        except Exception:
+            log.exception("hook_failed", hook="broker.trailers")
+            response.trailers = None
+            flow.kill()
 
 
 def _replace_body(message: http.Message, body: bytes) -> None:

@@ -566,3 +566,80 @@ def test_websocket_messages_from_a_bound_host_are_scrubbed(
         server.close()
     assert texts == [f"you sent: Bearer {ph}"], "the server saw the real key; the guest sees the placeholder"
     assert_no_secret_anywhere(gw)
+
+
+def _h2_get(gw: RunningGateway, port: int) -> tuple[list[tuple[str, str]], bytes, list[tuple[str, str]]]:
+    """One HTTP/2 GET to api.test through an intercepted tunnel: (headers, body, trailers)."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    raw = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    auth = base64.b64encode(f"sb1:{TOKEN}".encode()).decode()
+    raw.sendall(
+        f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode()
+    )
+    assert b" 200 " in raw.recv(4096)
+    tls = ssl.create_default_context(cafile=str(gw.ca_file))
+    tls.set_alpn_protocols(["h2"])
+    conn = tls.wrap_socket(raw, server_hostname="api.test")
+    assert conn.selected_alpn_protocol() == "h2"
+    h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    h2c.initiate_connection()
+    h2c.send_headers(
+        1,
+        [(":method", "GET"), (":scheme", "https"), (":authority", f"api.test:{port}"), (":path", "/rpc")],
+        end_stream=True,
+    )
+    conn.sendall(h2c.data_to_send())
+    headers: list[tuple[str, str]] = []
+    trailers: list[tuple[str, str]] = []
+    body = b""
+    try:
+        while True:
+            data = conn.recv(65536)
+            assert data, "the gateway closed the connection"
+            for event in h2c.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    headers = [(str(k), str(v)) for k, v in event.headers]
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                    h2c.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.TrailersReceived):
+                    trailers = [(str(k), str(v)) for k, v in event.headers]
+                elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                    return headers, body, trailers
+            conn.sendall(h2c.data_to_send())
+    finally:
+        conn.close()
+
+
+def test_a_secret_echoed_in_http2_trailers_reaches_the_guest_as_its_placeholder(
+    start_gateway: GatewayFactory, pki: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.h2_upstream import TrailersUpstream
+
+    monkeypatch.setenv("SANDGATE_TEST_SECRET", REAL)
+    # gRPC puts an error's text in the grpc-message trailer: an echo of the key the call carried.
+    echo = [("grpc-status", "16"), ("grpc-message", f"invalid key {REAL}")]
+    with TrailersUpstream(pki, "127.0.0.2", body=b'{"ok": true}', trailers=echo) as upstream:
+        creds = [
+            {
+                "name": "openai",
+                "secret": "env:SANDGATE_TEST_SECRET",
+                "hosts": ["api.test"],
+                "ports": [upstream.port],
+                "env": "OPENAI_API_KEY",
+                "inject": {"header": "Authorization", "format": "Bearer {secret}"},
+            }
+        ]
+        rules = [{"hosts": ["api.test"], "ports": [upstream.port]}]
+        gw = start_gateway({"t1.yaml": tenant("t1", "sb1", TOKEN_REF, rules, creds)})
+        ph = placeholders(gw, "sb1")["OPENAI_API_KEY"]
+        headers, body, trailers = _h2_get(gw, upstream.port)
+    assert dict(headers)[":status"] == "200" and upstream.requests == 1
+    assert ("grpc-message", f"invalid key {ph}") in trailers, trailers
+    assert REAL not in repr(trailers) + repr(headers) + body.decode()
+    assert_no_secret_anywhere(gw)
