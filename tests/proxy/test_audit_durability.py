@@ -142,3 +142,51 @@ def test_kill_9_with_per_batch_fsync_loses_no_answered_request(
     recorded = {r["path"] for r in read_records(gw.audit_path) if r.get("decision") == "allow"}
     missing = [p for p in answered if p not in recorded]
     assert not missing, f"{len(missing)} answered requests have no record on disk"
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("fsync", ["per_batch", "off"], ids=["per_batch holds answers", "off answers early"])
+def test_kill_9_while_the_writer_is_stuck(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream, tmp_path: Path, fsync: str
+) -> None:
+    # The writer cannot write (full disk): with per_batch nothing is answered that is not on
+    # disk; with off, answers go out and kill -9 loses their records (the documented window).
+    with SmallDisk(tmp_path / "disk", size="1m") as disk:
+        audit = disk.path / "audit.jsonl"
+        gw = start_gateway(
+            allow_upstream(http_upstream), config={"audit": {"path": str(audit), "fsync": fsync}}
+        )
+        base = http_upstream.url_for("api.test")
+        with httpx.Client(proxy=gw.proxy(), timeout=10) as c:
+            assert c.get(f"{base}/before").status_code == 200
+        assert len(wait_records(audit, 1)) == 1
+        disk.fill()
+        answered: list[str] = []
+
+        def one(i: int) -> None:
+            try:
+                with httpx.Client(proxy=gw.proxy(), timeout=3) as c:
+                    if c.get(f"{base}/stuck{i}").status_code == 200:
+                        answered.append(f"/stuck{i}")
+            except httpx.HTTPError:
+                pass
+
+        # More than the audit file's last page can still take (~600 bytes a record).
+        clients = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+        for t in clients:
+            t.start()
+        http_upstream.wait_for_requests(21, timeout=20)
+        time.sleep(1.0)
+        gw.proc.send_signal(signal.SIGKILL)
+        gw.proc.wait(10)
+        for t in clients:
+            t.join(10)
+        disk.free()
+        recorded = {r["path"] for r in read_records(audit)}
+    missing = [p for p in answered if p not in recorded]
+    if fsync == "per_batch":
+        assert not missing, "nothing is answered before its record is on disk"
+        assert len(answered) < 20, "answers wait while the disk is full"
+    else:
+        assert len(answered) == 20
+        assert missing, "off: answered while still queued, lost to kill -9 (the documented window)"
