@@ -252,6 +252,13 @@ class Broker:
             body_guard=guard,
         )
 
+    def message_guard(self, tenant: str, sandbox: str, request: BrokerRequest) -> RequestBodyGuard:
+        """A guard for what follows an allowed request and is never rewritten (WebSocket
+        messages): feed it every message; any placeholder in them is a denial."""
+        state = self._state
+        table = state.tenants.get(tenant) or CompiledTenant(tenant, (sandbox,), {}, ())
+        return RequestBodyGuard(table, state.index, sandbox, request)
+
     async def _materials(self, tenant: str, sandbox: str, plan: Plan) -> dict[str, Material] | BrokerDenial:
         out: dict[str, Material] = {}
         for cred in plan.credentials:

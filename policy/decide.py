@@ -46,7 +46,8 @@ async def decide(
     4. tenant allow rules                                               → host_not_allowed,
                                                                           port_not_allowed,
                                                                           method_not_allowed,
-                                                                          path_not_allowed
+                                                                          path_not_allowed,
+                                                                          upgrade_not_allowed
     5. a name: resolve it with the gateway's resolver, keep the first
        address no deny network covers and the guard permits, and pin
        it for dialling                                                  → dns_failure,
@@ -169,7 +170,7 @@ def _rules(
     if denied is not None:
         # A deny network is binding in report mode, whether the address came literally or by name.
         return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=denied.rule_id), ip is None
-    match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED)
+    match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED, upgrade=request.upgrade)
     if match.rule is not None:
         allowed = Decision(
             allowed=True,

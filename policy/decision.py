@@ -36,6 +36,7 @@ RELAXABLE_IN_REPORT_MODE = frozenset(
         Reason.METHOD_NOT_ALLOWED,
         Reason.PATH_NOT_ALLOWED,
         Reason.POLICY_DENIED,
+        Reason.UPGRADE_NOT_ALLOWED,
     }
 )
 
@@ -57,6 +58,8 @@ class EgressRequest:
     feed the Rego input document only: `query` is the raw query string, `headers` the
     request's (name, value) pairs as sent, `body_size` the declared length, `client` the
     guest's address, `credentials` the names of the credentials the broker would use.
+    `upgrade` is the protocol switch the request asks for (`websocket`; see
+    sandgate.policy.upgrade), which only an allow rule with `websocket: true` admits.
     """
 
     phase: Phase
@@ -71,6 +74,7 @@ class EgressRequest:
     body_size: int | None = None
     client: str | None = None
     credentials: tuple[str, ...] = ()
+    upgrade: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

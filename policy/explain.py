@@ -153,7 +153,7 @@ def _rule_steps(
             steps.append(_rule_step(3, "deny rules", denied, f"{whose} deny rule matches", rule))
             return decision.allowed
     steps.append(Step(3, "deny rules", "ok", "no deny rule matches"))
-    match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED)
+    match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED, upgrade=request.upgrade)
     if match.rule is not None:
         steps.append(_rule_step(4, "allow rules", "ok", "an allow rule matches", match.rule))
         return True

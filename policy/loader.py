@@ -180,6 +180,7 @@ def _compile_rules(
                 cidrs=tuple(rule.cidrs),
                 origin=f"{where.file}:{where.line}",
                 raw_tcp=rule.protocol == "tcp",
+                websocket=rule.websocket,
             )
         )
     return out

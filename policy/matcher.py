@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .addresses import CidrSet
 from .reasons import Reason
+from .upgrade import WEBSOCKET
 
 __all__ = [
     "ANY_PORT",
@@ -45,6 +46,8 @@ class CompiledRule:
     origin: str = ""
     # A `protocol: tcp` rule: raw bytes may pass, not only HTTP and TLS.
     raw_tcp: bool = False
+    # `websocket: true`: a WebSocket upgrade may pass (its messages are still checked).
+    websocket: bool = False
 
     def port_ok(self, port: int) -> bool:
         return not self.ports or port in self.ports
@@ -54,6 +57,10 @@ class CompiledRule:
 
     def path_ok(self, path: str | None) -> bool:
         return self.paths is None or path is None or self.paths.fullmatch(path) is not None
+
+    def upgrade_ok(self, upgrade: str | None) -> bool:
+        """No protocol switch, or a WebSocket one on a rule that allows it; nothing else."""
+        return upgrade is None or (upgrade == WEBSOCKET and self.websocket)
 
     def deny_path_hit(self, path: str | None) -> bool:
         """For deny rules: an unparseable path counts as a hit."""
@@ -176,11 +183,13 @@ class RuleIndex:
         path: str | None,
         *,
         no_match: Reason,
+        upgrade: str | None = None,
     ) -> RuleMatch:
         """The first rule matching every given part, else the most specific reason it failed.
 
         `method` and `path` are None before the HTTP layer: a rule that restricts them then
-        matches on host and port alone, and is checked again per request.
+        matches on host and port alone, and is checked again per request. `upgrade` is the
+        protocol switch a request asks for: only `websocket` on a `websocket: true` rule matches.
         """
         best = no_match
         nearest: CompiledRule | None = None
@@ -194,7 +203,11 @@ class RuleIndex:
                     best, nearest = Reason.METHOD_NOT_ALLOWED, rule
                 continue
             if not rule.path_ok(path):
-                best, nearest = Reason.PATH_NOT_ALLOWED, rule
+                if best is not Reason.UPGRADE_NOT_ALLOWED:
+                    best, nearest = Reason.PATH_NOT_ALLOWED, rule
+                continue
+            if not rule.upgrade_ok(upgrade):
+                best, nearest = Reason.UPGRADE_NOT_ALLOWED, rule
                 continue
             return RuleMatch(rule, Reason.ALLOWED)
         return RuleMatch(None, best, nearest)

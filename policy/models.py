@@ -119,6 +119,14 @@ class Rule(_Strict):
             "tcp: raw TCP bytes to these hosts/cidrs and ports (a database), passed through and audited"
         ),
     )
+    websocket: bool = Field(
+        default=False,
+        description=(
+            "allow rules: a WebSocket upgrade may pass where the gateway sees HTTP (plain HTTP, "
+            "intercepted TLS); its messages are still checked for placeholders and scrubbed. "
+            "Every other Upgrade is refused"
+        ),
+    )
     comment: str | None = None
 
     @model_validator(mode="after")
@@ -127,8 +135,10 @@ class Rule(_Strict):
             raise ValueError("a rule needs 'hosts' or 'cidrs'")
         if self.inspect is False and (self.methods or self.paths):
             raise ValueError("'methods' and 'paths' can only be checked with 'inspect: true'")
-        if self.protocol == "tcp" and (self.methods or self.paths or self.inspect):
-            raise ValueError("a 'protocol: tcp' rule passes bytes through: no methods, paths or inspect")
+        if self.protocol == "tcp" and (self.methods or self.paths or self.inspect or self.websocket):
+            raise ValueError(
+                "a 'protocol: tcp' rule passes bytes through: no methods, paths, inspect or websocket"
+            )
         return self
 
     @property
@@ -221,6 +231,11 @@ class TenantFile(_Strict):
     )
 
     @model_validator(mode="after")
+    def _deny_rules_allow_nothing(self) -> TenantFile:
+        _no_websocket_in(self.deny)
+        return self
+
+    @model_validator(mode="after")
     def _unique_credentials(self) -> TenantFile:
         seen: set[str] = set()
         for cred in self.credentials:
@@ -243,6 +258,17 @@ class BaseFile(_Strict):
 
     description: str | None = None
     deny: list[Rule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _deny_rules_allow_nothing(self) -> BaseFile:
+        _no_websocket_in(self.deny)
+        return self
+
+
+def _no_websocket_in(deny: list[Rule]) -> None:
+    for i, rule in enumerate(deny):
+        if rule.websocket:
+            raise ValueError(f"deny.{i}: 'websocket' is an allow-rule field (deny rules refuse upgrades too)")
 
 
 def tenant_schema() -> dict[str, object]:

@@ -51,6 +51,7 @@ from .rego_compile import RegoTestResult, run_rego_tests
 from .rego_program import RegoModule
 from .rego_source import module_facts, ref_text
 from .resolver import Resolution, StaticResolver
+from .upgrade import requested_upgrade
 from .yamlsource import load_yaml, validate
 
 __all__ = [
@@ -130,6 +131,7 @@ def parse_request(
     """'GET https://host/path?q' or 'CONNECT host:port' → an EgressRequest (host and path normalised)."""
     method, _, target = text.strip().partition(" ")
     method, target = method.upper(), target.strip()
+    pairs = tuple(headers)
     if not method or not target:
         raise ValueError("a request is 'METHOD URL' or 'CONNECT host:port'")
     if method == "CONNECT":
@@ -152,8 +154,9 @@ def parse_request(
         path=path,
         sni=host if parts.scheme == "https" else None,
         query=parts.query or None,
-        headers=tuple(headers),
+        headers=pairs,
         body_size=body_size,
+        upgrade=requested_upgrade(pairs),
     )
 
 

@@ -32,7 +32,7 @@ from .metrics import METRICS
 from .records import DecisionContext, decision_record
 from .respond import denied_response
 
-__all__ = ["CREDENTIALS_KEY", "CredentialBroker"]
+__all__ = ["CREDENTIALS_KEY", "CredentialBroker", "broker_request"]
 
 log = structlog.get_logger("sandgate.broker")
 
@@ -92,7 +92,7 @@ class CredentialBroker:
                 return  # no broker, no credentials: nothing to inject or guard
             if dctx.identity is None:
                 raise RuntimeError("an allowed request without an identity")
-            request = _broker_request(flow, dctx, body)
+            request = broker_request(flow, dctx, body)
             outcome = await broker.decide(dctx.identity.tenant, dctx.identity.sandbox, request)
             if isinstance(outcome, BrokerDenial):
                 await self._deny(flow, dctx, decision, outcome)
@@ -303,7 +303,8 @@ def _response_buffered(response: http.Response) -> bool:
     return length is not None and length <= MAX_BUFFERED_BODY
 
 
-def _broker_request(flow: http.HTTPFlow, dctx: DecisionContext, body: bytes | None) -> BrokerRequest:
+def broker_request(flow: http.HTTPFlow, dctx: DecisionContext, body: bytes | None) -> BrokerRequest:
+    """The broker's view of an allowed request (`body` None: too large to buffer, or none to see)."""
     req = flow.request
     headers = [(k, v) for k, v in req.headers.items(multi=True)]
     if not any(k.lower() == "host" for k, _ in headers):

@@ -33,7 +33,9 @@ from sandgate.policy.limiter import LimitExceeded
 from sandgate.policy.overrides import decide_readings
 from sandgate.policy.paths import read_target
 from sandgate.policy.reasons import Reason
+from sandgate.policy.upgrade import requested_upgrade
 
+from .closer import ConnectionCloser
 from .context import ConnectionState, GatewayContext
 from .hopbyhop import strip_hop_by_hop
 from .identify import IDENTITY_KEY
@@ -50,14 +52,20 @@ PENDING_KEY = "sandgate.pending"
 CREDENTIALS_KEY = "sandgate.credentials"
 # The request line and headers as the guest sent them, in bytes (audit `bytes.up`, byte limits).
 HEAD_BYTES_KEY = "sandgate.head_bytes"
+# Set by an addon that refused what the upstream answered: the record's `error`.
+FAILURE_KEY = "sandgate.failure"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class Gate:
     """Decides at CONNECT, ClientHello and per request; guards every upstream connection."""
 
-    def __init__(self, ctx: GatewayContext, *, require_sni: bool = True) -> None:
+    def __init__(
+        self, ctx: GatewayContext, *, require_sni: bool = True, closer: ConnectionCloser | None = None
+    ) -> None:
         self.ctx = ctx
+        # Closes both sides of a connection whose upstream is already open (after a 101).
+        self.closer = closer
         # Passthrough tunnels to hosts allowed by name need an SNI naming the host.
         self.require_sni = require_sni
 
@@ -173,6 +181,10 @@ class Gate:
         finally:
             self._block(state, Reason.PROTOCOL_NOT_ALLOWED)
             flow.kill()
+            # The TCP layer ignores kill, and an upstream opened before (a 101) stays open:
+            # a denied stream is closed on both sides, never left flowing after its record.
+            if self.closer is not None:
+                self.closer.close(flow.client_conn, flow.server_conn)
 
     # -- HTTP requests -----------------------------------------------------------------------
 
@@ -195,6 +207,7 @@ class Gate:
                 return
             host, port, address = target
             dctx.host, dctx.port, dctx.sni = host, port, state.sni
+            headers = tuple(flow.request.headers.items(multi=True))
             request = EgressRequest(
                 Phase.REQUEST,
                 host,
@@ -204,9 +217,10 @@ class Gate:
                 path=reading.path,
                 sni=state.sni,
                 query=reading.query,
-                headers=tuple(flow.request.headers.items(multi=True)),
+                headers=headers,
                 body_size=declared_length(flow.request),
                 client=_client_ip(flow),
+                upgrade=requested_upgrade(headers),
             )
             decision = await self.ctx.decide(dctx.identity, request, address=address)
             if decision.allowed:
@@ -329,10 +343,12 @@ class Gate:
         self.ctx.audit.emit_nowait(decision_record(dctx, _limit_decision(decision, exceeded, streamed=True)))
 
     async def response(self, flow: http.HTTPFlow) -> None:
-        await self._complete(flow, None)
+        await self._complete(flow, flow.metadata.get(FAILURE_KEY))
 
     async def error(self, flow: http.HTTPFlow) -> None:
-        await self._complete(flow, flow.error.msg if flow.error else "error")
+        await self._complete(
+            flow, flow.metadata.get(FAILURE_KEY) or (flow.error.msg if flow.error else "error")
+        )
 
     async def _complete(self, flow: http.HTTPFlow, error: str | None) -> None:
         pending = flow.metadata.pop(PENDING_KEY, None)

@@ -8,7 +8,7 @@ from mitmproxy import http
 
 from sandgate.policy.reasons import Reason
 
-__all__ = ["denied_response", "limited_response", "proxy_auth_required"]
+__all__ = ["denied_response", "limited_response", "proxy_auth_required", "upstream_error_response"]
 
 REASON_HEADER = "X-Sandgate-Reason"
 DECISION_HEADER = "X-Sandgate-Decision-Id"
@@ -33,6 +33,23 @@ def denied_response(
     return http.Response.make(
         403,
         body,
+        {
+            "Content-Type": "application/json",
+            REASON_HEADER: reason.value,
+            DECISION_HEADER: decision_id,
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+def upstream_error_response(
+    reason: Reason, host: str | None, decision_id: str, status: int = 502
+) -> http.Response:
+    """502 (or 504) shaped like a denial: the policy allowed, the upstream failed."""
+    fields = {"error": "upstream failed", "reason": reason.value, "host": host, "decision_id": decision_id}
+    return http.Response.make(
+        status,
+        json.dumps(fields).encode(),
         {
             "Content-Type": "application/json",
             REASON_HEADER: reason.value,

@@ -41,6 +41,7 @@ from .bindings import NameBindings
 from .broker import CredentialBroker
 from .ca import ensure_ca
 from .closefix import install as install_close_fix
+from .closer import ConnectionCloser
 from .config import GatewayConfig, RedisConfig, ResolverConfig
 from .connlimits import ConnectionLimits, SandboxConnectionCap
 from .connlimits import check_seams as check_connection_seams
@@ -74,7 +75,9 @@ from .reload import PolicyReloader
 from .secret_refresh import SecretRefresher
 from .statusfile import remove_status, write_status
 from .stores import SandboxStore
+from .trailers import Trailers, patch_http1_trailers
 from .transparent import Transparent
+from .upgrades import Upgrades
 
 __all__ = ["Gateway", "build_resolver", "serve"]
 
@@ -298,7 +301,9 @@ class Gateway:
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
         self.drainer = Drainer(self.ctx, self.master)
         self._drain_task: asyncio.Future[None] | None = None
+        patch_http1_trailers()
         server = proxyserver.Proxyserver()
+        closer = ConnectionCloser(server)
         self.connection_limits = ConnectionLimits(self.ctx, config.connections, server)
         # Pipeline order: connection caps first (a refused connection reaches nothing else), then
         # identity and transparent steering before mitmproxy's layer selection (so a raw-TCP
@@ -314,7 +319,11 @@ class Gateway:
             tlsconfig.TlsConfig(),
             DrainStart(self.drainer),
             HeadGuard(self.ctx, config.heads),
-            Gate(self.ctx, require_sni=config.passthrough.require_sni),
+            # Before the Gate: h2c offers are stripped before a request is decided, and a
+            # refused answer is in place when the Gate records the exchange.
+            Upgrades(self.ctx, closer),
+            Trailers(closer),
+            Gate(self.ctx, require_sni=config.passthrough.require_sni, closer=closer),
             HopByHop(),
             CredentialBroker(self.ctx),
             UpstreamTiming(),

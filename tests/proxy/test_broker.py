@@ -533,7 +533,11 @@ def test_websocket_messages_from_a_bound_host_are_scrubbed(
         gw = start_gateway(
             {
                 "t1.yaml": tenant(
-                    "t1", "sb1", TOKEN_REF, [{"hosts": ["api.test"], "ports": [server.port]}], creds
+                    "t1",
+                    "sb1",
+                    TOKEN_REF,
+                    [{"hosts": ["api.test"], "ports": [server.port], "websocket": True}],
+                    creds,
                 )
             }
         )

@@ -1,0 +1,364 @@
+"""Protocol switches: no `Upgrade` or `101` turns a connection into an unchecked byte pipe.
+
+End to end through a real gateway to real upstreams on loopback that do switch protocols
+(tests/support/switching.py), with raw sockets and wsproto as the guest.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+import yaml
+from conftest import SANDGATE, TOKEN, TOKEN_REF, UPSTREAM_IP, GatewayFactory, RunningGateway
+from support import TestPKI
+from support.switching import SwitchingUpstream
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
+
+pytestmark = pytest.mark.slow
+
+REAL = "sk-upgrade-test-0123456789abcdef0123456789"
+AUTH = base64.b64encode(f"sb1:{TOKEN}".encode()).decode()
+
+
+def _tenant(port: int, *, websocket: bool = False, credentials: bool = False) -> str:
+    rule: dict[str, Any] = {"id": "api", "hosts": ["api.test"], "ports": [port], "inspect": True}
+    if websocket:
+        rule["websocket"] = True
+    doc: dict[str, Any] = {
+        "tenant": "t1",
+        "sandboxes": [{"id": "sb1", "token": TOKEN_REF}],
+        "allow": [rule],
+        "deny": [{"id": "no-admin", "hosts": ["api.test"], "paths": ["/admin/**"]}],
+    }
+    if credentials:
+        doc["credentials"] = [
+            {
+                "name": "api",
+                "secret": "env:SANDGATE_UPGRADE_SECRET",
+                "hosts": ["api.test"],
+                "ports": [port],
+                "env": "API_KEY",
+                "inject": {"header": "Authorization", "format": "Bearer {secret}"},
+            }
+        ]
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _placeholder(gw: RunningGateway) -> str:
+    out = subprocess.run(
+        [SANDGATE, "credentials", "placeholders", "--sandbox", "sb1", "--format", "json"]
+        + ["--config", str(gw.root / "sandgate.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return str(json.loads(out.stdout)["API_KEY"])
+
+
+def _intercepted(gw: RunningGateway, port: int) -> ssl.SSLSocket:
+    """A TLS connection to api.test:`port` through the gateway (intercepted with its CA)."""
+    raw = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    raw.sendall(
+        f"CONNECT api.test:{port} HTTP/1.1\r\nHost: api.test:{port}\r\n"
+        f"Proxy-Authorization: Basic {AUTH}\r\n\r\n".encode()
+    )
+    assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+    ctx = ssl.create_default_context(cafile=str(gw.ca_file))
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx.wrap_socket(raw, server_hostname="api.test")
+
+
+def _read_all(sock: socket.socket, timeout: float = 10) -> tuple[bytes, bool]:
+    """Everything until the peer closes; (data, closed) where closed says EOF came in time."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return data, False
+    except (ConnectionResetError, ssl.SSLError):
+        pass
+    return data, True
+
+
+def _response(sock: socket.socket) -> bytes:
+    """One whole response (head and Content-Length body) from a keep-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {data!r}"
+        data += chunk
+    length = int(_head(data)[1].get("content-length", "0"))
+    while len(data.partition(b"\r\n\r\n")[2]) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {data!r}"
+        data += chunk
+    return data
+
+
+def _head(data: bytes) -> tuple[int, dict[str, str]]:
+    lines = data.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split(" ")[1]), headers
+
+
+def assert_clean_log(gw: RunningGateway) -> None:
+    """A refusal is not a crash: no traceback, no mitmproxy crash report."""
+    time.sleep(0.5)  # what the teardown of the closed connections logs
+    log = gw.log()
+    assert "Traceback" not in log and "crashed" not in log and '"level": "error"' not in log, log[-3000:]
+
+
+@pytest.fixture
+def always_switching(pki: TestPKI) -> Iterator[SwitchingUpstream]:
+    with SwitchingUpstream(UPSTREAM_IP, "always", tls=pki) as up:
+        yield up
+
+
+def test_an_unapproved_101_closes_both_sides_and_nothing_after_it_reaches_the_upstream(
+    start_gateway: GatewayFactory, always_switching: SwitchingUpstream
+) -> None:
+    up = always_switching
+    gw = start_gateway({"t1.yaml": _tenant(up.port)})
+    tls = _intercepted(gw, up.port)
+    # An allowed request the upstream answers with 101, and right behind it (pipelined) a
+    # request the policy denies: after a switch it would be raw bytes in a pipe.
+    host = f"api.test:{up.port}"
+    tls.sendall(
+        f"GET /start HTTP/1.1\r\nHost: {host}\r\n\r\n"
+        f"DELETE /admin/users HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode()
+    )
+    data, client_closed = _read_all(tls)
+    status, headers = _head(data)
+    assert status == 403 and headers["x-sandgate-reason"] == "upgrade_not_allowed"
+    assert client_closed, "the guest's connection is closed after the refusal"
+    assert up.wait_closed(0), "the upstream connection is closed too"
+    assert up.after_switch.get(0, b"") == b"", "nothing passed the refused switch"
+    decision_id = json.loads(data.partition(b"\r\n\r\n")[2])["decision_id"]
+    record = gw.record(decision_id)
+    assert (record["phase"], record["decision"], record["reason"]) == (
+        "request",
+        "deny",
+        "upgrade_not_allowed",
+    )
+    assert [r["reason"] for r in gw.records() if r["phase"] == "request"] == ["upgrade_not_allowed"]
+    assert_clean_log(gw)
+    with contextlib.suppress(OSError):
+        tls.close()
+
+
+def test_an_h2c_offer_is_stripped_so_every_later_request_is_still_decided(
+    start_gateway: GatewayFactory,
+) -> None:
+    with SwitchingUpstream(UPSTREAM_IP, "honour") as up:
+        gw = start_gateway({"t1.yaml": _tenant(up.port)})
+        base = f"http://api.test:{up.port}"
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
+            sock.sendall(
+                f"GET {base}/first HTTP/1.1\r\nHost: api.test:{up.port}\r\n"
+                f"Proxy-Authorization: Basic {AUTH}\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n".encode()
+            )
+            first = _response(sock)
+            assert _head(first)[0] == 200, first
+            sock.sendall(
+                f"DELETE {base}/admin/users HTTP/1.1\r\nHost: api.test:{up.port}\r\n"
+                f"Proxy-Authorization: Basic {AUTH}\r\nContent-Length: 0\r\n\r\n".encode()
+            )
+            second = _response(sock)
+        assert (
+            _head(second) == (403, _head(second)[1])
+            and _head(second)[1]["x-sandgate-reason"] == "host_denied"
+        )
+        (head,) = up.heads
+        lowered = head.lower()
+        assert b"upgrade" not in lowered and b"http2-settings" not in lowered, head
+
+
+@pytest.mark.parametrize(
+    ("upgrade", "extra"),
+    [
+        ("foo/1", ""),
+        ("h2c, foo", ""),
+        ("websocket", "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"),
+    ],
+    ids=["a protocol no rule can allow", "h2c offered with another", "WebSocket without a websocket rule"],
+)
+def test_upgrades_no_rule_allows_are_refused_before_the_upstream_sees_them(
+    start_gateway: GatewayFactory, pki: TestPKI, upgrade: str, extra: str
+) -> None:
+    with SwitchingUpstream(UPSTREAM_IP, "honour", tls=pki) as up:
+        gw = start_gateway({"t1.yaml": _tenant(up.port)})
+        tls = _intercepted(gw, up.port)
+        tls.sendall(
+            f"GET /ws HTTP/1.1\r\nHost: api.test:{up.port}\r\nConnection: Upgrade\r\n"
+            f"Upgrade: {upgrade}\r\n{extra}\r\n".encode()
+        )
+        data = tls.recv(65536)
+        tls.close()
+        status, headers = _head(data)
+        assert status == 403 and headers["x-sandgate-reason"] == "upgrade_not_allowed"
+        record = gw.record(headers["x-sandgate-decision-id"])
+        assert (record["decision"], record["rule_id"]) == ("deny", "t1/allow/api")
+        assert up.heads == []
+
+
+def _websocket(gw: RunningGateway, port: int, placeholder: str) -> tuple[ssl.SSLSocket, WSConnection]:
+    tls = _intercepted(gw, port)
+    ws = WSConnection(ConnectionType.CLIENT)
+    tls.sendall(
+        ws.send(
+            Request(
+                host=f"api.test:{port}",
+                target="/ws",
+                extra_headers=[(b"authorization", f"Bearer {placeholder}".encode())],
+            )
+        )
+    )
+    ws.receive_data(tls.recv(65536))
+    assert any(isinstance(e, AcceptConnection) for e in ws.events())
+    return tls, ws
+
+
+def _texts(tls: ssl.SSLSocket, ws: WSConnection) -> list[str]:
+    ws.receive_data(tls.recv(65536))
+    return [e.data for e in ws.events() if isinstance(e, TextMessage)]
+
+
+def test_a_websocket_passes_where_a_rule_allows_it_and_a_placeholder_in_a_message_closes_it(
+    start_gateway: GatewayFactory, pki: TestPKI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDGATE_UPGRADE_SECRET", REAL)
+    with SwitchingUpstream(UPSTREAM_IP, "websocket", tls=pki) as up:
+        gw = start_gateway({"t1.yaml": _tenant(up.port, websocket=True, credentials=True)})
+        ph = _placeholder(gw)
+        tls, ws = _websocket(gw, up.port, ph)
+        tls.sendall(ws.send(TextMessage(data="hello")))
+        assert _texts(tls, ws) == ["echo: hello"]
+        handshake = gw.records(1)[-1]
+        assert (handshake["decision"], handshake["status"], handshake["rule_id"]) == (
+            "allow",
+            101,
+            "t1/allow/api",
+        )
+        assert f"Bearer {REAL}".encode() in up.heads[0], "the handshake got the real credential"
+        # A placeholder inside a message is never forwarded: the session is closed on both sides.
+        tls.sendall(ws.send(TextMessage(data=json.dumps({"token": ph}))))
+        rest, closed = _read_all(tls)
+        assert closed and ph.encode() not in rest
+        assert up.wait_closed(0)
+        assert up.messages == ["hello"]
+        denial = gw.records(2)[-1]
+        assert (denial["decision"], denial["reason"], denial["detail"]) == (
+            "deny",
+            "credential_host_mismatch",
+            "a placeholder in a WebSocket message",
+        )
+        assert denial["decision_id"] != handshake["decision_id"]
+        assert REAL not in gw.audit_path.read_text() + gw.log()
+        assert_clean_log(gw)
+        tls.close()
+
+
+def test_websocket_messages_count_against_the_egress_limit(
+    start_gateway: GatewayFactory, pki: TestPKI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDGATE_UPGRADE_SECRET", REAL)
+    with SwitchingUpstream(UPSTREAM_IP, "websocket", tls=pki) as up:
+        doc = yaml.safe_load(_tenant(up.port, websocket=True, credentials=True))
+        doc["limits"] = {"egress_bytes_per_hour": 2000}
+        gw = start_gateway({"t1.yaml": yaml.safe_dump(doc)})
+        tls, ws = _websocket(gw, up.port, _placeholder(gw))
+        tls.sendall(ws.send(TextMessage(data="a" * 100)))
+        assert _texts(tls, ws) == ["echo: " + "a" * 100]
+        tls.sendall(ws.send(TextMessage(data="b" * 5000)))
+        _, closed = _read_all(tls)
+        assert closed and up.wait_closed(0)
+        assert up.messages == ["a" * 100]
+        deadline = time.monotonic() + 5
+        while gw.records()[-1]["reason"] != "rate_limited" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gw.records()[-1]["reason"] == "rate_limited"
+        assert_clean_log(gw)
+        tls.close()
+
+
+def test_an_http2_preface_on_plaintext_is_no_way_around_the_gate(start_gateway: GatewayFactory) -> None:
+    with SwitchingUpstream(UPSTREAM_IP, "always") as up:
+        gw = start_gateway({"t1.yaml": _tenant(up.port)})
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
+            sock.sendall(
+                f"CONNECT api.test:{up.port} HTTP/1.1\r\nHost: api.test:{up.port}\r\n"
+                f"Proxy-Authorization: Basic {AUTH}\r\n\r\n".encode()
+            )
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            data, _ = _read_all(sock)
+        # The preface parses as a request without a Host: denied like any other.
+        status, headers = _head(data)
+        assert (status, headers["x-sandgate-reason"]) == (403, "host_mismatch")
+        assert up.connections == 0
+
+
+def test_http2_connect_and_extended_connect_never_reach_the_upstream(
+    start_gateway: GatewayFactory, pki: TestPKI
+) -> None:
+    with SwitchingUpstream(UPSTREAM_IP, "always", tls=pki) as up:
+        gw = start_gateway({"t1.yaml": _tenant(up.port, websocket=True)})
+        raw = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+        raw.sendall(
+            f"CONNECT api.test:{up.port} HTTP/1.1\r\nHost: api.test:{up.port}\r\n"
+            f"Proxy-Authorization: Basic {AUTH}\r\n\r\n".encode()
+        )
+        assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+        ctx = ssl.create_default_context(cafile=str(gw.ca_file))
+        ctx.set_alpn_protocols(["h2"])
+        with ctx.wrap_socket(raw, server_hostname="api.test") as tls:
+            assert tls.selected_alpn_protocol() == "h2"
+            conn = h2.connection.H2Connection(
+                h2.config.H2Configuration(client_side=True, validate_outbound_headers=False)
+            )
+            conn.initiate_connection()
+            authority = f"api.test:{up.port}"
+            # RFC 8441 (a WebSocket over HTTP/2), and a classic HTTP/2 CONNECT tunnel.
+            conn.send_headers(
+                1,
+                [
+                    (":method", "CONNECT"),
+                    (":protocol", "websocket"),
+                    (":scheme", "https"),
+                    (":path", "/ws"),
+                    (":authority", authority),
+                ],
+            )
+            conn.send_headers(3, [(":method", "CONNECT"), (":authority", authority)])
+            tls.sendall(conn.data_to_send())
+            ended: set[int] = set()
+            deadline = time.monotonic() + 10
+            while ended != {1, 3} and time.monotonic() < deadline:
+                data = tls.recv(65536)
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamReset | h2.events.StreamEnded):
+                        ended.add(event.stream_id)
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        ended |= {1, 3}
+                tls.sendall(conn.data_to_send())
+        assert ended == {1, 3}
+        assert up.connections == 0 and up.heads == []
