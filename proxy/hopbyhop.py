@@ -72,7 +72,9 @@ class HopByHop:
     """Strips hop-by-hop fields from upstream responses (the Gate strips them from requests)."""
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.response is None:
+        # A response an addon made (the 407 with its Proxy-Authenticate, a denial) is complete
+        # when mitmproxy replays this hook for it; one from upstream has no body read yet.
+        if flow.response is None or flow.response.timestamp_end is not None:
             return
         try:
             strip_hop_by_hop(flow.response)
