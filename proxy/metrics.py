@@ -35,6 +35,11 @@ class GatewayGauges:
     spooled: Callable[[], int] = lambda: 0
     # Decisions denied without an audit record (no place in the audit queue).
     audit_unrecorded: Callable[[], int] = lambda: 0
+    # Connection limits (proxy/connlimits.py, proxy/h2guard.py).
+    connections_refused: Callable[[], int] = lambda: 0
+    connections_idle_closed: Callable[[], int] = lambda: 0
+    http2_abusive: Callable[[], int] = lambda: 0
+    open_fds: Callable[[], int] = lambda: 0
 
 
 class _GatewayCollector(Collector):
@@ -64,6 +69,24 @@ class _GatewayCollector(Collector):
             "sandgate_policy_reload_failures",
             "Policy reloads that failed (the old policy stayed)",
             g.reload_failures(),
+        )
+        yield CounterMetricFamily(
+            "sandgate_connections_refused",
+            "Connections closed at connect by a connection limit (per source, per sandbox, fd headroom)",
+            g.connections_refused(),
+        )
+        yield CounterMetricFamily(
+            "sandgate_connections_idle_closed",
+            "Connections closed by the idle timeout",
+            g.connections_idle_closed(),
+        )
+        yield CounterMetricFamily(
+            "sandgate_http2_abusive_connections",
+            "HTTP/2 connections ended with GOAWAY for resetting or overrunning streams",
+            g.http2_abusive(),
+        )
+        yield GaugeMetricFamily(
+            "sandgate_open_fds", "File descriptors open (estimate between samples)", g.open_fds()
         )
 
 

@@ -305,6 +305,7 @@ class Gateway:
         server = proxyserver.Proxyserver()
         closer = ConnectionCloser(server)
         self.connection_limits = ConnectionLimits(self.ctx, config.connections, server)
+        self.h2_guard = H2Guard(self.ctx, config.http2)
         # Pipeline order: connection caps first (a refused connection reaches nothing else), then
         # identity and transparent steering before mitmproxy's layer selection (so a raw-TCP
         # approval picks the layer), the HTTP/2 guard on the chosen layer, decisions after it.
@@ -315,7 +316,7 @@ class Gateway:
             SandboxConnectionCap(self.ctx, self.connection_limits),
             Transparent(self.ctx),
             next_layer.NextLayer(),
-            H2Guard(self.ctx, config.http2),
+            self.h2_guard,
             tlsconfig.TlsConfig(),
             DrainStart(self.drainer),
             HeadGuard(self.ctx, config.heads),
@@ -424,6 +425,10 @@ class Gateway:
                 reload_failures=lambda: self.reloader.failures,
                 spooled=lambda: self.ctx.audit.stream.spool_depth if self.ctx.audit.stream else 0,
                 audit_unrecorded=lambda: self.ctx.audit.unrecorded,
+                connections_refused=lambda: self.connection_limits.refused,
+                connections_idle_closed=lambda: self.connection_limits.idle_closed,
+                http2_abusive=lambda: self.h2_guard.abusive,
+                open_fds=lambda: self.connection_limits.budget.estimate,
             )
         )
 

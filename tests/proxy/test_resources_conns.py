@@ -41,6 +41,7 @@ from conftest import (
     tenant_yaml,
     write_gateway_files,
 )
+from prometheus_client.parser import text_string_to_metric_families
 from support import RecordingUpstream, TestPKI, wait_for_port
 
 pytestmark = pytest.mark.slow
@@ -120,6 +121,18 @@ def cpu_seconds(gw: RunningGateway) -> float:
 
 def open_fds(gw: RunningGateway) -> int:
     return len(os.listdir(f"/proc/{gw.proc.pid}/fd"))
+
+
+def scrape(gw: RunningGateway) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The gateway's /metrics over its admin socket, by (sample name, labels)."""
+    transport = httpx.HTTPTransport(uds=str(gw.root / "state" / "admin.sock"))
+    with httpx.Client(transport=transport, base_url="http://sandgate") as c:
+        text = c.get("/metrics").raise_for_status().text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def log_lines(gw: RunningGateway) -> int:
@@ -341,6 +354,9 @@ def test_a_source_past_its_connection_cap_is_closed_at_connect_and_audited_in_ag
     }
     assert all(r["detail"] == "connections.max_per_source (20)" for r in refusals)
     assert sum(r["connections"] for r in refusals) == 5
+    metrics = scrape(gw)
+    assert metrics[("sandgate_connections_refused_total", ())] == 5
+    assert 0 < metrics[("sandgate_open_fds", ())] < 200
 
 
 def test_a_sandbox_past_its_connection_cap_gets_429_once_identified(
@@ -411,6 +427,7 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout(
         kept.close()
     assert len(closed) == 2, "an idle connection was still open after 6 s (idle timeout 1 s)"
     assert 0.9 < elapsed < 6
+    assert scrape(gw)[("sandgate_connections_idle_closed_total", ())] == 2
 
 
 def test_the_idle_timeout_spares_a_request_in_flight_and_a_passthrough_tunnel(
@@ -533,6 +550,7 @@ def test_http2_rapid_reset_gets_goaway_and_other_tenants_stay_served(
     # One record for the abusive connection; the streams it reset stay few.
     abuse = [r for r in gw.records() if r["reason"] == "protocol_abuse"]
     assert len(abuse) == 1
+    assert scrape(gw)[("sandgate_http2_abusive_connections_total", ())] == 1
     assert (abuse[0]["decision"], abuse[0]["sandbox"], abuse[0]["dest"]["host"]) == (
         "deny",
         "sb1",
