@@ -12,7 +12,9 @@ in 4 s kept the gateway busy for minutes and grew it past 1 GB. Here, per client
   RST_STREAM(REFUSED_STREAM) before any hook sees it;
 - every stream the client resets and every stream refused is a strike; more than
   `http2.max_resets` strikes in `http2.reset_window_seconds` is abuse: GOAWAY(ENHANCE_YOUR_CALM),
-  the connection closes, and one `protocol_abuse` record is audited (as nginx and Go do).
+  every stream in progress ends, what the client still sends is discarded for a second (a
+  close with unread input would send RST and lose the GOAWAY), the connection closes, and one
+  `protocol_abuse` record is audited (as nginx and Go do).
 
 The seam: mitmproxy's HttpLayer takes a pre-set `connections[client]` (client replay uses it),
 so the `next_layer` hook hands it a subclass of mitmproxy's Http2Server. `check_seam` proves at
@@ -36,6 +38,7 @@ from mitmproxy import version as mitmproxy_version
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.http import HttpLayer, HTTPMode
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._http2 import Http2Server
 
 from sandgate.policy.decision import Decision, Phase
@@ -50,6 +53,8 @@ __all__ = ["GuardedHttp2Server", "H2Guard", "check_seam"]
 log = structlog.get_logger("sandgate.h2guard")
 
 SUPPORTED_MITMPROXY = "12.3."
+# After GOAWAY, how long the connection stays open (reading and discarding) before it closes.
+LINGER_SECONDS = 1.0
 
 # Called once per abusive connection with the client and what it did.
 AbuseCallback = Callable[[connection.Client, str], None]
@@ -94,8 +99,25 @@ class GuardedHttp2Server(Http2Server):
         detail = f"HTTP/2: more than {self._limits.max_resets} streams reset or refused in {window:g} s"
         self._strikes.clear()
         self._on_abuse(self.context.client, detail)
-        yield from self.protocol_error(detail, error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        yield from self._goaway(detail)
         return True
+
+    def _goaway(self, detail: str) -> layer.CommandGenerator[None]:
+        """GOAWAY(ENHANCE_YOUR_CALM), end every stream in progress, close after a short linger."""
+        self.h2_conn.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, detail.encode())
+        yield commands.SendData(self.conn, self.h2_conn.data_to_send())
+        for stream_id in self.streams:
+            yield ReceiveHttp(self.ReceiveProtocolError(stream_id, detail, self.ReceiveProtocolError.code))
+        self.streams.clear()
+        # Closing with the client's input unread sends RST, and a client that gets RST drops the
+        # GOAWAY it has not read yet: linger (discarding what it still sends), then close.
+        self._handle_event = self._lingering  # type: ignore[method-assign]
+        yield commands.RequestWakeup(LINGER_SECONDS)
+
+    def _lingering(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(event, events.Wakeup | events.ConnectionClosed):
+            self._handle_event = self.done  # type: ignore[method-assign]
+            yield commands.CloseConnection(self.conn)
 
 
 def install(nextlayer_layer: layer.Layer | None, limits: Http2Config, on_abuse: AbuseCallback) -> bool:
@@ -195,9 +217,13 @@ def check_seam(opts: options.Options) -> None:
     goaway = [
         e for e in peer.receive_data(_sent(iter(cmds))) if isinstance(e, h2.events.ConnectionTerminated)
     ]
-    closed = any(isinstance(c, commands.CloseConnection) and c.connection is client for c in cmds)
-    if not (abuse and closed and goaway and goaway[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM):
+    wakeups = [c for c in cmds if isinstance(c, commands.RequestWakeup)]
+    if not (abuse and wakeups and goaway and goaway[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM):
         raise RuntimeError("the guarded HTTP/2 server did not end a rapid-reset burst with GOAWAY")
+    # After the linger, the connection closes.
+    cmds = list(http_layer.handle_event(events.Wakeup(wakeups[-1])))
+    if not any(isinstance(c, commands.CloseConnection) and c.connection is client for c in cmds):
+        raise RuntimeError("the guarded HTTP/2 server did not close after GOAWAY")
 
 
 def _sent(cmds: Iterable[commands.Command]) -> bytes:
