@@ -99,10 +99,10 @@ class Broker:
         self._known: dict[tuple[str, str], _Known] = {}
         self._resolved: dict[tuple[str, str], _Known] = {}
         self._versions: dict[str, int] = {}
-        # Bumped when what a tenant can inject may have changed; a tenant is primed at one.
-        self._generation = 0
-        self._primed: dict[str, int] = {}
-        self._priming: dict[str, asyncio.Task[None]] = {}
+        # A tenant is primed for one state (one configure) and one count of stored-value changes.
+        self._changes = 0
+        self._primed: dict[str, tuple[_State, int]] = {}
+        self._priming: dict[str, tuple[tuple[_State, int], asyncio.Task[None]]] = {}
         self._unresolved: set[tuple[str, str]] = set()
         self._scrubbers: dict[tuple[str, str], tuple[int, Scrubber]] = {}
 
@@ -129,45 +129,50 @@ class Broker:
                 for sandbox in table.sandboxes
                 for name in table.by_name
             )
-        self._state = _State(compiled, PlaceholderIndex(self._minter, owners))
         live = {(t, n) for t, table in compiled.items() for n in table.by_name}
-        # list(): configure runs in the reload worker thread while requests add entries.
+        # list(): configure runs in the reload worker thread while requests add entries. The
+        # tables are replaced before the state, so what is resolved for the new state stays.
         self._providers = {k: v for k, v in list(self._providers.items()) if k in live}
         self._known = {k: v for k, v in list(self._known.items()) if k in live}
         self._resolved = {k: v for k, v in list(self._resolved.items()) if k in live}
+        # One assignment: a request sees the old state (resolved) or the new one (to resolve).
+        self._state = _State(compiled, PlaceholderIndex(self._minter, owners))
         self._scrubbers.clear()
         for tenant in compiled:
             self._bump(tenant)
-        self._generation += 1
 
     def secrets_changed(self) -> None:
         """Values behind the references may have changed (a stored credential was set, rotated or
         removed): each tenant's next request waits for them to be resolved again."""
-        self._generation += 1
+        self._changes += 1
 
     async def refresh(self) -> None:
         """Resolve every secret every tenant can inject, so the scrubbers know it (off the request path)."""
         await asyncio.gather(*(self._prime(tenant) for tenant in self._state.tenants))
 
     async def _prime(self, tenant: str) -> None:
-        """Resolve one tenant's secrets; concurrent callers share one run."""
-        task = self._priming.get(tenant)
-        if task is None:
-            task = asyncio.ensure_future(self._resolve_tenant(tenant, self._generation))
-            self._priming[tenant] = task
+        """Resolve one tenant's secrets for the current state; concurrent callers share one run."""
+        mark = (self._state, self._changes)
+        running = self._priming.get(tenant)
+        if running is not None and running[0][0] is mark[0] and running[0][1] == mark[1]:
+            task = running[1]
+        else:  # none yet, or one for a state or values that have changed since
+            task = asyncio.ensure_future(self._resolve_tenant(tenant, mark))
+            entry = (mark, task)
+            self._priming[tenant] = entry
 
-            def done(_: object, task: asyncio.Task[None] = task) -> None:
-                if self._priming.get(tenant) is task:
+            def done(_: object) -> None:
+                if self._priming.get(tenant) is entry:
                     del self._priming[tenant]
 
             task.add_done_callback(done)
         await asyncio.shield(task)
 
-    async def _resolve_tenant(self, tenant: str, generation: int) -> None:
-        table = self._state.tenants.get(tenant)
+    async def _resolve_tenant(self, tenant: str, mark: tuple[_State, int]) -> None:
+        table = mark[0].tenants.get(tenant)
         if table is not None:
             await asyncio.gather(*(self._resolve(tenant, cred) for cred in table.by_name.values()))
-        self._primed[tenant] = generation
+        self._primed[tenant] = mark
 
     async def _resolve(self, tenant: str, cred: CompiledCredential) -> None:
         key = (tenant, cred.name)
@@ -192,10 +197,12 @@ class Broker:
             return tuple([await self._secrets.get(cred.ref(ref)) for ref in _refs(cred)])
         return (await self._material(tenant, cred)).scrub
 
-    async def _ensure_primed(self, tenant: str, table: CompiledTenant) -> None:
+    async def _ensure_primed(self, tenant: str, state: _State) -> None:
         """Fail closed: a tenant's request waits until its secrets were resolved since the last change."""
+        table = state.tenants.get(tenant)
         for _ in range(2):  # a second round when a change arrived during the first
-            if not table.by_name or self._primed.get(tenant) == self._generation:
+            mark = self._primed.get(tenant)
+            if table is None or not table.by_name or (mark and mark[0] is state and mark[1] == self._changes):
                 return
             await self._prime(tenant)
 
@@ -232,7 +239,7 @@ class Broker:
         """Decide one request that policy already allowed (see `planner` for the order)."""
         state = self._state
         table = state.tenants.get(tenant) or CompiledTenant(tenant, (sandbox,), {}, ())
-        await self._ensure_primed(tenant, table)
+        await self._ensure_primed(tenant, state)
         plan = plan_request(table, state.index, sandbox, request)
         if isinstance(plan, BrokerDenial):
             return plan

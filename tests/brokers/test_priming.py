@@ -110,3 +110,14 @@ async def test_a_secret_resolved_by_refresh_is_not_read_again_by_a_request_that_
     for _ in range(5):
         await broker.decide("t1", "sb1", request("api.openai.com"))
     assert memory.reads == reads, "the request path resolved nothing"
+
+
+async def test_a_credential_added_by_a_reload_is_known_before_the_next_request_is_forwarded(
+    registry: SecretRegistry, memory: MemorySource
+) -> None:
+    broker = make_broker(registry, tenants()[1:])
+    await broker.refresh()
+    broker.configure(tenants())  # t1 appears with its credentials
+    memory.values["openai"] = ROTATED
+    await broker.decide("t1", "sb1", request("api.openai.com"))
+    assert broker.scrubber("t1", "sb1").scrub(ROTATED.encode()) == MINTER.mint("t1", "sb1", "openai").encode()
