@@ -558,3 +558,15 @@ def test_a_sandbox_past_its_connection_cap_is_closed_at_connect(lab: Lab) -> Non
     assert refusals[0]["connections"] == 5
     # The slots are free again.
     assert lab.curl(lab.g1, "-o", "/dev/null", "-w", "%{http_code}", "http://api.test/").stdout == "200"
+
+
+def test_a_clienthello_without_sni_never_reaches_a_host_allowed_by_name(lab: Lab) -> None:
+    # pass.test (allowed by name, passed through) lives at up's address; no SNI means no name,
+    # so the connection is decided by address alone and a fronted Host never gets there.
+    lab.tls.reset()
+    mark = lab.mark()
+    result = lab.curl(lab.g1, "-k", "-H", "Host: other.test", f"https://{lab.up.addr}/fronted")
+    assert result.returncode != 0
+    tls = [r for r in lab.records(mark) if r["phase"] == "tls"]
+    assert [(r["decision"], r["dest"]["sni"]) for r in tls] == [("deny", None)]
+    assert lab.tls.connections == []
