@@ -18,9 +18,12 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_net
 from .errors import HostError
 
 __all__ = [
+    "GUARDED_RANGES",
     "AddressClass",
     "CidrSet",
     "classify",
+    "embedded_ipv4",
+    "internal_only",
     "is_public",
     "parse_network",
 ]
@@ -31,6 +34,7 @@ type Address = IPv4Address | IPv6Address
 _PREFIX_RE = re.compile(r"0|[1-9][0-9]{0,2}", re.ASCII)
 _V4_MASK = 0xFFFF_FFFF
 _V4_MAPPED_BASE = 0xFFFF << 32
+_MAPPED = IPv6Network("::ffff:0:0/96")
 
 
 class AddressClass(StrEnum):
@@ -144,7 +148,7 @@ def _bits(value: int, start: int, length: int) -> int:
     return (value >> (128 - start - length)) & ((1 << length) - 1)
 
 
-def _embedded_ipv4(ip: IPv6Address) -> tuple[IPv4Address, ...]:
+def embedded_ipv4(ip: IPv6Address) -> tuple[IPv4Address, ...]:
     """Every IPv4 address an IPv6 address carries, most direct first."""
     value = int(ip)
     high96 = value >> 32
@@ -190,7 +194,7 @@ def _classify_v6(ip: IPv6Address) -> AddressClass:
     for address_class, networks in _V6_EXACT:
         if any(ip in network for network in networks):
             return address_class
-    for embedded in _embedded_ipv4(ip):
+    for embedded in embedded_ipv4(ip):
         embedded_class = _classify_v4(embedded)
         if embedded_class is not AddressClass.PUBLIC:
             return embedded_class
@@ -255,6 +259,11 @@ class _Intervals:
         index = bisect_right(self._starts, value) - 1
         return index >= 0 and value <= self._ends[index]
 
+    def holds(self, start: int, end: int) -> bool:
+        """Whether one merged interval contains all of [start, end]."""
+        index = bisect_right(self._starts, start) - 1
+        return index >= 0 and end <= self._ends[index]
+
 
 def _span(network: Network) -> tuple[int, int]:
     """First and last address of a network as integers."""
@@ -317,6 +326,16 @@ class CidrSet:
     def __iter__(self) -> Iterator[Network]:
         return iter(self._networks)
 
+    def holds(self, network: Network) -> bool:
+        """Whether every address of `network` is in the set (IPv4 also through ::ffff:0:0/96)."""
+        start, end = _span(network)
+        if isinstance(network, IPv4Network):
+            return self._v4.holds(start, end)
+        mapped = _mapped_v4_span(network)
+        if mapped is not None and network.subnet_of(_MAPPED):
+            return self._v4.holds(*mapped)
+        return self._v6.holds(start, end)
+
     def __len__(self) -> int:
         return len(self._networks)
 
@@ -333,3 +352,46 @@ class CidrSet:
 
     def __repr__(self) -> str:
         return f"CidrSet([{', '.join(repr(str(n)) for n in self._networks)}])"
+
+
+# --- which networks hold no public address ---------------------------------------------------
+
+# Every non-public range, as (class, network), for `policy check` to name what a cidr overlaps.
+# The IPv6 forms that carry an IPv4 address are listed by their prefix (class: the carried one).
+GUARDED_RANGES: tuple[tuple[AddressClass, Network], ...] = (
+    *((cls, net) for cls, nets in _V4_TABLE for net in nets),
+    *((cls, net) for cls, nets in _V6_EXACT for net in nets),
+    *((cls, net) for cls, nets in _V6_TABLE if cls is not AddressClass.PUBLIC for net in nets),
+)
+
+_V4_INTERNAL = _Intervals(_span(net) for _, nets in _V4_TABLE for net in nets)
+_V6_INTERNAL = _Intervals(
+    _span(net) for cls, nets in (*_V6_EXACT, *_V6_TABLE) if cls is not AddressClass.PUBLIC for net in nets
+)
+# IPv6 prefixes whose last 32 bits are the IPv4 address a relay or dual-stack socket dials.
+_LOW32_FAMILIES = tuple(
+    IPv6Network(t) for t in ("::ffff:0:0/96", "::ffff:0:0:0/96", "::/96", "64:ff9b::/96", "64:ff9b:1::/48")
+)
+_6TO4 = IPv6Network("2002::/16")
+
+
+def internal_only(network: Network) -> bool:
+    """Whether every address of `network` is non-public (10.1.5.0/24 yes, 0.0.0.0/0 no).
+
+    A tenant cidr opens a private address only when it is internal-only: a broad rule such
+    as `0.0.0.0/0` means "the public internet" and never reaches inside. Undecodable IPv6
+    forms (Teredo, unassigned space) count as not internal-only: they open nothing private.
+    """
+    start, end = _span(network)
+    if isinstance(network, IPv4Network):
+        return _V4_INTERNAL.holds(start, end)
+    if _V6_INTERNAL.holds(start, end):
+        return True
+    for family in _LOW32_FAMILIES:
+        if network.prefixlen >= 96 and network.subnet_of(family):
+            return _V4_INTERNAL.holds(start & _V4_MASK, end & _V4_MASK)
+    if network.prefixlen >= 16 and network.subnet_of(_6TO4):
+        if network.prefixlen < 48:
+            return _V4_INTERNAL.holds(_bits(start, 16, 32), _bits(end, 16, 32))
+        return _V4_INTERNAL.holds(_bits(start, 16, 32), _bits(start, 16, 32))
+    return False

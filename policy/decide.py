@@ -14,7 +14,7 @@ from .policyset import PolicySet, TenantPolicy
 from .reasons import Reason
 from .resolver import Resolver
 
-__all__ = ["decide", "default_engine", "literal_ip", "pick_address"]
+__all__ = ["decide", "default_engine", "guard_answers", "literal_ip", "pick_address"]
 
 _default_engine: PolicyEngine | None = None
 
@@ -40,10 +40,10 @@ async def decide(
     """Decide one request. The order, and the reason each step denies with:
 
     1. identity: no sandbox, or its tenant is gone                      → no_identity
-    2. an IP-literal destination: the address guard (a tenant `cidr`
-       rule may cover a private address)                                → private_address
+    2. an IP-literal destination: the address guard                     → private_address
     3. tenant deny rules, the operator's base deny rules among them     → host_denied
-    4. tenant allow rules                                               → host_not_allowed,
+    4. tenant allow rules (`hosts: ["*"]` last, and never for an
+       IP literal)                                                      → host_not_allowed,
                                                                           port_not_allowed,
                                                                           method_not_allowed,
                                                                           path_not_allowed,
@@ -60,8 +60,16 @@ async def decide(
     recorded as would-deny; the operator's base rules, deny networks, the address guard and
     policy_error always hold.
 
+    The address guard (steps 2 and 5, policy/guard.py) is the operator's: the gateway's own
+    addresses, unspecified, multicast, broadcast and metadata addresses are never dialled;
+    other non-public addresses only inside ranges the operator opens (`tenant_reachable`
+    when an internal-only tenant cidr rule covers the address too; `reachable_by_name` for
+    a name a rule names explicitly). A tenant rule alone never opens one: `0.0.0.0/0` and
+    `hosts: ["*"]` reach public addresses only, and report mode relaxes nothing here.
+
     Names are resolved only after the rules allow them (step 5 after 3–4), so the gateway
-    never looks up a name a tenant may not reach: its resolver is no DNS exfiltration channel.
+    never looks up a name a tenant may not reach: its resolver is no DNS exfiltration channel
+    (except for a tenant that allows `hosts: ["*"]`, which lets any name be looked up).
     `address` is the address already pinned for this connection (per-request decisions
     inside an approved tunnel); it is re-checked, not re-resolved.
     """
@@ -72,12 +80,12 @@ async def decide(
         return _deny(policy, Reason.NO_IDENTITY, detail="tenant is not defined")
 
     ip = literal_ip(request.host)
-    if ip is not None and not guard.permits(
-        ip, by_name=False, tenant_covers=tenant.allow.covers_address(ip, request.port)
-    ):
-        return _deny(policy, Reason.PRIVATE_ADDRESS, tenant)
+    if ip is not None:
+        refused = guard.refusal(ip, by_name=False, tenant_opens=tenant.allow.opens_internal(ip, request.port))
+        if refused is not None:
+            return _deny(policy, Reason.PRIVATE_ADDRESS, tenant, detail=refused)
 
-    rule_decision, relaxable = _rules(policy, tenant, request, ip)
+    rule_decision, relaxable, named = _rules(policy, tenant, request, ip)
     relaxed = relaxable and tenant.mode is Mode.REPORT and rule_decision.reason in RELAXABLE_IN_REPORT_MODE
     if not rule_decision.allowed and not relaxed:
         return rule_decision
@@ -85,7 +93,8 @@ async def decide(
     dial: str | None = str(ip) if ip is not None else None
     if dial is None:
         try:
-            picked = await pick_address(tenant, request, resolver, guard, address)
+            # Operator ranges opened by name apply only to a name a rule names itself.
+            picked = await pick_address(tenant, request, resolver, guard, address, public_only=not named)
         except ResolveError as e:
             return _deny(policy, Reason.DNS_FAILURE, tenant, detail=str(e))
         if isinstance(picked, Decision):
@@ -160,16 +169,17 @@ def literal_ip(host: str) -> IPAddress | None:
 
 def _rules(
     policy: PolicySet, tenant: TenantPolicy, request: EgressRequest, ip: IPAddress | None
-) -> tuple[Decision, bool]:
-    """Steps 3 and 4; the flag says whether report mode may relax a denial."""
+) -> tuple[Decision, bool, bool]:
+    """Steps 3 and 4: the decision, whether report mode may relax a denial, and whether an
+    allow rule names the host itself (not only `hosts: ["*"]`)."""
     args = (request.host, ip, request.port, request.method, request.path)
     base = tenant.base_deny.deny_match(*args)
     if base is not None:
-        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=base.rule_id), False
+        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=base.rule_id), False, False
     denied = tenant.deny.deny_match(*args)
     if denied is not None:
         # A deny network is binding in report mode, whether the address came literally or by name.
-        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=denied.rule_id), ip is None
+        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=denied.rule_id), ip is None, False
     match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED, upgrade=request.upgrade)
     if match.rule is not None:
         allowed = Decision(
@@ -180,9 +190,9 @@ def _rules(
             mode=tenant.mode,
             raw_tcp=match.rule.raw_tcp,
         )
-        return allowed, True
+        return allowed, True, not match.any_host
     nearest = match.nearest.rule_id if match.nearest else None
-    return _deny(policy, match.reason, tenant, rule_id=nearest), True
+    return _deny(policy, match.reason, tenant, rule_id=nearest), True, False
 
 
 # Resolver answers repeat: parse each address text once.
@@ -190,30 +200,80 @@ _parse_ip = functools.lru_cache(maxsize=65_536)(ipaddress.ip_address)
 
 
 async def pick_address(
-    tenant: TenantPolicy, request: EgressRequest, resolver: Resolver, guard: AddressGuard, pinned: str | None
+    tenant: TenantPolicy,
+    request: EgressRequest,
+    resolver: Resolver,
+    guard: AddressGuard,
+    pinned: str | None,
+    *,
+    public_only: bool = True,
 ) -> str | Decision:
-    """The first resolved address that no deny network covers and the guard permits."""
+    """The first resolved address that no deny network covers and the guard permits.
+
+    `public_only`: no rule names the host itself (`hosts: ["*"]`, or report mode), so ranges
+    the operator opens by name do not apply.
+    """
     candidates = (pinned,) if pinned else (await resolver.resolve(request.host)).addresses
     denied_by = None
+    refused = ""
     for text in candidates:
         try:
             ip = _parse_ip(text)
         except ValueError:
+            refused = refused or "not an address"
             continue
         args = (ip, request.port, request.method, request.path)
         rule = tenant.base_deny.deny_address(*args) or tenant.deny.deny_address(*args)
         if rule is not None:
             denied_by = denied_by or rule
             continue
-        if guard.permits(ip, by_name=True, tenant_covers=tenant.allow.covers_address(ip, request.port)):
+        why = guard.refusal(
+            ip,
+            by_name=True,
+            tenant_opens=tenant.allow.opens_internal(ip, request.port),
+            public_only=public_only,
+        )
+        if why is None:
             return str(ip)
-    policy_reason = Reason.HOST_DENIED if denied_by else Reason.PRIVATE_ADDRESS
+        refused = refused or why
+    if denied_by is not None:
+        return Decision(
+            reason=Reason.HOST_DENIED,
+            rule_id=denied_by.rule_id,
+            mode=tenant.mode,
+            detail="every resolved address is refused",
+        )
     return Decision(
-        reason=policy_reason,
-        rule_id=denied_by.rule_id if denied_by else None,
+        reason=Reason.PRIVATE_ADDRESS,
         mode=tenant.mode,
-        detail="every resolved address is refused",
+        detail=f"every resolved address is refused ({refused})" if refused else "no address",
     )
+
+
+def guard_answers(
+    tenant: TenantPolicy, name: str, addresses: tuple[str, ...], guard: AddressGuard
+) -> tuple[tuple[str, ...], str]:
+    """The resolved addresses of an allowed name the guard lets the tenant reach (the DNS
+    listener's answers, before any port is known), and why the first refused one is refused.
+
+    The same guard as step 5: the connection that follows is decided again with its port.
+    """
+    public_only = not tenant.allow.names_explicitly(name)
+    permitted: list[str] = []
+    refused = ""
+    for text in addresses:
+        try:
+            ip = _parse_ip(text)
+        except ValueError:
+            continue
+        why = guard.refusal(
+            ip, by_name=True, tenant_opens=tenant.allow.opens_internal(ip, None), public_only=public_only
+        )
+        if why is None:
+            permitted.append(str(ip))
+        else:
+            refused = refused or why
+    return tuple(permitted), refused
 
 
 def _deny(

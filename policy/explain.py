@@ -113,14 +113,16 @@ async def _explain_one(
         steps.append(
             Step(2, "address guard", "skip", f"{request.host} is a name: its addresses are checked in step 5")
         )
-    elif guard.permits(ip, by_name=False, tenant_covers=tenant.allow.covers_address(ip, request.port)):
-        steps.append(Step(2, "address guard", "ok", f"{ip} may be dialled"))
     else:
-        steps.append(Step(2, "address guard", "deny", f"{ip} is an internal address"))
+        refused = guard.refusal(ip, by_name=False, tenant_opens=tenant.allow.opens_internal(ip, request.port))
+        if refused is not None:
+            steps.append(Step(2, "address guard", "deny", refused))
+            return Explanation(decision, _pad(steps))
+        steps.append(Step(2, "address guard", "ok", f"{ip} may be dialled"))
+    named = _rule_steps(steps, tenant, request, ip, decision)
+    if named is None:
         return Explanation(decision, _pad(steps))
-    if not _rule_steps(steps, tenant, request, ip, decision):
-        return Explanation(decision, _pad(steps))
-    dial = await _resolve_step(steps, tenant, request, resolver, guard, ip)
+    dial = await _resolve_step(steps, tenant, request, resolver, guard, ip, named)
     if dial is None:
         return Explanation(decision, _pad(steps))
     if tenant.rego is None:
@@ -143,26 +145,28 @@ async def _explain_one(
 
 def _rule_steps(
     steps: list[Step], tenant: TenantPolicy, request: EgressRequest, ip: Any, decision: Decision
-) -> bool:
-    """Steps 3 and 4; False when one of them denied (report mode relaxes: "would deny")."""
+) -> bool | None:
+    """Steps 3 and 4; None when one of them denied (report mode relaxes: "would deny"), else
+    whether an allow rule names the host itself (not only `hosts: ["*"]`)."""
     args = (request.host, ip, request.port, request.method, request.path)
     denied = "would deny" if decision.allowed else "deny"
     for index, whose in ((tenant.base_deny, "the operator's base"), (tenant.deny, "the tenant's")):
         rule = index.deny_match(*args)
         if rule is not None:
             steps.append(_rule_step(3, "deny rules", denied, f"{whose} deny rule matches", rule))
-            return decision.allowed
+            return False if decision.allowed else None
     steps.append(Step(3, "deny rules", "ok", "no deny rule matches"))
     match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED, upgrade=request.upgrade)
     if match.rule is not None:
-        steps.append(_rule_step(4, "allow rules", "ok", "an allow rule matches", match.rule))
-        return True
+        how = 'hosts: ["*"] matches (public addresses only)' if match.any_host else "an allow rule matches"
+        steps.append(_rule_step(4, "allow rules", "ok", how, match.rule))
+        return not match.any_host
     nearest = match.nearest
     if nearest is not None:
         steps.append(_rule_step(4, "allow rules", denied, f"{match.reason.value} (nearest rule)", nearest))
     else:
         steps.append(Step(4, "allow rules", denied, f"{match.reason.value}: no rule names this destination"))
-    return decision.allowed
+    return False if decision.allowed else None
 
 
 async def _resolve_step(
@@ -172,13 +176,14 @@ async def _resolve_step(
     resolver: Resolver,
     guard: AddressGuard,
     ip: Any,
+    named: bool,
 ) -> str | None:
     """Step 5: the address that will be dialled, or None when resolution denied."""
     if ip is not None:
         steps.append(Step(5, "resolve", "skip", f"{ip} is an address"))
         return str(ip)
     try:
-        picked = await pick_address(tenant, request, resolver, guard, None)
+        picked = await pick_address(tenant, request, resolver, guard, None, public_only=not named)
     except ResolveError as e:
         steps.append(Step(5, "resolve", "deny", f"cannot resolve: {e}"))
         return None

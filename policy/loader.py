@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .decision import Mode
 from .errors import PolicyLoadError, PolicySetError, SourceLocation, TokenReferenceError
-from .matcher import ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
+from .matcher import ANY_HOST, ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
 from .models import BaseFile, PresetFile, Rule, TenantFile
 from .policyset import PolicySet, SandboxRecord, TenantPolicy
 from .rego_loader import load_rego, rego_watch_files
@@ -156,11 +156,14 @@ def _compile_rules(
     out = []
     for i, rule in enumerate(rules):
         where = loaded.doc.locate((kind, i))
-        if kind == "allow":
-            for j, host in enumerate(rule.hosts):
-                if host.startswith("*.") and "." not in host[2:]:
-                    problem = f"{host!r} would allow a whole top-level domain; name the domains instead"
-                    errors.append(_err(loaded.doc, (kind, i, "hosts", j), problem))
+        for j, host in enumerate(rule.hosts):
+            if kind == "allow" and host.startswith("*.") and "." not in host[2:]:
+                problem = f"{host!r} would allow a whole top-level domain; name the domains instead"
+                errors.append(_err(loaded.doc, (kind, i, "hosts", j), problem))
+            if kind != "allow" and host == ANY_HOST:
+                # It would not cover IP literals; deny by network for that.
+                problem = "'*' is for allow rules; to deny everywhere use cidrs: [0.0.0.0/0, ::/0]"
+                errors.append(_err(loaded.doc, (kind, i, "hosts", j), problem))
         ports = (
             frozenset(rule.ports) if rule.ports else (DEFAULT_ALLOW_PORTS if kind == "allow" else ANY_PORT)
         )

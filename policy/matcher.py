@@ -1,7 +1,9 @@
 """The allowlist matcher: hash lookups and suffix walks, never a scan over tenants or rules.
 
-A tenant's rules are indexed by exact host, by wildcard suffix and by network. Matching a
-host costs one dict lookup plus one per label (the suffix walk); networks use a CidrSet.
+A tenant's rules are indexed by exact host, by wildcard suffix, by network, and the
+`hosts: ["*"]` rules apart (any name, never an IP literal, tried after every rule that names
+the host). Matching a host costs one dict lookup plus one per label (the suffix walk);
+networks use a CidrSet.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .addresses import CidrSet
+from .addresses import CidrSet, internal_only, parse_network
 from .reasons import Reason
 from .upgrade import WEBSOCKET
 
 __all__ = [
+    "ANY_HOST",
     "ANY_PORT",
     "UNPARSEABLE_PATH",
     "CompiledRule",
@@ -25,6 +28,8 @@ __all__ = [
 ]
 
 ANY_PORT: frozenset[int] = frozenset()
+# `hosts: ["*"]`: any name the gateway resolves to an address the guard permits.
+ANY_HOST = "*"
 
 # Stands for a path that cannot be normalised unambiguously (encoded slash, backslash, NUL):
 # it matches no allow glob and every deny glob, so an upstream's reading of it cannot bypass either.
@@ -82,6 +87,8 @@ class RuleMatch:
     reason: Reason
     # The rule that got furthest when none matched, for explain and audit.
     nearest: CompiledRule | None = None
+    # The rule matched through `hosts: ["*"]`, not because it names the host.
+    any_host: bool = False
 
 
 # A sub-delimiter, ':' or '@' written in a glob matches its escape too: servers decode both alike.
@@ -123,25 +130,47 @@ def compile_path_globs(globs: Iterable[str], *, fold_case: bool = False) -> re.P
 class RuleIndex:
     """The rules of one list (a tenant's allow or deny), indexed for lookup by destination."""
 
-    __slots__ = ("_any_port", "_cidr_rules", "_cidrs", "_exact", "_ports", "_suffix", "has_raw_tcp", "rules")
+    __slots__ = (
+        "_any_host",
+        "_any_port",
+        "_cidr_rules",
+        "_cidrs",
+        "_exact",
+        "_internal",
+        "_internal_rules",
+        "_ports",
+        "_suffix",
+        "has_raw_tcp",
+        "rules",
+    )
 
     def __init__(self, rules: Iterable[CompiledRule]) -> None:
         self.rules = tuple(rules)
         exact: dict[str, list[CompiledRule]] = {}
         suffix: dict[str, list[CompiledRule]] = {}
         cidr_rules: list[tuple[CidrSet, CompiledRule]] = []
+        internal_rules: list[tuple[CidrSet, CompiledRule]] = []
         for rule in self.rules:
             for host in rule.hosts:
+                if host == ANY_HOST:
+                    continue
                 if host.startswith("*."):
                     suffix.setdefault(host[2:], []).append(rule)
                 else:
                     exact.setdefault(host, []).append(rule)
             if rule.cidrs:
                 cidr_rules.append((CidrSet(rule.cidrs), rule))
+                # Only a cidr with no public address in it may open an internal one (the guard).
+                inside = [n for n in map(parse_network, rule.cidrs) if internal_only(n)]
+                if inside:
+                    internal_rules.append((CidrSet(inside), rule))
         self._exact = {k: tuple(v) for k, v in exact.items()}
         self._suffix = {k: tuple(v) for k, v in suffix.items()}
+        self._any_host = tuple(r for r in self.rules if ANY_HOST in r.hosts)
         self._cidr_rules = tuple(cidr_rules)
         self._cidrs = CidrSet(c for r in self.rules for c in r.cidrs)
+        self._internal_rules = tuple(internal_rules)
+        self._internal = CidrSet(n for nets, _ in internal_rules for n in nets)
         self._ports = frozenset(p for r in self.rules for p in r.ports)
         self._any_port = any(not r.ports for r in self.rules)
         self.has_raw_tcp = any(r.raw_tcp for r in self.rules)
@@ -150,6 +179,14 @@ class RuleIndex:
         self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
     ) -> Iterator[CompiledRule]:
         """Rules whose host or network part matches; `ip` is set when the host is an IP literal."""
+        yield from self.named_candidates(host, ip)
+        if ip is None and host:
+            yield from self._any_host
+
+    def named_candidates(
+        self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    ) -> Iterator[CompiledRule]:
+        """Rules that name this host (exactly, by suffix) or its network; never `hosts: ["*"]`."""
         if ip is not None:
             if ip in self._cidrs:
                 for networks, rule in self._cidr_rules:
@@ -168,11 +205,15 @@ class RuleIndex:
                 yield from found
             dot = host.find(".", dot + 1)
 
-    def covers_address(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> bool:
-        """Whether a network rule names this address (and port): it may then be private."""
-        if ip not in self._cidrs:
+    def opens_internal(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int | None) -> bool:
+        """Whether an internal-only cidr rule covers this address on `port` (None: on any port).
+
+        What the tenant adds to the guard: the address is then reachable if, and only if, the
+        operator lists it in `tenant_reachable` too. A broad cidr (`0.0.0.0/0`) never counts.
+        """
+        if ip not in self._internal:
             return False
-        return any(ip in nets and rule.port_ok(port) for nets, rule in self._cidr_rules)
+        return any(ip in nets and (port is None or rule.port_ok(port)) for nets, rule in self._internal_rules)
 
     def match(
         self,
@@ -193,23 +234,25 @@ class RuleIndex:
         """
         best = no_match
         nearest: CompiledRule | None = None
-        for rule in self.candidates(host, ip):
-            if not rule.port_ok(port):
-                if best is no_match:
-                    best, nearest = Reason.PORT_NOT_ALLOWED, rule
-                continue
-            if not rule.method_ok(method):
-                if best in (no_match, Reason.PORT_NOT_ALLOWED):
-                    best, nearest = Reason.METHOD_NOT_ALLOWED, rule
-                continue
-            if not rule.path_ok(path):
-                if best is not Reason.UPGRADE_NOT_ALLOWED:
-                    best, nearest = Reason.PATH_NOT_ALLOWED, rule
-                continue
-            if not rule.upgrade_ok(upgrade):
-                best, nearest = Reason.UPGRADE_NOT_ALLOWED, rule
-                continue
-            return RuleMatch(rule, Reason.ALLOWED)
+        named = self.named_candidates(host, ip)
+        for any_host, rules in ((False, named), (True, self._any_host if ip is None and host else ())):
+            for rule in rules:
+                if not rule.port_ok(port):
+                    if best is no_match:
+                        best, nearest = Reason.PORT_NOT_ALLOWED, rule
+                    continue
+                if not rule.method_ok(method):
+                    if best in (no_match, Reason.PORT_NOT_ALLOWED):
+                        best, nearest = Reason.METHOD_NOT_ALLOWED, rule
+                    continue
+                if not rule.path_ok(path):
+                    if best is not Reason.UPGRADE_NOT_ALLOWED:
+                        best, nearest = Reason.PATH_NOT_ALLOWED, rule
+                    continue
+                if not rule.upgrade_ok(upgrade):
+                    best, nearest = Reason.UPGRADE_NOT_ALLOWED, rule
+                    continue
+                return RuleMatch(rule, Reason.ALLOWED, any_host=any_host)
         return RuleMatch(None, best, nearest)
 
     def deny_match(
@@ -247,6 +290,10 @@ class RuleIndex:
     def names_host(self, host: str) -> bool:
         """Whether any rule names this host, whatever its ports, methods or paths (DNS answers)."""
         return next(self.candidates(host, None), None) is not None
+
+    def names_explicitly(self, host: str) -> bool:
+        """Whether a rule names this host itself (exactly or by suffix), not only `hosts: ["*"]`."""
+        return next(self.named_candidates(host, None), None) is not None
 
     def needs_inspection(
         self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None, port: int

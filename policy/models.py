@@ -1,7 +1,8 @@
 """Policy file models: tenant files, presets and the default-deny base (pydantic, JSON Schema).
 
-Entries are validated at load: a wildcard only as a `*.` prefix, a bare `*` refused,
-non-normalised hosts and networks refused with "use X instead".
+Entries are validated at load: a wildcard only as a `*.` prefix or as the whole entry `*`
+(an allow rule for any name the guard permits; refused in deny rules), non-normalised
+hosts and networks refused with "use X instead".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sandgate.brokers.models import Credential
 from .addresses import parse_network
 from .errors import HostError
 from .hosts import not_normal, parse_host_pattern, parse_ip_literal
+from .matcher import ANY_HOST
 from .paths import glob_problem
 
 __all__ = [
@@ -41,7 +43,9 @@ class _Strict(BaseModel):
 
 
 def check_host_pattern(value: str) -> str:
-    """Validate `host` or `*.suffix`; refuse what is not already in normal form."""
+    """Validate `host`, `*.suffix` or `*`; refuse what is not already in normal form."""
+    if value == ANY_HOST:
+        return value
     wildcard, bare, normal = parse_host_pattern(value, "match every host; name the hosts to allow")
     literal = parse_ip_literal(bare)
     if literal is not None:
@@ -97,7 +101,13 @@ class Rule(_Strict):
     """One allow or deny entry: hosts and/or CIDRs, with optional ports, methods and paths."""
 
     id: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
-    hosts: list[HostPattern] = Field(default_factory=list, description="exact hosts or '*.suffix'")
+    hosts: list[HostPattern] = Field(
+        default_factory=list,
+        description=(
+            "exact hosts, '*.suffix', or '*' (allow rules only: any name the gateway resolves to an "
+            "address the guard permits; never an IP literal)"
+        ),
+    )
     cidrs: list[Network] = Field(default_factory=list, description="networks, e.g. 10.1.2.0/24")
     ports: Annotated[list[Port], Field(min_length=1)] | None = Field(
         default=None, description="allowed ports; allow rules default to [443], deny rules to any"

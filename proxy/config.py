@@ -7,6 +7,7 @@ folder (or the working directory when there is no file).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -70,18 +71,37 @@ class ResolverConfig(_Strict):
 
 
 class AddressGuardConfig(_Strict):
-    """The operator's address guard."""
+    """The operator's address guard (policy/guard.py). What it never opens: the gateway's own
+    addresses, unspecified, multicast, broadcast and metadata addresses. Every other
+    non-public address (private, CGNAT, ULA, loopback, link-local, reserved) only inside
+    these ranges."""
 
     reachable_by_name: list[str] = Field(
         default_factory=list,
-        description="private ranges tenants may reach through name rules only (an internal mirror)",
+        description=(
+            "non-public ranges any tenant may reach through a name one of its rules names explicitly "
+            "(an internal mirror); never by raw IP, never through hosts: ['*']"
+        ),
+    )
+    tenant_reachable: list[str] = Field(
+        default_factory=list,
+        description=(
+            "non-public ranges a tenant may reach where its own cidr rule (one with no public "
+            "address in it) covers the address too, by IP or by name; a tenant rule alone opens nothing"
+        ),
     )
     own_addresses: list[str] | Literal["auto"] = Field(
         default="auto",
-        description="the gateway's own addresses; 'auto' reads the host's interfaces",
+        description=(
+            "the gateway's own addresses; 'auto' reads every address of every interface and follows "
+            "changes (netlink events, and a re-read every refresh_seconds)"
+        ),
+    )
+    refresh_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=10.0, description="with own_addresses: auto, how often interfaces are re-read anyway"
     )
 
-    @field_validator("reachable_by_name")
+    @field_validator("reachable_by_name", "tenant_reachable")
     @classmethod
     def _networks(cls, v: list[str]) -> list[str]:
         for text in v:
@@ -89,6 +109,17 @@ class AddressGuardConfig(_Strict):
                 parse_network(text)
             except HostError as e:
                 raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("own_addresses")
+    @classmethod
+    def _addresses(cls, v: list[str] | Literal["auto"]) -> list[str] | Literal["auto"]:
+        if v != "auto":
+            for text in v:
+                try:
+                    ipaddress.ip_address(text)
+                except ValueError:
+                    raise ValueError(f"not an IP address: {text!r}") from None
         return v
 
 

@@ -2,7 +2,9 @@
 
 A name that no allow rule of the sandbox's tenant could match gets NXDOMAIN and an audit
 record `dns_denied`; an allowed name is resolved with the gateway's resolver, its answers
-filtered through the address guard, returned, and remembered as name bindings. Nothing a
+filtered through the address guard (as the explicit proxy would pick them), returned, and
+remembered as name bindings. When the guard refuses every address of the asked family the
+guest gets an empty answer and the record says `private_address` with the refusal. Nothing a
 guest sends is ever forwarded raw: other record types get an empty answer, malformed or
 oversized queries an error.
 """
@@ -25,6 +27,7 @@ import dns.rdatatype
 import dns.rrset
 import structlog
 
+from sandgate.policy.decide import guard_answers
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.errors import HostError, ResolveError
 from sandgate.policy.hosts import normalise_host
@@ -151,12 +154,20 @@ class DnsListener:
             await self.ctx.audit.emit(decision_record(dctx, failed))
             return _reply(query, dns.rcode.SERVFAIL)
         family = _ANSWER_TYPES[question.rdtype]
-        addresses = tuple(
-            a
-            for a in resolution.addresses
-            if ipaddress.ip_address(a).version == family and self._permitted(a, identity)
-        )
         assert identity is not None
+        tenant = self.ctx.policy.tenant(identity.tenant)
+        if tenant is None:  # the tenant went away in a reload while the name was resolved
+            return _reply(query, dns.rcode.REFUSED)
+        of_family = tuple(a for a in resolution.addresses if ipaddress.ip_address(a).version == family)
+        addresses, refused = guard_answers(tenant, name, of_family, self.ctx.guard)
+        if of_family and not addresses:
+            # Every address is one the guest may not reach: no answer, and the record says why.
+            decision = Decision(
+                reason=Reason.PRIVATE_ADDRESS,
+                policy_version=decision.policy_version,
+                mode=decision.mode,
+                detail=f"every resolved address is refused ({refused})",
+            )
         self.bindings.remember(identity.sandbox, name, addresses, resolution.ttl)
         await self.ctx.audit.emit(decision_record(dctx, decision))
         ttl = int(min(resolution.ttl, self.max_ttl))
@@ -182,10 +193,6 @@ class DnsListener:
             )
         # A denied name is not resolved, and its existence is not revealed (NXDOMAIN).
         return Decision(reason=Reason.DNS_DENIED, policy_version=policy.version, mode=tenant.mode)
-
-    def _permitted(self, address: str, identity: Identity | None) -> bool:
-        """Only answers the address guard would let the guest reach are handed out."""
-        return self.ctx.guard.permits(ipaddress.ip_address(address), by_name=True, tenant_covers=False)
 
 
 class _UdpProtocol(asyncio.DatagramProtocol):

@@ -33,6 +33,7 @@ from sandgate.policy.policytests import (
     run_case_file,
     run_rego_dir,
 )
+from sandgate.policy.reach import reach_notes
 from sandgate.policy.rego_compile import check_modules
 from sandgate.policy.rego_input import input_schema
 from sandgate.policy.rego_loader import operator_modules_dir
@@ -41,6 +42,9 @@ from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, Sy
 from sandgate.policy.yamlsource import load_yaml, validate
 
 from . import admin_cli
+from .config import load_config
+from .errors import ConfigError
+from .hostaddrs import own_addresses
 
 __all__ = ["add_parser", "run"]
 
@@ -54,6 +58,7 @@ def add_parser(sub: Any) -> None:
 
     check = pol_sub.add_parser("check", help="validate rules directories, .rego modules and test case files")
     check.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
+    _guard_config(check)
     _format(check)
 
     test = pol_sub.add_parser("test", help="run Rego test_ rules and YAML test cases")
@@ -73,6 +78,7 @@ def add_parser(sub: Any) -> None:
     exp.add_argument(
         "--resolve", action="append", default=[], metavar="HOST=IP", help="resolve HOST to IP (repeatable)"
     )
+    _guard_config(exp)
     _format(exp)
 
     schema = pol_sub.add_parser("schema", help="JSON Schema of tenant files (or of the Rego input)")
@@ -90,6 +96,25 @@ def add_parser(sub: Any) -> None:
     admin_cli.add_policy_parsers(pol_sub, _format)
 
 
+def _guard_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the gateway config whose address_guard applies (default: a guard that opens no range)",
+    )
+
+
+def _operator_guard(config_path: Path | None) -> AddressGuard:
+    """The address guard of a gateway config (own addresses: this host's when 'auto'), or the
+    default guard: public addresses only. Raises ConfigError."""
+    if config_path is None:
+        return AddressGuard()
+    cfg = load_config(config_path).address_guard
+    own = own_addresses() if cfg.own_addresses == "auto" else cfg.own_addresses
+    return AddressGuard(cfg.reachable_by_name, own, cfg.tenant_reachable)
+
+
 def _format(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json"), default="text")
 
@@ -102,7 +127,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(schema, indent=2))
         return EXIT_OK
     if command == "check":
-        return _check(args.paths or [Path("rules")], args.format)
+        try:
+            guard = _operator_guard(args.config) if args.config else None
+        except ConfigError as e:
+            print(f"sandgate: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        return _check(args.paths or [Path("rules")], args.format, guard)
     if command == "test":
         return _test(args.paths or [Path("rules")], args.format, args.verbose)
     if command == "explain":
@@ -134,8 +164,8 @@ def _error_dicts(errors: Sequence[PolicyLoadError]) -> list[dict[str, Any]]:
 # --- check ---------------------------------------------------------------------------------
 
 
-def _check(paths: Sequence[Path], fmt: str) -> int:
-    results = [_check_one(p) for p in paths]
+def _check(paths: Sequence[Path], fmt: str, guard: AddressGuard | None = None) -> int:
+    results = [_check_one(p, guard) for p in paths]
     ok = all(r["ok"] for r in results)
     if fmt == "json":
         print(json.dumps(results[0] if len(results) == 1 else {"ok": ok, "results": results}, indent=2))
@@ -143,22 +173,30 @@ def _check(paths: Sequence[Path], fmt: str) -> int:
         for r in results:
             if r["ok"]:
                 print(r["summary"])
+                # Warnings do not fail the check: the guard holds whatever a rule says.
+                for note in r.get("notes", ()):
+                    print(f"{note['origin']}: {note['level']}: {note['rule_id']}: {note['text']}")
             else:
                 print("\n".join(r["lines"]), file=sys.stderr)
     return EXIT_OK if ok else EXIT_USAGE
 
 
-def _check_one(path: Path) -> dict[str, Any]:
+def _check_one(path: Path, guard: AddressGuard | None = None) -> dict[str, Any]:
     """One path's result: a rules directory, a .rego module, or a test case file."""
     errors: list[PolicyLoadError]
     try:
         if path.is_dir():
             policy = load_policy_dir(path)
+            notes = reach_notes(policy, guard.tenant_reachable if guard is not None else None)
             return {
                 "ok": True,
                 "version": policy.version,
                 "tenants": sorted(policy.tenants),
                 "files": list(policy.files),
+                "notes": [
+                    {"level": n.level, "origin": n.origin, "rule_id": n.rule_id, "text": n.text}
+                    for n in notes
+                ],
                 "summary": (
                     f"ok: {len(policy.files)} files, {len(policy.tenants)} tenants, version {policy.version}"
                 ),
@@ -308,8 +346,13 @@ def _explain(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.client:
         request = replace(request, client=args.client)
+    try:
+        guard = _operator_guard(args.config)
+    except ConfigError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
     engine = make_engine("embedded", cache_size=0)
-    result = asyncio.run(explain(policy, identity, request, resolver, AddressGuard(), engine))
+    result = asyncio.run(explain(policy, identity, request, resolver, guard, engine))
     if args.format == "json":
         print(json.dumps(_explain_json(result, args), indent=2))
     else:

@@ -61,7 +61,7 @@ from .head_guard import HeadGuard
 from .heads import install as install_head_caps
 from .heads import self_test as head_caps_self_test
 from .hopbyhop import HopByHop
-from .hostaddrs import own_addresses
+from .hostaddrs import OwnAddressWatcher, own_addresses
 from .identify import Identify
 from .limits_sync import LimitSync
 from .metrics import METRICS, GatewayGauges
@@ -143,6 +143,8 @@ class _Lifecycle:
         await gw.reloader.start()
         gw.credential_watch.start()
         gw.secret_refresh.start()
+        if gw.own_watch is not None:
+            await gw.own_watch.start()
         if gw.limit_sync is not None:
             await gw.limit_sync.start()
         if gw.config.rego.engine == "opa" and not await gw.engine.health():
@@ -178,6 +180,8 @@ class _Lifecycle:
         if gw.fleet is not None:
             steps.append(gw.fleet.stop)
         steps += [gw.credential_watch.stop, gw.secret_refresh.stop, gw.credential_store.aclose]
+        if gw.own_watch is not None:
+            steps.append(gw.own_watch.stop)
         if gw.limit_sync is not None:
             steps.append(gw.limit_sync.stop)
         steps += [gw.broker.aclose, gw.engine.close]
@@ -249,13 +253,19 @@ class Gateway:
         self.ctx = GatewayContext(
             policy=policy,
             resolver=resolver or build_resolver(config.resolver),
-            guard=AddressGuard(guard_cfg.reachable_by_name, own),
+            guard=AddressGuard(guard_cfg.reachable_by_name, own, guard_cfg.tenant_reachable),
             audit=audit,
             bindings=NameBindings(min_ttl=tcfg.binding_min_ttl, max_ttl=tcfg.binding_max_ttl),
             reroute=tcfg.reroute,
             broker=self.broker,
             engine=self.engine,
         )
+        # The gateway's own addresses follow interface changes (sandboxes' veths come and go).
+        self.own_watch: OwnAddressWatcher | None = None
+        if guard_cfg.own_addresses == "auto":
+            self.own_watch = OwnAddressWatcher(
+                self._own_addresses_changed, frozenset(own), interval=guard_cfg.refresh_seconds
+            )
         self.limit_sync: LimitSync | None = None
         if config.redis is not None:
             self.limit_sync = LimitSync(
@@ -386,6 +396,10 @@ class Gateway:
                 "ca_cert": str(cfg.ca_dir / "mitmproxy-ca-cert.pem"),
             },
         )
+
+    def _own_addresses_changed(self, addresses: frozenset[str]) -> None:
+        """Swap in a guard with the new own-address set (one assignment: no request sees half)."""
+        self.ctx.guard = self.ctx.guard.with_own_addresses(addresses)
 
     async def stop_admin(self) -> None:
         admin, self.admin = self.admin, None

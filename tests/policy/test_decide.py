@@ -41,6 +41,8 @@ allow:
     hosts: ["*.example.com"]
   - id: lab
     cidrs: [10.1.2.0/24]
+  - id: unopened-lab
+    cidrs: [10.30.0.0/16]
   - id: names
     hosts: [lab.example.net, intranet.example.net, corp.example.net, dual.example.net, gone.example.net]
   - id: docs
@@ -55,6 +57,31 @@ deny:
     methods: [POST]
   - id: bad-net
     cidrs: [93.184.217.0/24]
+"""
+
+BROAD = """
+tenant: broad
+allow:
+  - id: internet
+    cidrs: [0.0.0.0/0, "::/0"]
+    ports: [80, 443]
+  - id: names
+    hosts: [corp.example.net]
+"""
+
+ANY = """
+tenant: any
+allow:
+  - id: everything
+    hosts: ["*"]
+  - id: corp
+    hosts: [corp.example.net]
+    ports: [8443]
+  - id: lab
+    cidrs: [10.1.2.0/24]
+deny:
+  - id: blocked
+    hosts: [blocked.example.com]
 """
 
 TRIAL = """
@@ -87,9 +114,17 @@ HOSTS = {
     "mixed-base.example.com": ["93.184.219.8", "93.184.216.44"],
     "private-then-denied.example.com": ["10.9.9.9", "93.184.217.9"],
     "shop.example.com": ["93.184.216.43"],
+    "own.example.com": ["93.184.216.66"],
+    "lab.example.com": ["10.1.2.5"],
+    "unopened.example.com": ["10.30.0.5"],
+    "loop.example.com": ["127.0.0.1"],
+    "ecs.example.com": ["169.254.170.2"],
+    "mapped-meta.example.com": ["::ffff:169.254.170.2"],
 }
 
 ACME_ID = Identity("acme", "acme-1")
+BROAD_ID = Identity("broad", "broad-1")
+ANY_ID = Identity("any", "any-1")
 TRIAL_ID = Identity("trial", "trial-1")
 
 
@@ -105,13 +140,17 @@ def write_rules(root: Path, base: str | None, tenants: dict[str, str]) -> Path:
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> PolicySet:
-    root = write_rules(tmp_path_factory.mktemp("rules"), BASE, {"acme": ACME, "trial": TRIAL})
+    tenants = {"acme": ACME, "trial": TRIAL, "broad": BROAD, "any": ANY}
+    root = write_rules(tmp_path_factory.mktemp("rules"), BASE, tenants)
     return load_policy_dir(root)
 
 
 def guard() -> AddressGuard:
-    """The operator's guard: 10.20.0.0/16 may be reached by name."""
-    return AddressGuard(reachable_by_name=["10.20.0.0/16"])
+    """The operator's guard: 10.20.0.0/16 may be reached by name, 10.1.2.0/24 by tenants whose
+    own cidr covers it; 93.184.216.66 is the gateway's own address."""
+    return AddressGuard(
+        reachable_by_name=["10.20.0.0/16"], tenant_reachable=["10.1.2.0/24"], own_addresses=["93.184.216.66"]
+    )
 
 
 class RecordingResolver:
@@ -483,6 +522,177 @@ CASES = [
     Case("report mode still refuses a private literal", TRIAL_ID, "10.9.9.9", R.PRIVATE_ADDRESS),
     Case("report mode still refuses a name resolving privately", TRIAL_ID, "private.test", R.PRIVATE_ADDRESS),
     Case("report mode still reports a dns failure", TRIAL_ID, "nowhere.test", R.DNS_FAILURE),
+    # The guard is the operator's: what a tenant rule can never open (issue 10, item 1).
+    *(
+        Case(f"a tenant cidr 0.0.0.0/0 does not open {what}", BROAD_ID, literal, R.PRIVATE_ADDRESS, port=80)
+        for literal, what in (
+            ("127.0.0.1", "ipv4 loopback"),
+            ("127.0.0.2", "the rest of 127/8"),
+            ("169.254.169.254", "the metadata address"),
+            ("169.254.170.2", "the ecs metadata address"),
+            ("0.0.0.0", "the unspecified address"),
+            ("::1", "ipv6 loopback"),
+            ("::", "the ipv6 unspecified address"),
+            ("::ffff:127.0.0.1", "ipv4-mapped loopback"),
+            ("::ffff:169.254.169.254", "the ipv4-mapped metadata address"),
+            ("::7f00:1", "ipv4-compatible loopback"),
+            ("64:ff9b::a9fe:a9fe", "the nat64 metadata address"),
+            ("2002:a9fe:a9fe::1", "the 6to4 metadata address"),
+            ("2001:0:4136:e378:8000:63bf:5601:5601", "a teredo address whose client is metadata"),
+            ("fd00:ec2::254", "the aws ipv6 metadata address"),
+            ("10.1.2.3", "a private range the operator opens to tenant cidrs that name it"),
+            ("10.9.9.9", "a private address"),
+            ("10.20.1.1", "a range the operator opens by name only"),
+            ("172.16.0.1", "172.16/12"),
+            ("192.168.1.1", "192.168/16"),
+            ("100.64.0.1", "cgnat"),
+            ("fd12::1", "ula"),
+            ("fe80::1", "ipv6 link-local"),
+            ("169.254.1.1", "ipv4 link-local"),
+            ("224.0.0.1", "multicast"),
+            ("ff02::1", "ipv6 multicast"),
+            ("255.255.255.255", "the broadcast address"),
+            ("198.51.100.7", "a reserved address"),
+            ("240.0.0.1", "class e"),
+            ("93.184.216.66", "the gateway's own public address"),
+            ("::ffff:93.184.216.66", "the gateway's own address ipv4-mapped"),
+        )
+    ),
+    Case(
+        "a tenant cidr 0.0.0.0/0 allows a public literal",
+        BROAD_ID,
+        "93.184.216.34",
+        R.ALLOWED,
+        allowed=True,
+        port=80,
+        address="93.184.216.34",
+        rule_id="broad/allow/internet",
+    ),
+    Case(
+        "a tenant cidr ::/0 allows a public ipv6 literal",
+        BROAD_ID,
+        "2606:2800:220:1::1",
+        R.ALLOWED,
+        allowed=True,
+        address="2606:2800:220:1::1",
+        rule_id="broad/allow/internet",
+    ),
+    Case(
+        "a tenant cidr the operator does not open never opens a private literal",
+        ACME_ID,
+        "10.30.0.5",
+        R.PRIVATE_ADDRESS,
+    ),
+    Case(
+        "a name resolving into a tenant cidr the operator does not open is refused",
+        ACME_ID,
+        "unopened.example.com",
+        R.PRIVATE_ADDRESS,
+    ),
+    Case(
+        "a name resolving to the gateway's own address is refused",
+        BROAD_ID,
+        "own.example.com",
+        R.HOST_NOT_ALLOWED,
+    ),
+    Case(
+        "a name a rule names explicitly reaches a by-name range even for a broad tenant",
+        BROAD_ID,
+        "corp.example.net",
+        R.ALLOWED,
+        allowed=True,
+        address="10.20.1.1",
+        rule_id="broad/allow/names",
+    ),
+    # hosts: ["*"] (issue 10, item 2).
+    Case(
+        "hosts star allows a name resolving to a public address",
+        ANY_ID,
+        "www.example.com",
+        R.ALLOWED,
+        allowed=True,
+        address="93.184.216.41",
+        rule_id="any/allow/everything",
+    ),
+    Case(
+        "hosts star does not cover an ip literal",
+        ANY_ID,
+        "93.184.216.34",
+        R.HOST_NOT_ALLOWED,
+    ),
+    Case(
+        "hosts star keeps the default port 443 only",
+        ANY_ID,
+        "www.example.com",
+        R.PORT_NOT_ALLOWED,
+        port=80,
+        rule_id="any/allow/everything",
+    ),
+    Case(
+        "hosts star does not reach a range the operator opens by name",
+        ANY_ID,
+        "corp.example.net",
+        R.PRIVATE_ADDRESS,
+    ),
+    Case(
+        "a rule naming the host reaches the by-name range where hosts star does not",
+        ANY_ID,
+        "corp.example.net",
+        R.ALLOWED,
+        allowed=True,
+        port=8443,
+        address="10.20.1.1",
+        rule_id="any/allow/corp",
+    ),
+    Case(
+        "hosts star reaches an opened range the tenant's own cidr covers",
+        ANY_ID,
+        "lab.example.com",
+        R.ALLOWED,
+        allowed=True,
+        address="10.1.2.5",
+        rule_id="any/allow/everything",
+    ),
+    Case("hosts star does not reach a metadata address", ANY_ID, "ecs.example.com", R.PRIVATE_ADDRESS),
+    Case(
+        "hosts star does not reach a mapped metadata address",
+        ANY_ID,
+        "mapped-meta.example.com",
+        R.PRIVATE_ADDRESS,
+    ),
+    Case("hosts star does not reach loopback", ANY_ID, "loop.example.com", R.PRIVATE_ADDRESS),
+    Case("hosts star does not reach the gateway's own address", ANY_ID, "own.example.com", R.PRIVATE_ADDRESS),
+    Case("hosts star does not reach a private address", ANY_ID, "intranet.example.net", R.PRIVATE_ADDRESS),
+    Case(
+        "a tenant deny rule holds against hosts star",
+        ANY_ID,
+        "blocked.example.com",
+        R.HOST_DENIED,
+        rule_id="any/deny/blocked",
+    ),
+    Case(
+        "a base deny rule holds against hosts star",
+        ANY_ID,
+        "metadata.google.internal",
+        R.HOST_DENIED,
+        rule_id="base/deny/metadata",
+    ),
+    Case(
+        "a base deny network holds against hosts star",
+        ANY_ID,
+        "worse.example.com",
+        R.HOST_DENIED,
+        rule_id="base/deny/bad-net",
+    ),
+    Case(
+        "report mode does not open a by-name range to a name no rule names",
+        TRIAL_ID,
+        "corp.example.net",
+        R.PRIVATE_ADDRESS,
+    ),
+    Case(
+        "report mode does not open the gateway's own address", TRIAL_ID, "own.example.com", R.PRIVATE_ADDRESS
+    ),
 ]
 
 

@@ -66,9 +66,9 @@ BROKEN_CASES = [
         "bare-star",
         "tenants/t.yaml",
         4,
-        "allow.0.hosts.0",
-        "'*' would match every host; name the hosts to allow",
-        "a bare star host is refused",
+        "deny.0.hosts.0",
+        "'*' is for allow rules; to deny everywhere use cidrs: [0.0.0.0/0, ::/0]",
+        "a bare star host in a deny rule is refused",
     ),
     (
         "wildcard-middle",

@@ -417,7 +417,7 @@ def test_a_deny_rule_on_names_never_denies_an_address() -> None:
     assert index.deny_address(ip_address("93.184.217.7"), 443, "GET", "/") is None
 
 
-# --- needs_inspection and covers_address --------------------------------------------------
+# --- needs_inspection and opens_internal --------------------------------------------------
 
 INSPECTION = [
     (rule("r", hosts=["a.example.com"]), 443, False, "a host-only rule passes tls through"),
@@ -445,24 +445,85 @@ def test_one_inspecting_rule_among_several_is_enough() -> None:
     assert index.needs_inspection("a.example.com", None, 443) is True
 
 
-COVERS = [
-    ("10.1.2.3", 443, True, "an address in a network rule on its port is covered"),
-    ("10.1.2.3", 80, False, "an address in a network rule on another port is not covered"),
-    ("10.1.3.3", 443, False, "an address outside every network rule is not covered"),
-    ("::ffff:10.1.2.3", 443, True, "the ipv4-mapped spelling is covered too"),
+OPENS = [
+    ("10.1.2.3", 443, True, "an address in an internal network rule on its port is opened"),
+    ("10.1.2.3", 80, False, "an address in an internal network rule on another port is not opened"),
+    ("10.1.2.3", None, True, "an address in an internal network rule on any port is opened"),
+    ("10.1.3.3", 443, False, "an address outside every network rule is not opened"),
+    ("::ffff:10.1.2.3", 443, True, "the ipv4-mapped spelling is opened too"),
+    ("10.9.9.9", 443, False, "an address only a broad network rule covers is not opened"),
+    ("fd12::1", 443, False, "an ula address only ::/0 covers is not opened"),
+    ("127.0.0.1", 443, False, "loopback only 0.0.0.0/0 covers is not opened"),
 ]
 
 
 @pytest.mark.parametrize(
     ("address", "port", "expected"),
-    [c[:3] for c in COVERS],
-    ids=[c[3] for c in COVERS],
+    [c[:3] for c in OPENS],
+    ids=[c[3] for c in OPENS],
 )
-def test_covers_address(address: str, port: int, expected: bool) -> None:
+def test_opens_internal(address: str, port: int | None, expected: bool) -> None:
     index = RuleIndex(
-        [rule("lab", cidrs=["10.1.2.0/24"], ports=[443]), rule("name", hosts=["x.example.com"])]
+        [
+            rule("lab", cidrs=["10.1.2.0/24"], ports=[443]),
+            rule("internet", cidrs=["0.0.0.0/0", "::/0"], ports=[443]),
+            rule("name", hosts=["x.example.com"]),
+        ]
     )
-    assert index.covers_address(ip_address(address), port) is expected
+    assert index.opens_internal(ip_address(address), port) is expected
+
+
+# --- hosts: ["*"] ---------------------------------------------------------------------------
+
+ANY_INDEX = RuleIndex(
+    [
+        rule("any", hosts=["*"], ports=[443]),
+        rule("api", hosts=["api.example.com"], ports=[443], paths=["/v1/**"]),
+        rule("net", cidrs=["93.184.216.0/24"], ports=[443]),
+    ]
+)
+
+ANY_CASES = [
+    ("x.example.org", None, None, "any", True, "a name no rule names matches hosts star"),
+    ("api.example.com", None, None, "api", False, "a rule naming the host wins over hosts star"),
+    ("api.example.com", "GET", "/v2/x", "any", True, "hosts star matches where the naming rule does not"),
+    ("93.184.216.34", None, None, "net", False, "an ip literal is matched by networks, never hosts star"),
+    ("93.184.217.34", None, None, None, False, "an ip literal outside every network is not matched"),
+]
+
+
+@pytest.mark.parametrize(
+    ("host", "method", "path", "rule_id", "any_host"),
+    [c[:5] for c in ANY_CASES],
+    ids=[c[5] for c in ANY_CASES],
+)
+def test_hosts_star(
+    host: str, method: str | None, path: str | None, rule_id: str | None, any_host: bool
+) -> None:
+    literal = ip_address(host) if host[0].isdigit() else None
+    result = ANY_INDEX.match(host, literal, 443, method, path, no_match=R.HOST_NOT_ALLOWED)
+    assert (result.rule.rule_id if result.rule else None, result.any_host) == (rule_id, any_host)
+
+
+def test_hosts_star_names_every_host_but_explicitly_none() -> None:
+    assert ANY_INDEX.names_host("anything.example.net")
+    assert not ANY_INDEX.names_explicitly("anything.example.net")
+    assert ANY_INDEX.names_explicitly("api.example.com")
+
+
+def test_hosts_star_keeps_its_ports() -> None:
+    result = ANY_INDEX.match("x.example.org", None, 80, None, None, no_match=R.HOST_NOT_ALLOWED)
+    assert (result.rule, result.reason) == (None, R.PORT_NOT_ALLOWED)
+
+
+def test_a_lookup_with_hosts_star_among_ten_thousand_rules_touches_only_its_own() -> None:
+    touched: list[str] = []
+    cls = counting_rule_class(touched)
+    rules = [rule(f"r{i}", hosts=[f"h{i}.example.com"], cls=cls) for i in range(TENANTS)]
+    index = RuleIndex([*rules, rule("any", hosts=["*"], cls=cls)])
+    assert index.match("h77.example.com", None, 443, None, None, no_match=R.HOST_NOT_ALLOWED).rule
+    assert index.match("elsewhere.example.org", None, 443, None, None, no_match=R.HOST_NOT_ALLOWED).any_host
+    assert touched == ["r77", "any"]
 
 
 # --- cost: lookups touch only what matches ------------------------------------------------

@@ -356,7 +356,7 @@ def test_every_error_of_a_file_is_reported() -> None:
         "tenant: T\n"
         "alow: []\n"
         "allow:\n"
-        "  - hosts: ['*', 10.0.0.1, ok.example.com]\n"
+        "  - hosts: ['*.', 10.0.0.1, ok.example.com]\n"
         "    ports: [0]\n"
         "  - cidrs: [10.0.0.1/8]\n"
         "    methods: [get]\n"
@@ -369,8 +369,8 @@ def test_every_error_of_a_file_is_reported() -> None:
         [
             "f:1:1: tenant: String should match pattern '^[a-z0-9](?:[a-z0-9._-]{0,62})$'",
             "f:2:1: alow: unknown key (did you mean 'allow'?)",
-            "f:4:13: allow.0.hosts.0: '*' would match every host; name the hosts to allow",
-            "f:4:18: allow.0.hosts.1: '10.0.0.1' is an address: use cidrs: [10.0.0.1/32] instead",
+            "f:4:13: allow.0.hosts.0: '*.' would match every host; name the hosts to allow",
+            "f:4:19: allow.0.hosts.1: '10.0.0.1' is an address: use cidrs: [10.0.0.1/32] instead",
             "f:5:13: allow.0.ports.0: Input should be greater than or equal to 1",
             "f:6:13: allow.1.cidrs.0: '10.0.0.1/8' has host bits set; use 10.0.0.0/8 instead",
             "f:7:15: allow.1.methods.0: 'get' is not an upper-case HTTP method",

@@ -38,7 +38,9 @@ def gateway(
 ) -> RunningGateway:
     rules = allow_rules(http_upstream.port, https_upstream.port)
     deny = [{"id": "no-admin", "hosts": ["api.test"], "paths": ["/admin/**"]}]
-    return start_gateway({"t1.yaml": tenant_yaml("t1", rules, deny=deny)})
+    # The operator opens the upstream's address to tenants whose cidr names it (rule by-ip).
+    guard = {"address_guard": {"tenant_reachable": [f"{UPSTREAM_IP}/32"]}}
+    return start_gateway({"t1.yaml": tenant_yaml("t1", rules, deny=deny)}, config=guard)
 
 
 def client(gw: RunningGateway, *, verify: ssl.SSLContext | str | bool = True) -> httpx.Client:

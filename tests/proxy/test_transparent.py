@@ -93,6 +93,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Lab]
             evil.name, lambda: RecordingUpstream(evil.addr, 443, tls=pki, name="evil-tls").start()
         )
         records = {name: [up.addr] for name in NAMES}
+        # Allowed names the guard must refuse: the metadata address, the gateway's own veth address.
+        records |= {"meta.test": ["169.254.169.254"], "gw.test": [g1.host_addr]}
         dns = in_namespace(up.name, lambda: ScriptedDNSServer(up.addr, 53, records=records, ttl=60).start())
         stop_echo = in_namespace(up.name, lambda: tcp_echo_server(up.addr, 5432))
         t1 = tenant_yaml(
@@ -101,6 +103,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Lab]
                 {"id": "api", "hosts": ["api.test"], "ports": [80, 443], "inspect": True},
                 {"id": "pass", "hosts": ["pass.test"], "ports": [443]},
                 {"id": "db", "cidrs": [f"{up.addr}/32"], "ports": [5432], "protocol": "tcp"},
+                {"id": "traps", "hosts": ["meta.test", "gw.test"], "ports": [80]},
             ],
             sandbox="static-sb1",
         )
@@ -116,7 +119,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Lab]
                 ],
                 "dns": {"host": "0.0.0.0", "port": dns_port},
                 "resolver": {"hosts": {}, "nameservers": [f"{up.addr}:53"], "ipv6": False},
-                "address_guard": {"reachable_by_name": [f"10.200.{nl.subnet}.0/24"]},
+                "address_guard": {
+                    "reachable_by_name": [f"10.200.{nl.subnet}.0/24"],
+                    # The raw-TCP database by address (rule db): the operator opens it, the rule names it.
+                    "tenant_reachable": [f"{up.addr}/32"],
+                },
                 "upstream": {"trusted_ca": str(pki.ca_file)},
                 # A table of its own: concurrent test runs on one host must not replace each other's.
                 "host_rules": {"table": f"sgt_{nl.tag}"},
@@ -216,6 +223,21 @@ def test_dns_for_a_denied_name_is_nxdomain_audited_and_never_forwarded(lab: Lab)
     }
     assert not any(secret in q.name for q in lab.dns.queries), "the exfil label never left the gateway"
     assert lab.dns.count("open.test") == 0
+
+
+def test_dns_for_an_allowed_name_at_a_refused_address_is_audited_private_address(lab: Lab) -> None:
+    """The guest gets no address, and the record says why (not `dns allow allowed`)."""
+    mark = lab.mark()
+    for name in ("meta.test", "gw.test"):
+        result = lab.curl(lab.g1, f"http://{name}/")
+        assert result.returncode == 6, f"curl got no address for {name}"
+    records = {r["dest"]["host"]: r for r in lab.records(mark) if r["phase"] == "dns" and r["method"] == "A"}
+    assert {n: (records[n]["decision"], records[n]["reason"]) for n in ("meta.test", "gw.test")} == {
+        "meta.test": ("deny", "private_address"),
+        "gw.test": ("deny", "private_address"),
+    }
+    assert "169.254.169.254 is a metadata address" in records["meta.test"]["detail"]
+    assert f"{lab.g1.host_addr} is an address of the gateway itself" in records["gw.test"]["detail"]
 
 
 def test_a_guest_dialling_an_ip_the_gateway_did_not_give_it_is_refused(lab: Lab) -> None:
