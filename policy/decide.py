@@ -170,8 +170,9 @@ def literal_ip(host: str) -> IPAddress | None:
 def _rules(
     policy: PolicySet, tenant: TenantPolicy, request: EgressRequest, ip: IPAddress | None
 ) -> tuple[Decision, bool, bool]:
-    """Steps 3 and 4: the decision, whether report mode may relax a denial, and whether an
-    allow rule names the host itself (not only `hosts: ["*"]`)."""
+    """Steps 3 and 4: the decision, whether report mode may relax a denial, and whether the
+    host is named by a rule (the allowing one, not `hosts: ["*"]`; for a denial, any allow
+    rule): only then do ranges the operator opens by name apply to it."""
     args = (request.host, ip, request.port, request.method, request.path)
     base = tenant.base_deny.deny_match(*args)
     if base is not None:
@@ -192,7 +193,12 @@ def _rules(
         )
         return allowed, True, not match.any_host
     nearest = match.nearest.rule_id if match.nearest else None
-    return _deny(policy, match.reason, tenant, rule_id=nearest), True, False
+    # Relaxed in report mode, the name still reaches a by-name range only if a rule names it.
+    return (
+        _deny(policy, match.reason, tenant, rule_id=nearest),
+        True,
+        tenant.allow.names_explicitly(request.host),
+    )
 
 
 # Resolver answers repeat: parse each address text once.

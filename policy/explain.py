@@ -166,7 +166,7 @@ def _rule_steps(
         steps.append(_rule_step(4, "allow rules", denied, f"{match.reason.value} (nearest rule)", nearest))
     else:
         steps.append(Step(4, "allow rules", denied, f"{match.reason.value}: no rule names this destination"))
-    return False if decision.allowed else None
+    return tenant.allow.names_explicitly(request.host) if decision.allowed else None
 
 
 async def _resolve_step(

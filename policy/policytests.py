@@ -187,8 +187,12 @@ class _TestResolver:
         return Resolution((UNLISTED_ADDRESS,), 300.0)
 
 
-def run_case_file(path: Path, *, policies: dict[Path, PolicySet] | None = None) -> TestReport:
-    """Run the cases of one file; a file (or its rules) that does not load raises PolicyLoadError."""
+def run_case_file(
+    path: Path, *, policies: dict[Path, PolicySet] | None = None, guard: AddressGuard | None = None
+) -> TestReport:
+    """Run the cases of one file; a file (or its rules) that does not load raises PolicyLoadError.
+
+    `guard`: the operator's address guard (a gateway config's); default: one that opens no range."""
     doc = load_yaml(path)
     spec = validate(CaseFile, doc)
     rules_dir = (path.parent / spec.rules).resolve() if spec.rules else path.resolve().parent.parent
@@ -197,21 +201,28 @@ def run_case_file(path: Path, *, policies: dict[Path, PolicySet] | None = None) 
     if policy is None:
         policy = cache[rules_dir] = load_policy_dir(rules_dir)
     where = [doc.locate(("cases", i)) for i in range(len(spec.cases))]
-    outcomes = asyncio.run(_run_cases(spec, policy, where))
+    outcomes = asyncio.run(_run_cases(spec, policy, where, guard or AddressGuard()))
     return TestReport(str(path), tuple(outcomes))
 
 
-async def _run_cases(spec: CaseFile, policy: PolicySet, where: list[SourceLocation]) -> list[TestOutcome]:
+async def _run_cases(
+    spec: CaseFile, policy: PolicySet, where: list[SourceLocation], guard: AddressGuard
+) -> list[TestOutcome]:
     resolver = _TestResolver(spec.resolve)
     engine = make_engine("embedded", cache_size=0)
     return [
-        await _run_case(case, policy, resolver, engine, at)
+        await _run_case(case, policy, resolver, engine, guard, at)
         for case, at in zip(spec.cases, where, strict=True)
     ]
 
 
 async def _run_case(
-    case: Case, policy: PolicySet, resolver: _TestResolver, engine: PolicyEngine, where: SourceLocation
+    case: Case,
+    policy: PolicySet,
+    resolver: _TestResolver,
+    engine: PolicyEngine,
+    guard: AddressGuard,
+    where: SourceLocation,
 ) -> TestOutcome:
     identity = _identity(case, policy)
     if isinstance(identity, str):
@@ -222,7 +233,6 @@ async def _run_case(
         return TestOutcome(case.name, "error", f"{where}: {e}")
     if case.client or case.credentials:
         request = replace(request, client=case.client, credentials=tuple(case.credentials))
-    guard = AddressGuard()
 
     async def decide_one(who: Identity, req: EgressRequest, *, address: str | None = None) -> Decision:
         return await decide(policy, who, req, resolver, guard, address=address, engine=engine)

@@ -64,6 +64,7 @@ def add_parser(sub: Any) -> None:
     test = pol_sub.add_parser("test", help="run Rego test_ rules and YAML test cases")
     test.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
     test.add_argument("-v", "--verbose", action="store_true", help="list every test, not only failures")
+    _guard_config(test)
     _format(test)
 
     exp = pol_sub.add_parser("explain", help="the decision for one request, step by step")
@@ -134,7 +135,12 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         return _check(args.paths or [Path("rules")], args.format, guard)
     if command == "test":
-        return _test(args.paths or [Path("rules")], args.format, args.verbose)
+        try:
+            guard = _operator_guard(args.config)
+        except ConfigError as e:
+            print(f"sandgate: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        return _test(args.paths or [Path("rules")], args.format, args.verbose, guard)
     if command == "explain":
         return _explain(args)
     if command == "push":
@@ -233,10 +239,10 @@ def _where(path: Path, line: int | None = None, column: int | None = None) -> So
 # --- test ----------------------------------------------------------------------------------
 
 
-def _test(paths: Sequence[Path], fmt: str, verbose: bool) -> int:
+def _test(paths: Sequence[Path], fmt: str, verbose: bool, guard: AddressGuard | None = None) -> int:
     start = time.perf_counter()
     try:
-        reports = _collect_tests(paths)
+        reports = _collect_tests(paths, guard)
     except PolicySetError as e:
         return _load_failed(fmt, list(e.errors))
     except PolicyLoadError as e:
@@ -266,7 +272,7 @@ def _test(paths: Sequence[Path], fmt: str, verbose: bool) -> int:
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def _collect_tests(paths: Sequence[Path]) -> list[TestReport]:
+def _collect_tests(paths: Sequence[Path], guard: AddressGuard | None = None) -> list[TestReport]:
     """Rules directories (their Rego tests and tests/*.yaml), case files, and loose Rego
     (files and folders given together run together, like `opa test`)."""
     reports: list[TestReport] = []
@@ -282,9 +288,9 @@ def _collect_tests(paths: Sequence[Path]) -> list[TestReport]:
             policies[path.resolve()] = policy
             reports += _rego_reports([path / "rego", path / "tenants", *map(Path, policy.rego_files)], policy)
             for case_file in sorted((path / "tests").glob("*.y*ml")) if (path / "tests").is_dir() else []:
-                reports.append(run_case_file(case_file, policies=policies))
+                reports.append(run_case_file(case_file, policies=policies, guard=guard))
         else:
-            reports.append(run_case_file(path, policies=policies))
+            reports.append(run_case_file(path, policies=policies, guard=guard))
     return reports
 
 

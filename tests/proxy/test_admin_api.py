@@ -243,7 +243,7 @@ def test_policy_reload_and_status_through_the_cli(gateway: RunningGateway) -> No
     text = sandgate("policy", "status", "--config", config)
     assert "2 tenants" in text.stdout and "last reload: ok (admin" in text.stdout
 
-    gateway.write_tenant("t2.yaml", "tenant: t2\nallow:\n  - hosts: ['*']\n")
+    gateway.write_tenant("t2.yaml", "tenant: t2\nallow:\n  - hosts: ['*.']\n")
     broken = sandgate("policy", "reload", "--config", config)
     assert broken.returncode == 2
     assert "policy reload failed" in broken.stderr and "t2.yaml:3:" in broken.stderr

@@ -33,7 +33,7 @@ def test_policy_check_accepts_the_starter_rules_once_the_token_exists(
 
 
 def test_policy_check_json_lists_every_error(rules: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (rules / "tenants" / "bad.yaml").write_text("tenant: Bad\nallow:\n  - hosts: ['*']\n")
+    (rules / "tenants" / "bad.yaml").write_text("tenant: Bad\nallow:\n  - hosts: ['*.']\n")
     assert main(["policy", "check", str(rules), "--format", "json"]) == 2
     errors = json.loads(capsys.readouterr().out)["errors"]
     fields = {(Path(e["file"]).name, e["line"], e["field"]) for e in errors}

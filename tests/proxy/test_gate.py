@@ -274,15 +274,22 @@ def test_a_covering_cidr_rule_opens_an_internal_address_by_ip(
 def test_report_mode_allows_and_records_would_deny(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream
 ) -> None:
-    gw = start_gateway({"t1.yaml": tenant_yaml("t1", [], mode="report")})
+    # open.test is on loopback, which these tests open by name (reachable_by_name): only to
+    # names a rule names, so the rule names it, on another port.
+    gw = start_gateway(
+        {"t1.yaml": tenant_yaml("t1", [{"hosts": ["open.test"], "ports": [1]}], mode="report")}
+    )
     with client(gw) as c:
         resp = c.get(f"{http_upstream.url_for('open.test')}/learn")
+        unnamed = c.get(f"{http_upstream.url_for('api.test')}/unnamed")
         internal = c.get("http://169.254.169.254/latest/meta-data/")
     assert resp.status_code == 200
+    assert unnamed.status_code == 403, "a by-name range opens only to names a rule names, report mode or not"
     assert internal.status_code == 403, "report mode never relaxes the operator's address guard"
-    records = gw.records(2)
+    records = gw.records(3)
     assert [(r["decision"], r["reason"], r["mode"]) for r in records] == [
-        ("would_deny", "host_not_allowed", "report"),
+        ("would_deny", "port_not_allowed", "report"),
+        ("deny", "private_address", "report"),
         ("deny", "private_address", "report"),
     ]
 

@@ -219,3 +219,29 @@ def test_check_with_a_broken_config_is_invalid_input(
     code, _, err = run(capsys, "check", str(rules), "--config", str(bad))
     assert code == 2
     assert "has host bits set; use 10.1.5.0/24 instead" in err
+
+
+def test_policy_test_applies_the_gateway_config_guard(
+    capsys: pytest.CaptureFixture[str], rules: Path, config: Path
+) -> None:
+    cases = rules / "tests" / "lab.yaml"
+    cases.parent.mkdir()
+    cases.write_text(
+        yaml.safe_dump(
+            {
+                "cases": [
+                    {
+                        "name": "the lab",
+                        "tenant": "lab",
+                        "request": "GET http://10.1.5.3/",
+                        "expect": {"decision": "allow"},
+                    }
+                ]
+            }
+        )
+    )
+    code, out, _ = run(capsys, "test", str(cases))
+    assert code == 1, "the default guard opens no range: the case fails"
+    assert "private_address" in out
+    code, _, _ = run(capsys, "test", str(cases), "--config", str(config))
+    assert code == 0

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_broken_policy_file_stops_the_gateway_from_starting(start_gateway: GatewayFactory) -> None:
-    broken = "tenant: t1\nallow:\n  - hosts: ['*']\n"
+    broken = "tenant: t1\nallow:\n  - hosts: ['*.']\n"
     gw = start_gateway({"t1.yaml": broken}, expect_exit=True)
     assert gw.proc.returncode == 2
     assert "t1.yaml:3:" in gw.log()
