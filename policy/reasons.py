@@ -46,3 +46,6 @@ class Reason(StrEnum):
     CONNECTION_LIMIT = "connection_limit"
     # A client abusing a protocol's machinery (HTTP/2 rapid reset): GOAWAY, then the connection closes.
     PROTOCOL_ABUSE = "protocol_abuse"
+    # An allowed destination that answered with something that is not valid HTTP, or closed
+    # the connection without an answer (502).
+    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"

@@ -50,11 +50,8 @@ class StreamDenied(Exception):
 
 
 def refuse(flow: http.HTTPFlow, reason: Reason, dctx: DecisionContext) -> None:
-    """Answer 403, or cut the connection when the request is already streaming upstream."""
-    if flow.request.stream:
-        flow.kill()  # mitmproxy cannot answer a request whose body it is streaming
-    else:
-        flow.response = denied_response(reason, dctx.host, dctx.decision_id)
+    """Answer 403 (the HTTP error seam sends it at once when the body is streamed)."""
+    flow.response = denied_response(reason, dctx.host, dctx.decision_id)
 
 
 class CredentialBroker:
@@ -146,7 +143,8 @@ class CredentialBroker:
                     )
                     self.ctx.audit.emit_nowait(decision_record(dctx, denied, credentials=denial.credentials))
                     flow.metadata.pop(PENDING_KEY, None)
-                    flow.kill()
+                    # The HTTP error seam cuts the upstream and sends this answer.
+                    flow.response = denied_response(denial.reason, dctx.host, dctx.decision_id)
                     # Raising aborts the message: returning would let mitmproxy complete it upstream.
                     raise StreamDenied(denial.reason.value)
                 return chunk

@@ -42,6 +42,7 @@ from .identify import IDENTITY_KEY
 from .limits import body_length_unknown, body_meter, declared_length, head_bytes, tenant_limits
 from .records import DecisionContext, decision_record
 from .respond import denied_response, limited_response
+from .wire_errors import Failure, failure_of_text
 
 __all__ = ["Gate"]
 
@@ -338,33 +339,42 @@ class Gate:
     def _cut_stream(
         self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
     ) -> None:
+        # The meter raises next; the HTTP error seam cuts the upstream and sends this answer.
         flow.metadata.pop(PENDING_KEY, None)
-        flow.kill()
+        flow.response = limited_response(
+            exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
+        )
         self.ctx.audit.emit_nowait(decision_record(dctx, _limit_decision(decision, exceeded, streamed=True)))
 
     async def response(self, flow: http.HTTPFlow) -> None:
-        await self._complete(flow, flow.metadata.get(FAILURE_KEY))
+        await self._complete(flow, _flagged(flow))
 
     async def error(self, flow: http.HTTPFlow) -> None:
-        await self._complete(
-            flow, flow.metadata.get(FAILURE_KEY) or (flow.error.msg if flow.error else "error")
-        )
+        # Only a fixed category, never mitmproxy's message: it can quote wire bytes.
+        await self._complete(flow, _flagged(flow) or failure_of_text(flow.error.msg if flow.error else ""))
 
-    async def _complete(self, flow: http.HTTPFlow, error: str | None) -> None:
+    async def _complete(self, flow: http.HTTPFlow, failure: Failure | None) -> None:
         pending = flow.metadata.pop(PENDING_KEY, None)
         if pending is None:
             return
         dctx, decision = pending
         credentials, injectors = flow.metadata.get(CREDENTIALS_KEY, ((), ()))
         try:
+            status = flow.response.status_code if flow.response else None
+            if failure is not None and failure.reason is not None:
+                # Allowed, then the upstream failed: the reason, and the status the guest got
+                # (the upstream's when its head was already streamed to the guest).
+                decision = replace(decision, reason=failure.reason)
+                if flow.response is None or not flow.response.stream:
+                    status = failure.status
             record = decision_record(
                 dctx,
                 decision,
                 credentials=credentials,
-                status=flow.response.status_code if flow.response else None,
+                status=status,
                 bytes_up=flow.metadata.get(HEAD_BYTES_KEY, 0) + len(flow.request.raw_content or b""),
                 bytes_down=len(flow.response.raw_content or b"") if flow.response else None,
-                error=error,
+                error=failure.text if failure is not None else None,
             )
             if injectors:
                 record["injectors"] = list(injectors)
@@ -464,13 +474,16 @@ class Gate:
             state.denied = reason
 
 
+def _flagged(flow: http.HTTPFlow) -> Failure | None:
+    """A failure another addon noted on the flow (a fixed text, e.g. trailers refused)."""
+    text = flow.metadata.get(FAILURE_KEY)
+    return Failure(str(text)) if text else None
+
+
 def _refuse(flow: http.HTTPFlow, response: Callable[[], http.Response]) -> None:
-    """Answer with `response`, or cut the flow when mitmproxy already streams its large body
-    (it cannot answer such a request: setting a response would crash the flow's handler)."""
-    if flow.request.stream:
-        flow.kill()
-    else:
-        flow.response = response()
+    """Answer with `response`; for a body mitmproxy already streams, the HTTP error seam
+    sends it at once and reads nothing more of the request."""
+    flow.response = response()
 
 
 def _is_tunnel(state: ConnectionState) -> bool:

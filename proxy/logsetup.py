@@ -5,6 +5,11 @@ connection (accept failing with EMFILE wrote 868,050 lines in 40 s) must not flo
 At most `REPEAT_BURST` lines of one kind pass per `REPEAT_WINDOW_SECONDS`; the next line of
 that kind after a quiet spell carries `suppressed=N`. Info lines (one `egress.decision` per
 audit record) are never limited: they are the decision log.
+
+Log lines never carry wire bytes. mitmproxy's own messages quote what it could not parse
+(`Invalid header line: b'...'`, a buffer, a GOAWAY's debug data), which can hold a secret an
+upstream reflected: in every line that does not come from sandgate, quoted literals
+(bytes or strings) are replaced by a marker. Tracebacks are plain (never with locals).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["RepeatLimiter", "configure_logging"]
+__all__ = ["RepeatLimiter", "configure_logging", "redact_literals"]
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -27,6 +32,38 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+# A Python repr of bytes or a string: b'...', b"...", '...', "..." (escapes included).
+_LITERAL = re.compile(r"(?<!\w)b?'(?:[^'\\\n]|\\.)*'|(?<!\w)b?\"(?:[^\"\\\n]|\\.)*\"")
+_BARE_BYTES = re.compile(r"""bytearray\(b?['"].*?['"]\)""")
+_MARKER = "<redacted>"
+
+
+def redact_literals(text: str) -> str:
+    """`text` with every quoted literal replaced by a marker, and no control characters."""
+    text = _BARE_BYTES.sub(_MARKER, text)
+    text = _LITERAL.sub(_MARKER, text)
+    return "".join(c if c.isprintable() or c == "\n" else "?" for c in text)
+
+
+class _WireSafeFormatter(logging.Formatter):
+    """Formats standard-library records; a foreign (mitmproxy) line loses its quoted bytes."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        if record.name.startswith("sandgate"):
+            return line
+        return redact_literals(line)
+
+
+def _redact_exception(
+    _logger: object, _name: str, event_dict: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """An exception's message can quote what failed to parse: redact literals in it too."""
+    exception = event_dict.get("exception")
+    if isinstance(exception, str):
+        event_dict["exception"] = redact_literals(exception)
+    return event_dict
+
 
 REPEAT_WINDOW_SECONDS = 10.0
 REPEAT_BURST = 5
@@ -106,7 +143,9 @@ class _RepeatFilter(logging.Filter):
 def configure_logging(level: str = "info", fmt: str = "console") -> None:
     """Route structlog and the standard library (mitmproxy's own logs) to stderr."""
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     )
     limiter = RepeatLimiter()
     structlog.configure(
@@ -115,6 +154,7 @@ def configure_logging(level: str = "info", fmt: str = "console") -> None:
             limiter.processor,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _redact_exception,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
@@ -123,7 +163,7 @@ def configure_logging(level: str = "info", fmt: str = "console") -> None:
     )
     # mitmproxy logs URLs (which may carry secrets in query strings) at info: keep it to warnings.
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_WireSafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_RepeatFilter(limiter))
     root = logging.getLogger()
     root.handlers[:] = [handler]

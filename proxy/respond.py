@@ -1,4 +1,11 @@
-"""The responses the gateway itself sends to the guest."""
+"""The responses the gateway itself sends to the guest.
+
+Every answer has one shape: a status, `X-Sandgate-Reason`, `X-Sandgate-Decision-Id` and a JSON
+body `{"error", "reason", "host", "decision_id"}`. The status tells "not allowed" from "could
+not reach": 403 for policy, 400 for a request the gateway cannot read, 413/429 for limits,
+502/504 when an allowed destination could not be resolved, reached or understood. Nothing
+from the wire (upstream or guest bytes) is ever quoted in an answer.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +15,49 @@ from mitmproxy import http
 
 from sandgate.policy.reasons import Reason
 
-__all__ = ["denied_response", "limited_response", "proxy_auth_required", "upstream_error_response"]
+__all__ = [
+    "denied_response",
+    "limited_response",
+    "proxy_auth_required",
+    "status_for",
+    "upstream_error_response",
+]
 
 REASON_HEADER = "X-Sandgate-Reason"
 DECISION_HEADER = "X-Sandgate-Decision-Id"
 
+# Reasons that are not a policy "no": the request was unreadable, or its destination failed.
+_STATUS = {
+    Reason.INVALID_REQUEST: 400,
+    Reason.DNS_FAILURE: 502,
+    Reason.UPSTREAM_UNREACHABLE: 502,
+    Reason.UPSTREAM_PROTOCOL_ERROR: 502,
+}
+_ERROR_TEXT = {400: "invalid request", 403: "egress denied", 502: "bad gateway", 504: "gateway timeout"}
+
+
+def status_for(reason: Reason) -> int:
+    """The status a refusal with `reason` is answered with (403 unless it is not about policy)."""
+    return _STATUS.get(reason, 403)
+
 
 def denied_response(
-    reason: Reason, host: str | None, decision_id: str, message: str | None = None
+    reason: Reason,
+    host: str | None,
+    decision_id: str,
+    message: str | None = None,
+    *,
+    status: int | None = None,
+    close: bool = False,
 ) -> http.Response:
-    """403 with the reason in a header and a JSON body an agent can read.
+    """A refusal (403 by default) with the reason in a header and a JSON body an agent can read.
 
     `message` is a policy author's explanation (a Rego denial's), never gateway internals.
+    `status` overrides the reason's (504 for a timeout); `close` asks the client to hang up.
     """
+    code = status if status is not None else status_for(reason)
     fields: dict[str, object] = {
-        "error": "egress denied",
+        "error": _ERROR_TEXT.get(code, "egress denied"),
         "reason": reason.value,
         "host": host,
         "decision_id": decision_id,
@@ -30,16 +65,15 @@ def denied_response(
     if message:
         fields["message"] = message
     body = json.dumps(fields).encode()
-    return http.Response.make(
-        403,
-        body,
-        {
-            "Content-Type": "application/json",
-            REASON_HEADER: reason.value,
-            DECISION_HEADER: decision_id,
-            "Cache-Control": "no-store",
-        },
-    )
+    headers = {
+        "Content-Type": "application/json",
+        REASON_HEADER: reason.value,
+        DECISION_HEADER: decision_id,
+        "Cache-Control": "no-store",
+    }
+    if close:
+        headers["Connection"] = "close"
+    return http.Response.make(code, body, headers)
 
 
 def upstream_error_response(

@@ -62,6 +62,7 @@ from .heads import install as install_head_caps
 from .heads import self_test as head_caps_self_test
 from .hopbyhop import HopByHop
 from .hostaddrs import OwnAddressWatcher, own_addresses
+from .http_seam import HttpErrorSeam, check_seam
 from .identify import Identify
 from .limits_sync import LimitSync
 from .metrics import METRICS, GatewayGauges
@@ -308,6 +309,8 @@ class Gateway:
         # Caps on HTTP/1 heads live inside mitmproxy's HTTP/1 layer (sandgate.proxy.heads).
         install_head_caps()
         install_close_fix()
+        # mitmproxy's HTTP internals the error seam builds on: refuse to serve if they moved.
+        check_seam()
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
         self.drainer = Drainer(self.ctx, self.master)
         self._drain_task: asyncio.Future[None] | None = None
@@ -326,6 +329,8 @@ class Gateway:
             SandboxConnectionCap(self.ctx, self.connection_limits),
             Transparent(self.ctx),
             next_layer.NextLayer(),
+            # Before the HTTP/2 guard: it pre-sets its server on the (guarded) HttpLayer.
+            HttpErrorSeam(self.ctx),
             self.h2_guard,
             tlsconfig.TlsConfig(),
             DrainStart(self.drainer),

@@ -95,11 +95,12 @@ def test_a_declared_body_over_request_body_bytes_gets_413_and_is_never_forwarded
 def test_a_declared_body_mitmproxy_streams_is_refused_without_crashing_the_flow(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream
 ) -> None:
-    """Over 1 MiB mitmproxy streams the body before the hooks run, and a streamed request
-    cannot be answered: the refusal cuts it instead (and records it), nothing goes upstream."""
+    """Over 1 MiB mitmproxy streams the body before the hooks run: the refusal is answered at
+    once (the HTTP error seam) and recorded, and nothing goes upstream."""
     gw = start_gateway({"t1.yaml": limited_tenant(http_upstream, request_body_bytes=1 << 20)})
-    with httpx.Client(proxy=gw.proxy(), timeout=10) as c, pytest.raises(httpx.HTTPError):
-        c.post(f"{http_upstream.url_for('api.test')}/big", content=b"z" * (2 << 20))
+    with httpx.Client(proxy=gw.proxy(), timeout=10) as c:
+        resp = c.post(f"{http_upstream.url_for('api.test')}/big", content=b"z" * (2 << 20))
+    assert (resp.status_code, resp.headers["X-Sandgate-Reason"]) == (413, "body_too_large")
     (rec,) = [r for r in gw.records(1) if r["reason"] == "body_too_large"]
     assert rec["detail"] == "request_body_bytes"
     assert http_upstream.requests == []
@@ -118,8 +119,8 @@ def test_a_chunked_body_over_request_body_bytes_is_cut_and_never_completes_upstr
     with httpx.Client(proxy=gw.proxy(), timeout=10) as c:
         ok = c.post(f"{http_upstream.url_for('api.test')}/small", content=body(1000))
         assert ok.status_code == 200
-        with pytest.raises(httpx.HTTPError):
-            c.post(f"{http_upstream.url_for('api.test')}/large", content=body(5000))
+        cut = c.post(f"{http_upstream.url_for('api.test')}/large", content=body(5000))
+        assert (cut.status_code, cut.headers["X-Sandgate-Reason"]) == (413, "body_too_large")
     (rec,) = [r for r in gw.records(3) if r["reason"] == "body_too_large"]
     assert rec["detail"] == "request_body_bytes (in a streamed body)"
     (forwarded,) = http_upstream.requests

@@ -1,13 +1,14 @@
-"""The repeated-line limiter: a fault that fires per connection must not flood the log."""
+"""The log setup: repeated lines are limited, mitmproxy's lines lose wire bytes, tracebacks are plain."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 import structlog
 
-from sandgate.proxy.logsetup import RepeatLimiter, _RepeatFilter
+from sandgate.proxy.logsetup import RepeatLimiter, _RepeatFilter, configure_logging, redact_literals
 
 
 def test_a_kind_of_line_passes_its_burst_then_is_dropped_and_counted() -> None:
@@ -59,3 +60,64 @@ def test_the_logging_filter_limits_by_logger_and_message_shape() -> None:
     results = [filt.filter(record(f"Unhandled error in task {i}.")) for i in range(50)]
     assert results == [True, True] + [False] * 48
     assert filt.filter(record("client connect", logging.INFO))
+
+
+SECRET = "sk-live-LOGGED-0123456789abcdef"
+
+
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        f"Cannot parse HTTP response: Invalid header line: b'Bearer {SECRET}'",
+        f'unexpected server response: b"HTTP/1.1 200 OK\\r\\nX: {SECRET}"',
+        f"HTTP/2 connection closed: <ConnectionTerminated error_code:1, additional_data:b'{SECRET}'>",
+        f"Received multiple content-length headers: [b'5', b'{SECRET}'] from server, refusing",
+        f"Client closed connection before completing request headers: bytearray(b'{SECRET}')",
+    ],
+    ids=["a bad header line", "a raw buffer", "a GOAWAY's debug data", "a header list", "a bytearray"],
+)
+def test_a_mitmproxy_line_quoting_wire_bytes_is_logged_without_them(
+    message: str, logging_restored: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure_logging("info", "json")
+    logging.getLogger("mitmproxy.proxy.server").warning(message)
+    err = capsys.readouterr().err
+    assert "mitmproxy.proxy.server" in err and "<redacted>" in err
+    assert SECRET not in err
+
+
+def test_an_exception_logged_by_sandgate_has_no_locals_and_no_quoted_bytes(
+    logging_restored: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure_logging("info", "console")
+    log = structlog.get_logger("sandgate.test")
+
+    def parse(line: bytes) -> None:
+        hidden = SECRET + "-local"  # a local a locals-printing formatter would show
+        raise ValueError(f"Invalid header line: {line!r} {len(hidden)}")
+
+    try:
+        parse(f"Bearer {SECRET}".encode())
+    except ValueError:
+        log.exception("hook_failed", hook="test")
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "hook_failed" in err
+    assert SECRET not in err
+
+
+def test_redaction_keeps_the_words_around_the_literals() -> None:
+    assert (
+        redact_literals("Client's cert for 'h.test' failed: b'x'")
+        == "Client's cert for <redacted> failed: <redacted>"
+    )
+    assert redact_literals("line\x1b[31m") == "line?[31m"

@@ -9,6 +9,7 @@ from .nginx import NginxRequest, NginxServer
 from .pki import TestPKI
 from .ports import free_port, wait_for_port
 from .redisserver import RedisServer
+from .reflector import ReflectingUpstream, header_value
 from .smalldisk import SmallDisk
 from .upstream import RecordedConnection, RecordedRequest, RecordingUpstream
 
@@ -20,9 +21,11 @@ __all__ = [
     "RecordedRequest",
     "RecordingUpstream",
     "RedisServer",
+    "ReflectingUpstream",
     "ScriptedDNSServer",
     "SmallDisk",
     "TestPKI",
     "free_port",
+    "header_value",
     "wait_for_port",
 ]
