@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from mitmproxy import connection, http, version
+from mitmproxy.flow import Error
 from mitmproxy.net.http import http1
 from mitmproxy.options import Options
 from mitmproxy.proxy import commands, context, events, layer
@@ -40,6 +41,7 @@ from mitmproxy.proxy.layers.http._events import (
     ResponseHeaders,
     ResponseProtocolError,
 )
+from mitmproxy.proxy.layers.http._hooks import HttpErrorHook, HttpResponseHook
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
 from sandgate.policy.decision import Decision, Identity, Phase
@@ -154,9 +156,17 @@ class _GuardedStream(HttpStream):
         if self.flow.response is None:
             return (yield from super().start_request_stream())
         # A refusal of a request whose body mitmproxy streams (it would raise): answer now.
-        self.flow.live = False
-        yield from self._answer(self.flow.response)
+        # The response hook runs as for any answered request (addons that count flows end it).
         self.client_state = self.state_errored
+        yield HttpResponseHook(self.flow)
+        self.flow.live = False
+        response = cast(http.Response | None, self.flow.response)  # a hook may have taken it
+        if response is not None:
+            yield from self._answer(response)
+        else:
+            yield SendHttp(
+                ResponseProtocolError(self.stream_id, KILLED.text, ErrorCode.KILL), self.context.client
+            )
         return None
 
     def _guarded(self, inner: Commands) -> Commands:
@@ -236,9 +246,15 @@ class _GuardedStream(HttpStream):
         self.client_state = self.server_state = self.state_errored
         # The upstream never sees the end of the message: its connection (or h2 stream) goes.
         yield SendHttp(RequestProtocolError(self.stream_id, KILLED.text, ErrorCode.KILL), self.context.server)
+        # The flow ends through a hook as any other does (addons that count flows end it).
+        if self.flow.response is not None and not self.answered:
+            yield HttpResponseHook(self.flow)
         if self.flow.response is not None and not self.answered:
             yield from self._answer(self.flow.response)
         else:
+            if self.flow.error is None:
+                self.flow.error = Error(KILLED.text)
+            yield HttpErrorHook(self.flow)
             yield SendHttp(
                 ResponseProtocolError(self.stream_id, KILLED.text, ErrorCode.KILL), self.context.client
             )

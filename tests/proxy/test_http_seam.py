@@ -312,9 +312,13 @@ def test_refusing_a_streamed_body_answers_once_and_crashes_nothing(
     assert [r["decision_id"] for r in records] == [decision_id]
     assert [r.target for r in http_upstream.requests if r.target == "/big" and len(r.body) > 0] == []
     time.sleep(0.3)
+    assert streamed_gateway.stop() == 0
     log = streamed_gateway.log()
     assert "has crashed" not in log
     assert "Traceback" not in log
+    # The refused request ended like any other: nothing was left in flight to drain.
+    (shutdown,) = [json.loads(line) for line in log.splitlines() if '"gateway.shutdown"' in line]
+    assert shutdown["in_flight_at_signal"] == 0
 
 
 def test_a_dns_failure_answers_502_not_403(
