@@ -229,6 +229,8 @@ class _GuardedStream(HttpStream):
         client = self.context.client
         if self._h2:
             response.headers.pop("Connection", None)
+        else:
+            response.headers["Connection"] = "close"  # said, so no client reuses it
         yield SendHttp(ResponseHeaders(self.stream_id, response, end_stream=False), client)
         if response.raw_content:
             yield SendHttp(ResponseData(self.stream_id, response.raw_content), client)
