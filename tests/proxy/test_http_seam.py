@@ -121,7 +121,7 @@ def test_a_secret_reflected_into_a_malformed_response_reaches_neither_guest_nor_
             except httpx.RemoteProtocolError:
                 resp = None  # the head was already streamed (scrubbed): the body is cut
         assert [h for h in upstream.heads if f"Bearer {SECRET}".encode() in h], "the credential was injected"
-        (record,) = [r for r in gw.records(2) if r["phase"] == "request"]
+        (record,) = [r for r in gw.records(3) if r["phase"] == "request"]
         assert (record["decision"], record["reason"]) == ("allow", "upstream_protocol_error")
         assert record["error"] in ("malformed upstream response", "upstream closed the connection")
         assert record["credentials"] == ["openai"]
