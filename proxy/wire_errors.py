@@ -41,6 +41,8 @@ MALFORMED = Failure("malformed upstream response", Reason.UPSTREAM_PROTOCOL_ERRO
 UPSTREAM_CLOSED = Failure("upstream closed the connection", Reason.UPSTREAM_PROTOCOL_ERROR, 502)
 TOO_LARGE = Failure("body over the size limit", Reason.BODY_TOO_LARGE, 413)
 UNKNOWN = Failure("protocol error")
+# sandgate.proxy.trailers' own fixed text (a request with HTTP/1 trailers is cut).
+TRAILERS = Failure("HTTP/1 trailers cannot be relayed")
 
 _FIXED = {
     f.text: f
@@ -57,6 +59,7 @@ _FIXED = {
         UPSTREAM_CLOSED,
         TOO_LARGE,
         UNKNOWN,
+        TRAILERS,
     )
 }
 _SANDGATE = "sandgate: "
@@ -119,6 +122,9 @@ def failure_of_text(message: str) -> Failure:
 
 def failure_for(code: ErrorCode, message: str) -> Failure:
     """The category of one of mitmproxy's protocol error events (its code says which side)."""
+    fixed = _FIXED.get(message)
+    if fixed is not None and fixed.reason is None and code is not ErrorCode.CONNECT_FAILED:
+        return fixed  # a text sandgate wrote itself (trailers refused, a category already)
     match code:
         case ErrorCode.KILL:
             return KILLED
