@@ -6,6 +6,7 @@ SandgateError
       │    └── PolicySetError  several PolicyLoadErrors at once (a whole rules directory)
       ├── HostError            a host, address or path that cannot be normalised
       ├── TokenReferenceError  a sandbox token reference that cannot be resolved
+      │    └── TokenFileMissingError  its token file does not exist (yet)
       └── ResolveError         the gateway's resolver failed (DNS failure, timeout)
 """
 
@@ -22,6 +23,7 @@ __all__ = [
     "ResolveError",
     "SandgateError",
     "SourceLocation",
+    "TokenFileMissingError",
     "TokenReferenceError",
 ]
 
@@ -81,6 +83,10 @@ class HostError(PolicyError, ValueError):
 
 class TokenReferenceError(PolicyError):
     """A sandbox token reference (`env:`, `file:`, `sha256:`) that cannot be resolved."""
+
+
+class TokenFileMissingError(TokenReferenceError):
+    """A `file:` token reference whose file does not exist yet: the sandbox cannot log in."""
 
 
 class ResolveError(PolicyError):

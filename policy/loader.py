@@ -1,25 +1,35 @@
 """Load a rules directory into a PolicySet, reporting every problem as file:line: field: problem.
 
 Layout: `base.yaml` (the operator's deny rules for every tenant), `presets/*.yaml` (allow
-rules tenants include), `tenants/*.yaml` (one tenant per file). Nothing is partially
-applied: either the whole directory loads, or PolicySetError lists what is wrong and the
-caller keeps what it had.
+rules tenants include), `tenants/*.yaml` (one tenant per file). Strict: either the whole
+directory loads, or PolicySetError lists what is wrong and the caller keeps what it had.
+Isolated (the gateway): a broken tenant file takes only its own tenant (see load_policy_dir).
 """
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .decision import Mode
-from .errors import PolicyLoadError, PolicySetError, SourceLocation, TokenReferenceError
+from .errors import (
+    PolicyLoadError,
+    PolicySetError,
+    SourceLocation,
+    TokenFileMissingError,
+    TokenReferenceError,
+)
 from .matcher import ANY_HOST, ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
 from .models import BaseFile, PresetFile, Rule, TenantFile
-from .policyset import PolicySet, SandboxRecord, TenantPolicy
-from .rego_loader import load_rego, rego_watch_files
+from .policyset import LoadNotice, PolicySet, SandboxRecord, TenantPolicy, TenantProblem
+from .rego_compile import keep_only
+from .rego_loader import RegoLoad, load_rego, rego_watch_files
+from .rego_program import RegoProgram
 from .tokens import resolve_token_reference
 from .yamlsource import YamlDocument, load_yaml, validate
 
@@ -44,65 +54,210 @@ def policy_files(rules_dir: Path) -> list[Path]:
     return files + rego_watch_files(rules_dir)
 
 
-def load_policy_dir(rules_dir: Path) -> PolicySet:
-    """Load and compile the whole rules directory, or raise PolicySetError with every problem."""
+def load_policy_dir(
+    rules_dir: Path, *, previous: PolicySet | None = None, isolate: bool = False
+) -> PolicySet:
+    """Load and compile the whole rules directory.
+
+    Strict (the default; `policy check`, `sandgate run --strict`): any problem raises
+    PolicySetError listing every one, and the caller keeps what it had.
+    Isolated (`isolate=True`, the running gateway): a problem in the operator's files (the
+    rules directory, base.yaml, the operator's Rego modules) still raises, since no tenant may
+    be decided without the operator's deny rules; a broken tenant file (or a preset it
+    includes) takes only its own tenant, which keeps its version from `previous` when it had
+    one and otherwise has no policy (its sandboxes get no_identity). Each is in `problems`.
+    """
     if not rules_dir.is_dir():
         raise PolicySetError(
             [PolicyLoadError(SourceLocation(str(rules_dir)), "", "rules directory not found")]
         )
-    errors: list[PolicyLoadError] = []
     files = policy_files(rules_dir)
+    operator_errors: list[PolicyLoadError] = []
+    preset_errors: dict[str, list[PolicyLoadError]] = {}
+    tenant_errors: dict[str, list[PolicyLoadError]] = {}
     base: _Loaded[BaseFile] | None = None
     presets: dict[str, _Loaded[PresetFile]] = {}
     tenant_files: list[_Loaded[TenantFile]] = []
+    unloadable_presets: set[str] = set()
     for p in files:
         if p.suffix == ".rego":
             continue
         if p.parent == rules_dir:
-            base = _load_one(p, BaseFile, errors)
-        elif p.parent.name == "presets" and (preset := _load_one(p, PresetFile, errors)) is not None:
+            base = _load_one(p, BaseFile, operator_errors)
+        elif p.parent.name == "presets":
+            errors = preset_errors.setdefault(str(p), [])
+            preset = _load_one(p, PresetFile, errors)
+            if preset is None:
+                if (name := _declared_name(p, "preset")) is not None:
+                    unloadable_presets.add(name)
+                continue
             if preset.model.preset in presets:
                 where = presets[preset.model.preset].doc.file
-                errors.append(
-                    _err(
-                        preset.doc, ("preset",), f"preset {preset.model.preset!r} is also defined in {where}"
-                    )
-                )
+                problem = f"preset {preset.model.preset!r} is also defined in {where}"
+                errors.append(_err(preset.doc, ("preset",), problem))
                 continue
             presets[preset.model.preset] = preset
-        elif p.parent.name == "tenants" and (tenant_file := _load_one(p, TenantFile, errors)) is not None:
-            tenant_files.append(tenant_file)
+        elif p.parent.name == "tenants":
+            tenant_file = _load_one(p, TenantFile, tenant_errors.setdefault(str(p), []))
+            if tenant_file is not None:
+                tenant_files.append(tenant_file)
 
-    base_deny = RuleIndex(_compile_rules(base, "deny", "base", errors) if base else [])
-    preset_rules = {name: _compile_rules(p, "allow", f"preset:{name}", errors) for name, p in presets.items()}
-    tenants: dict[str, TenantPolicy] = {}
-    sandboxes: dict[str, SandboxRecord] = {}
-    by_address: dict[str, SandboxRecord] = {}
-    token_files: list[Path] = []
-    token_digests: list[bytes] = []
+    base_deny = RuleIndex(_compile_rules(base, "deny", "base", operator_errors) if base else [])
+    preset_rules: dict[str, list[CompiledRule]] = {}
+    for name, preset in presets.items():
+        errors = preset_errors[preset.doc.file]
+        rules = _compile_rules(preset, "allow", f"preset:{name}", errors)
+        if not errors or not isolate:  # strict: reported once, at the preset
+            preset_rules[name] = rules
+    broken_presets = (frozenset(presets) | unloadable_presets) - frozenset(preset_rules)
+
+    compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]] = []
+    defined: dict[str, str] = {}
     for loaded in tenant_files:
-        tenant = _compile_tenant(loaded, preset_rules, base_deny, errors)
-        if tenant.name in tenants:
-            problem = f"tenant {tenant.name!r} is defined twice (also in {tenants[tenant.name].source})"
+        errors = tenant_errors[loaded.doc.file]
+        tenant = _compile_tenant(loaded, preset_rules, broken_presets, base_deny, errors)
+        if tenant.name in defined:
+            problem = f"tenant {tenant.name!r} is defined twice (also in {defined[tenant.name]})"
             errors.append(_err(loaded.doc, ("tenant",), problem))
             continue
-        tenants[tenant.name] = tenant
-        _register_sandboxes(loaded, sandboxes, by_address, token_files, token_digests, errors)
-    rego = load_rego(rules_dir, [(x.doc, x.model) for x in tenant_files], errors)
-    if errors:
-        raise PolicySetError(errors)
-    for name, program in rego.programs.items():
-        tenants[name] = replace(tenants[name], rego=program)
-    docs = [x.doc for x in (base, *presets.values(), *tenant_files) if x is not None]
+        defined[tenant.name] = tenant.source
+        if not errors:
+            compiled.append((loaded, tenant))
+    rego = _load_rego(rules_dir, compiled, tenant_errors, operator_errors, isolate=isolate)
+
+    registry = _SandboxRegistry()
+    tenants: dict[str, TenantPolicy] = {}
+    for loaded, tenant in compiled:
+        errors = tenant_errors[loaded.doc.file]
+        if errors:
+            continue  # its Rego failed
+        records = registry.declare(loaded, errors)
+        if errors:
+            continue
+        program = rego.programs.get(tenant.name)
+        tenants[tenant.name] = replace(
+            tenant,
+            rego=program,
+            sandboxes=records,
+            digest=_tenant_digest(loaded.doc, rules_dir, records, program),
+        )
+    all_errors = [*operator_errors, *_flatten(preset_errors), *_flatten(tenant_errors)]
+    if operator_errors or (all_errors and not isolate):
+        raise PolicySetError(all_errors)
+
+    problems = _isolate(tenant_files, preset_errors, tenant_errors, tenants, previous, base_deny, registry)
+    keep_only(t.rego for t in tenants.values() if t.rego is not None)
+    docs = [x.doc for x in (base, *presets.values()) if x is not None]
     return PolicySet(
-        version=_version(docs, rules_dir, [*token_digests, *(d.encode() for d in rego.digests)]),
+        version=_version(docs, rules_dir, [t.digest for t in tenants.values()]),
         tenants=tenants,
-        sandboxes=sandboxes,
-        by_address=by_address,
+        sandboxes=registry.by_id,
+        by_address=registry.by_address,
         files=(*(str(p) for p in files if p.suffix != ".rego"), *rego.files),
-        token_files=tuple(str(p) for p in token_files),
+        token_files=tuple(str(p) for p in registry.token_files),
         rego_files=rego.files,
+        problems=problems,
+        notices=tuple(registry.notices),
     )
+
+
+def _flatten(by_file: dict[str, list[PolicyLoadError]]) -> list[PolicyLoadError]:
+    return [e for errors in by_file.values() for e in errors]
+
+
+def _load_rego(
+    rules_dir: Path,
+    compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]],
+    tenant_errors: dict[str, list[PolicyLoadError]],
+    operator_errors: list[PolicyLoadError],
+    *,
+    isolate: bool,
+) -> RegoLoad:
+    """The tenants' Rego; an error in a tenant's own file or module goes to that tenant (and,
+    isolated, the rest are loaded again without it), any other to the operator's errors."""
+    pending = compiled
+    while True:
+        errors: list[PolicyLoadError] = []
+        rego = load_rego(rules_dir, [(x.doc, x.model) for x, _ in pending], errors)
+        if not errors:
+            return rego
+        owners = _rego_owners(pending)
+        blamed: set[str] = set()
+        for e in errors:
+            files = owners.get(os.path.normpath(e.location.file))
+            if files is None:
+                operator_errors.append(e)
+                continue
+            for file in files:
+                tenant_errors[file].append(e)
+                blamed.add(file)
+        if operator_errors or not isolate or not blamed:
+            return rego
+        pending = [x for x in pending if x[0].doc.file not in blamed]
+
+
+def _rego_owners(compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]]) -> dict[str, list[str]]:
+    """Tenant files by the files their Rego problems can be reported in (theirs, their modules)."""
+    owners: dict[str, list[str]] = {}
+    for loaded, _ in compiled:
+        file = loaded.doc.file
+        owners.setdefault(os.path.normpath(file), []).append(file)
+        base_dir = Path(file).parent
+        for entry in loaded.model.rego:
+            owners.setdefault(os.path.normpath(base_dir / entry), []).append(file)
+    return owners
+
+
+def _isolate(
+    tenant_files: list[_Loaded[TenantFile]],
+    preset_errors: dict[str, list[PolicyLoadError]],
+    tenant_errors: dict[str, list[PolicyLoadError]],
+    tenants: dict[str, TenantPolicy],
+    previous: PolicySet | None,
+    base_deny: RuleIndex,
+    registry: _SandboxRegistry,
+) -> tuple[TenantProblem, ...]:
+    """A problem for each file that did not load; a broken tenant file's last good version
+    (from `previous`, with today's base deny rules) is served again when it had one."""
+    problems = [
+        TenantProblem(file, None, tuple(str(e) for e in errors), kept_last_good=False)
+        for file, errors in preset_errors.items()
+        if errors
+    ]
+    names: dict[str, str | None] = {x.doc.file: x.model.tenant for x in tenant_files}
+    for file, errors in tenant_errors.items():
+        if not errors:
+            continue
+        if file not in names:
+            names[file] = _declared_name(Path(file), "tenant")
+        old = _last_good(previous, file, names.get(file))
+        kept = False
+        if old is not None and old.name not in tenants and registry.restore(old.sandboxes):
+            tenants[old.name] = replace(old, base_deny=base_deny)
+            kept = True
+        name = names.get(file) or (old.name if old else None)
+        problems.append(TenantProblem(file, name, tuple(str(e) for e in errors), kept_last_good=kept))
+    return tuple(problems)
+
+
+def _declared_name(path: Path, key: str) -> str | None:
+    """The `tenant:` or `preset:` a file that did not validate still names, if it parses."""
+    try:
+        data = load_yaml(path).data
+    except PolicyLoadError:
+        return None
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _last_good(previous: PolicySet | None, file: str, name: str | None) -> TenantPolicy | None:
+    """The tenant `file` defined in the previous policy (by file, else by the name it declares)."""
+    if previous is None:
+        return None
+    for tenant in previous.tenants.values():
+        if tenant.source == file:
+            return tenant
+    return previous.tenants.get(name) if name else None
 
 
 def _load_one[M: (BaseFile, PresetFile, TenantFile)](
@@ -122,6 +277,7 @@ def _load_one[M: (BaseFile, PresetFile, TenantFile)](
 def _compile_tenant(
     loaded: _Loaded[TenantFile],
     preset_rules: dict[str, list[CompiledRule]],
+    broken_presets: frozenset[str],
     base_deny: RuleIndex,
     errors: list[PolicyLoadError],
 ) -> TenantPolicy:
@@ -129,6 +285,9 @@ def _compile_tenant(
     allow = _compile_rules(loaded, "allow", t.tenant, errors)
     for i, name in enumerate(t.include):
         rules = preset_rules.get(name)
+        if name in broken_presets:
+            errors.append(_err(loaded.doc, ("include", i), f"preset {name!r} did not load (see its file)"))
+            continue
         if rules is None:
             known = ", ".join(sorted(preset_rules)) or "none"
             errors.append(_err(loaded.doc, ("include", i), f"unknown preset {name!r} (known: {known})"))
@@ -189,39 +348,72 @@ def _compile_rules(
     return out
 
 
-def _register_sandboxes(
-    loaded: _Loaded[TenantFile],
-    sandboxes: dict[str, SandboxRecord],
-    by_address: dict[str, SandboxRecord],
-    token_files: list[Path],
-    token_digests: list[bytes],
-    errors: list[PolicyLoadError],
-) -> None:
-    t = loaded.model
-    base_dir = Path(loaded.doc.file).parent
-    for i, sb in enumerate(t.sandboxes):
-        if sb.id in sandboxes:
-            problem = f"sandbox {sb.id!r} is already registered to tenant {sandboxes[sb.id].tenant!r}"
-            errors.append(_err(loaded.doc, ("sandboxes", i, "id"), problem))
-            continue
-        digest = None
-        if sb.token is not None:
-            if sb.token.startswith("file:"):
-                token_files.append(_token_path(sb.token, base_dir))
-            try:
-                digest = resolve_token_reference(sb.token, base_dir)
-            except TokenReferenceError as e:
-                errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
+class _SandboxRegistry:
+    """The sandboxes of the tenants loaded so far, by id and by address, and their token files."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, SandboxRecord] = {}
+        self.by_address: dict[str, SandboxRecord] = {}
+        self.token_files: list[Path] = []
+        self.notices: list[LoadNotice] = []
+
+    def declare(
+        self, loaded: _Loaded[TenantFile], errors: list[PolicyLoadError]
+    ) -> tuple[SandboxRecord, ...]:
+        """A tenant file's sandboxes, registered only when all of them are valid and free.
+
+        A `file:` token that does not exist yet is no error: that sandbox is left out (nobody
+        can log in as it) with a notice, and the file is watched, so creating it loads it.
+        """
+        t = loaded.model
+        base_dir = Path(loaded.doc.file).parent
+        records: list[SandboxRecord] = []
+        ids: dict[str, SandboxRecord] = {}
+        addresses: dict[str, SandboxRecord] = {}
+        for i, sb in enumerate(t.sandboxes):
+            owner = self.by_id.get(sb.id) or ids.get(sb.id)
+            if owner is not None:
+                problem = f"sandbox {sb.id!r} is already registered to tenant {owner.tenant!r}"
+                errors.append(_err(loaded.doc, ("sandboxes", i, "id"), problem))
                 continue
-            token_digests.append(digest)
-        addresses = _addresses(loaded.doc, i, sb.addresses, errors)
-        record = SandboxRecord(sb.id, t.tenant, digest, tuple(a for _, a in addresses))
-        sandboxes[sb.id] = record
-        for j, addr in addresses:
-            if addr in by_address:
-                problem = f"address {addr} already belongs to sandbox {by_address[addr].sandbox!r}"
-                errors.append(_err(loaded.doc, ("sandboxes", i, "addresses", j), problem))
-            by_address[addr] = record
+            digest = None
+            if sb.token is not None:
+                if sb.token.startswith("file:"):
+                    self.token_files.append(_token_path(sb.token, base_dir))
+                try:
+                    digest = resolve_token_reference(sb.token, base_dir)
+                except TokenFileMissingError as e:
+                    where = str(loaded.doc.locate(("sandboxes", i, "token")))
+                    text = f"{e}; sandbox {sb.id!r} is off until it does"
+                    self.notices.append(LoadNotice(where, f"sandboxes.{i}.token", text))
+                    continue
+                except TokenReferenceError as e:
+                    errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
+                    continue
+            found = _addresses(loaded.doc, i, sb.addresses, errors)
+            record = SandboxRecord(sb.id, t.tenant, digest, tuple(a for _, a in found))
+            ids[sb.id] = record
+            records.append(record)
+            for j, addr in found:
+                owner = self.by_address.get(addr) or addresses.get(addr)
+                if owner is not None:
+                    problem = f"address {addr} already belongs to sandbox {owner.sandbox!r}"
+                    errors.append(_err(loaded.doc, ("sandboxes", i, "addresses", j), problem))
+                addresses[addr] = record
+        if errors:
+            return ()
+        self.by_id.update(ids)
+        self.by_address.update(addresses)
+        return tuple(records)
+
+    def restore(self, records: Sequence[SandboxRecord]) -> bool:
+        """Register a kept tenant's sandboxes again; False (nothing registered) when one is taken."""
+        if any(r.sandbox in self.by_id or any(a in self.by_address for a in r.addresses) for r in records):
+            return False
+        for r in records:
+            self.by_id[r.sandbox] = r
+            self.by_address.update((a, r) for a in r.addresses)
+        return True
 
 
 def _token_path(reference: str, base_dir: Path) -> Path:
@@ -246,12 +438,35 @@ def _err(doc: YamlDocument, loc: tuple[str | int, ...], problem: str) -> PolicyL
     return PolicyLoadError(doc.locate(loc), ".".join(str(p) for p in loc), problem)
 
 
-def _version(docs: Iterable[YamlDocument], rules_dir: Path, token_digests: Iterable[bytes]) -> str:
-    """A short hash of what was loaded (files and tokens), independent of where the rules live."""
+def _tenant_digest(
+    doc: YamlDocument, rules_dir: Path, records: Iterable[SandboxRecord], program: RegoProgram | None
+) -> str:
+    """What one tenant was loaded from: its file, its sandboxes' token digests, its Rego."""
+    h = hashlib.sha256()
+    h.update(f"{_relative(doc.file, rules_dir)}\0{doc.digest}\0".encode())
+    for record in records:
+        h.update(record.token_digest or b"-")
+    if program is not None:
+        for m in program.modules:
+            h.update(f"{_relative(m.path, rules_dir)}\0{m.digest}\0".encode())
+        h.update(json.dumps(program.data, sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def _version(docs: Iterable[YamlDocument], rules_dir: Path, tenant_digests: Iterable[str]) -> str:
+    """A short hash of what was loaded (the operator's files and every tenant served),
+    independent of where the rules live."""
     h = hashlib.sha256()
     for doc in sorted(docs, key=lambda d: d.file):
-        name = Path(doc.file).relative_to(rules_dir).as_posix()
-        h.update(f"{name}\0{doc.digest}\0".encode())
-    for digest in token_digests:
-        h.update(digest)
+        h.update(f"{_relative(doc.file, rules_dir)}\0{doc.digest}\0".encode())
+    for digest in sorted(tenant_digests):
+        h.update(digest.encode())
     return h.hexdigest()[:12]
+
+
+def _relative(file: str, rules_dir: Path) -> str:
+    """`file` relative to the rules directory (a module outside it: as given)."""
+    try:
+        return Path(os.path.abspath(file)).relative_to(os.path.abspath(rules_dir)).as_posix()
+    except ValueError:
+        return file

@@ -19,7 +19,17 @@ from .tokens import digest_token, tokens_equal
 if TYPE_CHECKING:
     from .models import Limits
 
-__all__ = ["PolicySet", "SandboxRecord", "TenantPolicy"]
+__all__ = ["LoadNotice", "PolicySet", "SandboxRecord", "TenantPolicy", "TenantProblem"]
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRecord:
+    """A registered sandbox: its tenant and the digest of its proxy token."""
+
+    sandbox: str
+    tenant: str
+    token_digest: bytes | None = field(repr=False)
+    addresses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,16 +50,35 @@ class TenantPolicy:
     rego: RegoProgram | None = None
     # The tenant's `limits:`, or None: no limits.
     limits: Limits | None = None
+    # The sandboxes its file declares (the registry's are added to the PolicySet only), so a
+    # tenant kept at its last good version after a failed reload keeps them too.
+    sandboxes: tuple[SandboxRecord, ...] = ()
+    # What the tenant was loaded from (its file, tokens and Rego), for the policy version.
+    digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)
-class SandboxRecord:
-    """A registered sandbox: its tenant and the digest of its proxy token."""
+class LoadNotice:
+    """Something a load noticed that is no error (a sandbox whose token file does not exist yet)."""
 
-    sandbox: str
-    tenant: str
-    token_digest: bytes | None = field(repr=False)
-    addresses: tuple[str, ...] = ()
+    origin: str  # file:line:column
+    field: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.origin}: {self.field}: {self.text}"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantProblem:
+    """A tenant file that did not load, and what the gateway serves for it instead."""
+
+    file: str
+    # The tenant's name when known (from the file, or from its last good version).
+    tenant: str | None
+    errors: tuple[str, ...]
+    # True: its last good version is still served; False: it has no policy (no_identity).
+    kept_last_good: bool
 
 
 # Compared against when the sandbox id is unknown, so a miss costs the same as a hit.
@@ -69,6 +98,10 @@ class PolicySet:
     token_files: tuple[str, ...] = ()
     # Rego modules the tenants use (the operator's and their own): a reload watches them too.
     rego_files: tuple[str, ...] = ()
+    # Tenant files that failed to load while the rest did (isolated loading), and notes that
+    # are not errors (a sandbox whose token file does not exist yet).
+    problems: tuple[TenantProblem, ...] = ()
+    notices: tuple[LoadNotice, ...] = ()
 
     def authenticate(self, sandbox_id: str, token: str) -> Identity | None:
         """The identity for a sandbox id and proxy token, compared in constant time."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import PolicyLoadError, SourceLocation
 from .models import TenantFile
-from .rego_compile import compile_programs, keep_only
+from .rego_compile import compile_programs
 from .rego_program import RegoModule, RegoProgram, tenant_package
 from .rego_source import line_column, module_facts
 from .rego_source import ref_text as _dotted
@@ -131,7 +131,6 @@ def _load(
                 errors.append(PolicyLoadError(SourceLocation(p.file, p.line, p.column), "", p.message))
     if errors:
         return RegoLoad({}, (), ())
-    keep_only(compiled.values())
     digests = tuple(f"{_relative(path, rules_dir)}\0{m.digest}" for path, m in sorted(used.items()))
     return RegoLoad(compiled, tuple(sorted(used)), digests)
 

@@ -14,7 +14,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from .errors import TokenReferenceError
+from .errors import TokenFileMissingError, TokenReferenceError
 
 __all__ = ["digest_token", "new_token", "resolve_token_reference", "tokens_equal"]
 
@@ -60,6 +60,8 @@ def resolve_token_reference(reference: str, base_dir: Path) -> bytes:
 def _read_private_file(path: Path) -> str:
     try:
         mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise TokenFileMissingError(f"token file {path} does not exist yet") from None
     except OSError as e:
         raise TokenReferenceError(f"cannot read token file {path}: {e.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):

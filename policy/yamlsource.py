@@ -57,29 +57,39 @@ _Loader: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLo
 
 # A policy file is small; this bounds what aliases can expand to ("billion laughs").
 MAX_NODES = 200_000
+# No policy value nests this deep; far deeper input would exhaust Python's stack.
+MAX_DEPTH = 64
 
 
 def parse_yaml(text: str, file: str) -> YamlDocument:
     """Parse YAML text into plain values plus a position map."""
     try:
         return _parse(text, file, _Loader)
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
         if _Loader is yaml.SafeLoader:
-            raise _yaml_error(text, file) from None
-    # libyaml's messages are terse ("found undefined alias"): the pure parser names the culprit.
-    raise _yaml_error(text, file)
+            raise _from_yaml_error(e, file) from None
+        first = e
+    # libyaml's messages are terse ("found undefined alias"): the pure parser names the culprit,
+    # unless the text nests too deep for it (libyaml stops at 1,000 levels; it recurses).
+    raise _yaml_error(text, file, first)
 
 
-def _yaml_error(text: str, file: str) -> PolicyLoadError:
+def _yaml_error(text: str, file: str, first: yaml.YAMLError) -> PolicyLoadError:
     try:
         _parse(text, file, yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
+    except yaml.YAMLError as e:
+        return _from_yaml_error(e, file)
+    except RecursionError:
+        return _from_yaml_error(first, file)
+    return PolicyLoadError(SourceLocation(file), "", "invalid YAML")
+
+
+def _from_yaml_error(e: yaml.YAMLError, file: str) -> PolicyLoadError:
+    if isinstance(e, yaml.MarkedYAMLError):
         mark = e.problem_mark or e.context_mark
         where = SourceLocation(file, mark.line + 1, mark.column + 1) if mark else SourceLocation(file)
         return PolicyLoadError(where, "", f"invalid YAML: {e.problem or e.context}")
-    except yaml.YAMLError as e:
-        return PolicyLoadError(SourceLocation(file), "", f"invalid YAML: {e}")
-    return PolicyLoadError(SourceLocation(file), "", "invalid YAML")
+    return PolicyLoadError(SourceLocation(file), "", f"invalid YAML: {e}")
 
 
 def _parse(text: str, file: str, loader_type: type[yaml.SafeLoader] | type[yaml.CSafeLoader]) -> YamlDocument:
@@ -114,6 +124,10 @@ class _Builder:
             )
         self.positions.setdefault(loc, (node.start_mark.line + 1, node.start_mark.column + 1))
         if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+            if len(loc) >= MAX_DEPTH:
+                raise PolicyLoadError(
+                    self._where(node), _dotted(loc), f"nested deeper than {MAX_DEPTH} levels"
+                )
             if id(node) in self._active:
                 raise PolicyLoadError(self._where(node), _dotted(loc), "an alias refers to itself")
             self._active.add(id(node))

@@ -46,10 +46,16 @@ def run_policy_command(args: argparse.Namespace) -> int:
             return policy_reload.reload_command(args.config)
         result = admin_client.reload_policy(config)
         _emit(args.format, result, f"reloaded: policy version {result['policy_version']}")
+        code = 0
+        for problem in result.get("policy_problems", []):
+            # Reloaded, but not everything: a broken file is invalid input, as in `policy check`.
+            print(f"sandgate: {_problem_line(problem)}", file=sys.stderr)
+            print("\n".join(f"  {e}" for e in problem["errors"]), file=sys.stderr)
+            code = 2
         if result.get("published") is False:
             print("sandgate: redis is unreachable: other gateways were not told to reload", file=sys.stderr)
             return 2
-        return 0
+        return code
     if config.redis is not None or not running:
         return policy_reload.status_command(args.config, args.format)
     st = admin_client.status(config)
@@ -60,12 +66,21 @@ def run_policy_command(args: argparse.Namespace) -> int:
         f"listeners: {', '.join(st['listeners']) or '-'}",
         f"reload failures: {st['reload_failures']}; audit queue: {st['audit_queue_depth']}",
     ]
+    for problem in st.get("policy_problems", []):
+        lines.append(_problem_line(problem))
+        lines.extend(f"  {e}" for e in problem["errors"])
+    lines.extend(f"note: {n}" for n in st.get("policy_notices", []))
     if last is not None:
         when = datetime.fromtimestamp(last["time"], UTC).isoformat(timespec="seconds")
         lines.append(f"last reload: {'ok' if last['ok'] else 'FAILED'} ({last['trigger']}, {when})")
         lines.extend(f"  {e}" for e in last["errors"])
     _emit(args.format, st, "\n".join(lines))
     return 0
+
+
+def _problem_line(problem: dict[str, Any]) -> str:
+    serving = "its last good version" if problem["kept_last_good"] else "nothing (no_identity)"
+    return f"BROKEN {problem['file']} (tenant {problem['tenant'] or '?'}): serving {serving}"
 
 
 def _emit(fmt: str, value: dict[str, Any], text: str) -> None:

@@ -26,6 +26,7 @@ from sandgate.policy.models import NAME_PATTERN
 from .admin import AdminState
 from .metrics import METRICS
 from .registry import DynamicSandbox
+from .reload import problem_view
 from .stores import CredentialInfo, StoreError
 
 __all__ = ["ApiError", "make_app"]
@@ -184,8 +185,11 @@ def _status(state: AdminState) -> dict[str, Any]:
             "time": last.time,
             "policy_version": last.policy_version,
             "errors": list(last.errors),
+            "broken_files": [p.file for p in last.problems],
         },
         "reload_failures": state.reloader.failures,
+        "policy_problems": [problem_view(p) for p in policy.problems],
+        "policy_notices": [str(n) for n in policy.notices],
         "audit_queue_depth": state.ctx.audit.depth,
         "active_connections": len(state.ctx.connections),
         "fleet_publish": state.publish_reload is not None,
@@ -210,7 +214,13 @@ async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = F
     if not ok:
         errors = list(last.errors) if last else []
         raise ApiError(422, "policy reload failed; the previous policy stays in force", errors=errors)
-    return {"ok": True, "policy_version": state.ctx.policy.version}
+    policy = state.ctx.policy
+    return {
+        "ok": True,
+        "policy_version": policy.version,
+        # Tenant files that did not load while the rest did (each keeps its last good version or has none).
+        "policy_problems": [problem_view(p) for p in policy.problems],
+    }
 
 
 class PolicyReload(_Handler):

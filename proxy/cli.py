@@ -31,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the gateway")
     run.add_argument("--config", type=Path, help="gateway config (YAML); default: embedded defaults")
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse to start (and to reload) when any policy file is broken; default: a broken "
+        "tenant file takes only its own tenant",
+    )
 
     ca = sub.add_parser("ca", help="the gateway's certificate authority")
     ca_sub = ca.add_subparsers(dest="ca_command", required=True)
@@ -88,6 +94,8 @@ def _run(args: argparse.Namespace) -> int:
     from .runtime import serve
 
     config = load_config(args.config)
+    if args.strict:
+        config = config.model_copy(update={"strict_policy": True})
     configure_logging(config.log.level, config.log.format)
     try:
         return asyncio.run(serve(config))

@@ -434,6 +434,8 @@ class LogConfig(_Strict):
 class ReloadConfig(_Strict):
     watch: bool = True
     interval_seconds: Annotated[float, Field(gt=0)] = 1.0
+    # A changed file is loaded only after it held still this long (in-place writes pause).
+    settle_seconds: Annotated[float, Field(ge=0)] = 1.0
 
 
 class GatewayConfig(_Strict):
@@ -448,6 +450,9 @@ class GatewayConfig(_Strict):
     credentials: CredentialsConfig = Field(default_factory=CredentialsConfig)
     rego: RegoConfig = Field(default_factory=RegoConfig)
     rules_dir: str = "rules"
+    # All or nothing: any broken policy file stops the start and fails every reload. Off: a
+    # broken tenant file takes only its own tenant (`sandgate run --strict` turns it on).
+    strict_policy: bool = False
     # $SANDGATE_HOME when set (the quick-start script and its messages use it too).
     state_dir: str = Field(default_factory=lambda: os.environ.get("SANDGATE_HOME") or "~/.sandgate")
     resolver: ResolverConfig = Field(default_factory=ResolverConfig)

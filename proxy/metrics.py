@@ -40,6 +40,8 @@ class GatewayGauges:
     connections_idle_closed: Callable[[], int] = lambda: 0
     http2_abusive: Callable[[], int] = lambda: 0
     open_fds: Callable[[], int] = lambda: 0
+    # Tenant files that did not load, as (file, tenant or "", kept its last good version).
+    policy_problems: Callable[[], Iterable[tuple[str, str, bool]]] = lambda: ()
 
 
 class _GatewayCollector(Collector):
@@ -88,6 +90,14 @@ class _GatewayCollector(Collector):
         yield GaugeMetricFamily(
             "sandgate_open_fds", "File descriptors open (estimate between samples)", g.open_fds()
         )
+        broken = GaugeMetricFamily(
+            "sandgate_policy_file_errors",
+            "Policy files that did not load (1 each); kept=true: the tenant's last good version is served",
+            labels=["file", "tenant", "kept"],
+        )
+        for file, tenant, kept in g.policy_problems():
+            broken.add_metric([file, tenant, "true" if kept else "false"], 1)
+        yield broken
 
 
 class Metrics:

@@ -202,6 +202,10 @@ def _check_one(path: Path, guard: AddressGuard | None = None) -> dict[str, Any]:
                 "notes": [
                     {"level": n.level, "origin": n.origin, "rule_id": n.rule_id, "text": n.text}
                     for n in notes
+                ]
+                + [
+                    {"level": "note", "origin": n.origin, "rule_id": n.field, "text": n.text}
+                    for n in policy.notices
                 ],
                 "summary": (
                     f"ok: {len(policy.files)} files, {len(policy.tenants)} tenants, version {policy.version}"

@@ -1,6 +1,10 @@
 """Policy reload: on SIGHUP or a change on disk, load the rules off the event loop and swap.
 
-A failed load keeps the policy in force; the error is logged and audited.
+A failed load keeps the policy in force; the error is logged and audited. A file the
+watcher sees changing is loaded only once it has held still for `settle` seconds, and a
+load during which any watched file moved is thrown away and tried again: no request is
+decided on a policy that never existed on disk as a whole. A tenant file that does not
+load (isolated loading) is reported the same way while the other tenants' changes apply.
 """
 
 from __future__ import annotations
@@ -14,19 +18,21 @@ from pathlib import Path
 
 import structlog
 
-from sandgate.policy.errors import PolicyLoadError, PolicySetError
-from sandgate.policy.policyset import PolicySet
+from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
+from sandgate.policy.policyset import PolicySet, TenantProblem
 
 from .context import GatewayContext
 from .records import new_decision_id
 
-__all__ = ["PolicyReloader", "ReloadOutcome"]
+__all__ = ["PolicyReloader", "ReloadOutcome", "problem_view", "report_problems"]
 
 log = structlog.get_logger("sandgate.reload")
 
 Fingerprint = tuple[tuple[str, int, int], ...]
 
 WATCH_BACKOFF = 20
+# Loads tried while files keep moving under them, before the reload counts as failed.
+STABLE_LOAD_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +44,8 @@ class ReloadOutcome:
     time: float
     policy_version: str
     errors: tuple[str, ...] = ()
+    # Tenant files that did not load while the rest did.
+    problems: tuple[TenantProblem, ...] = ()
 
 
 def _fingerprint(files: list[Path]) -> Fingerprint:
@@ -67,6 +75,7 @@ class PolicyReloader:
         *,
         watch: bool,
         interval: float,
+        settle: float = 1.0,
         on_reload: Callable[[PolicySet], None] | None = None,
     ) -> None:
         self.ctx = ctx
@@ -74,6 +83,7 @@ class PolicyReloader:
         self.watched = watched
         self.watch = watch
         self.interval = interval
+        self.settle = settle
         self.on_reload = on_reload
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -98,27 +108,17 @@ class PolicyReloader:
         async with self._lock:
             old = self.ctx.policy.version
             try:
-                policy = await asyncio.to_thread(self.load)
+                policy = await self._stable_load()
             except PolicyLoadError as e:
-                self.failures += 1
                 errors = e.errors if isinstance(e, PolicySetError) else (e,)
-                log.error(
-                    "policy.reload_failed",
-                    trigger=trigger,
-                    kept_version=old,
-                    errors=[str(x) for x in errors],
-                )
-                self.last = ReloadOutcome(False, trigger, time.time(), old, tuple(str(x) for x in errors))
-                await self.ctx.audit.emit(self._record(trigger, "error", old, old, [str(x) for x in errors]))
+                await self._failed(trigger, old, [str(x) for x in errors])
                 return False
             except Exception as e:
-                self.failures += 1
                 log.exception("policy.reload_failed", trigger=trigger, kept_version=old)
-                self.last = ReloadOutcome(False, trigger, time.time(), old, (type(e).__name__,))
-                await self.ctx.audit.emit(self._record(trigger, "error", old, old, [type(e).__name__]))
+                await self._failed(trigger, old, [type(e).__name__])
                 return False
             self.ctx.policy = policy
-            self.last = ReloadOutcome(True, trigger, time.time(), policy.version)
+            self.last = ReloadOutcome(True, trigger, time.time(), policy.version, problems=policy.problems)
             if self.on_reload is not None:
                 self.on_reload(policy)
             log.info(
@@ -128,11 +128,42 @@ class PolicyReloader:
                 version=policy.version,
                 tenants=len(policy.tenants),
             )
-            await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, []))
+            report_problems(policy)
+            await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, [], policy.problems))
             return True
+
+    async def record_start(self) -> None:
+        """Audit the problems of the policy the gateway started with (the log has them already)."""
+        policy = self.ctx.policy
+        if policy.problems:
+            record = self._record("start", "ok", "", policy.version, [], policy.problems)
+            await self.ctx.audit.emit(record)
+
+    async def _stable_load(self) -> PolicySet:
+        """Load; when a watched file moved while it was read, wait `settle` and load again."""
+        for _ in range(STABLE_LOAD_ATTEMPTS):
+            files = self.watched(self.ctx.policy)
+            before = await asyncio.to_thread(_fingerprint, files)
+            policy = await asyncio.to_thread(self.load)
+            if await asyncio.to_thread(_fingerprint, files) == before:
+                return policy
+            log.info("policy.files_moved_during_load", retry_in=self.settle)
+            await asyncio.sleep(self.settle)
+        raise PolicyLoadError(
+            SourceLocation("rules"),
+            "",
+            "the policy files kept changing while they were read; write them atomically",
+        )
+
+    async def _failed(self, trigger: str, old: str, errors: list[str]) -> None:
+        self.failures += 1
+        log.error("policy.reload_failed", trigger=trigger, kept_version=old, errors=errors)
+        self.last = ReloadOutcome(False, trigger, time.time(), old, tuple(errors))
+        await self.ctx.audit.emit(self._record(trigger, "error", old, old, errors))
 
     async def _watch(self) -> None:
         pause = self.interval
+        seen, seen_since = self._fingerprint, time.monotonic()
         while True:
             await asyncio.sleep(pause)
             try:
@@ -141,14 +172,26 @@ class PolicyReloader:
                 # Checking thousands of files holds the GIL the proxy needs: keep the watcher
                 # under ~5 % of a core by waiting at least 20 times as long as a check took.
                 pause = max(self.interval, (time.monotonic() - started) * WATCH_BACKOFF)
-                if current != self._fingerprint:
+                if current != seen:
+                    # Still being written, perhaps: look again once it could have settled.
+                    seen, seen_since = current, time.monotonic()
+                    pause = min(pause, max(self.settle, 0.05))
+                    continue
+                if current != self._fingerprint and time.monotonic() - seen_since >= self.settle:
                     self._fingerprint = current
                     await self.reload("file_change")
             except Exception:
                 log.exception("policy.watch_failed")
 
     @staticmethod
-    def _record(trigger: str, result: str, old: str, new: str, errors: list[str]) -> dict[str, object]:
+    def _record(
+        trigger: str,
+        result: str,
+        old: str,
+        new: str,
+        errors: list[str],
+        problems: tuple[TenantProblem, ...] = (),
+    ) -> dict[str, object]:
         return {
             "event": "policy_reload",
             "v": 1,
@@ -159,4 +202,29 @@ class PolicyReloader:
             "old_version": old,
             "policy_version": new,
             "errors": errors,
+            "tenant_errors": [problem_view(p) for p in problems],
         }
+
+
+def problem_view(problem: TenantProblem) -> dict[str, object]:
+    """A tenant file's load problem as JSON (status API, audit, status file)."""
+    return {
+        "file": problem.file,
+        "tenant": problem.tenant,
+        "kept_last_good": problem.kept_last_good,
+        "errors": list(problem.errors),
+    }
+
+
+def report_problems(policy: PolicySet) -> None:
+    """Log each tenant file that did not load and each notice of a loaded policy."""
+    for p in policy.problems:
+        log.error(
+            "policy.tenant_load_failed",
+            file=p.file,
+            tenant=p.tenant,
+            serving="last good version" if p.kept_last_good else "nothing (no_identity)",
+            errors=list(p.errors),
+        )
+    for notice in policy.notices:
+        log.warning("policy.notice", notice=str(notice))

@@ -72,7 +72,7 @@ from .redis_conn import Keys, connect, connect_sync
 from .registry import load_registry, merge_registry, merge_registry_lenient, registry_digest
 from .registry_file import FileSandboxStore
 from .registry_redis import RedisSandboxStore, rules_checker
-from .reload import PolicyReloader
+from .reload import PolicyReloader, problem_view, report_problems
 from .secret_refresh import SecretRefresher
 from .statusfile import remove_status, write_status
 from .stores import SandboxStore
@@ -229,6 +229,7 @@ class Gateway:
             use_store(config.path(config.rego.bundle_store))
         self.engine = build_engine(config)
         policy = self._load_policy()
+        report_problems(policy)
         ensure_ca(config.ca_dir)
         guard_cfg = config.address_guard
         own = own_addresses() if guard_cfg.own_addresses == "auto" else guard_cfg.own_addresses
@@ -283,10 +284,11 @@ class Gateway:
             )
         self.reloader = PolicyReloader(
             self.ctx,
-            self._load_policy,
+            lambda: self._load_policy(self.ctx.policy),
             self._watched_files,
             watch=config.reload.watch,
             interval=config.reload.interval_seconds,
+            settle=config.reload.settle_seconds,
             on_reload=lambda _: self._write_status(),
         )
         if config.redis is not None:
@@ -363,11 +365,22 @@ class Gateway:
         # The same for the caps on HTTP/1 heads (sandgate.proxy.heads).
         head_caps_self_test(self.master.options)
 
-    def _load_policy(self) -> PolicySet:
-        """The rules directory plus the dynamic sandbox registry (runs in a worker thread)."""
-        policy = load_policy_dir(self.config.rules_path)
+    def _load_policy(self, previous: PolicySet | None = None) -> PolicySet:
+        """The rules directory plus the dynamic sandbox registry (runs in a worker thread).
+
+        Isolated unless `strict_policy`: a broken tenant file keeps its last good version (the
+        policy in force is passed as `previous`), and a registry entry whose tenant did not
+        load is left out, so one tenant cannot stop the others' changes.
+        """
+        strict = self.config.strict_policy
+        policy = load_policy_dir(self.config.rules_path, previous=previous, isolate=not strict)
         registry = load_registry(self.config.registry_path)
-        merged = merge_registry(policy, registry, self.config.registry_path)
+        if strict:
+            merged = merge_registry(policy, registry, self.config.registry_path)
+        else:
+            merged, refused = merge_registry_lenient(policy, registry, str(self.config.registry_path))
+            if refused:
+                log.error("registry.entries_refused", source="file", errors=[str(e) for e in refused])
         if self.fleet is not None:
             merged, refused = merge_registry_lenient(merged, self.fleet.sandboxes(), "redis sandbox registry")
             if refused:
@@ -399,6 +412,7 @@ class Gateway:
                 "transparent_port": transparent[0] if transparent else None,
                 "dns_port": self.dns.port if self.dns else None,
                 "ca_cert": str(cfg.ca_dir / "mitmproxy-ca-cert.pem"),
+                "policy_problems": [problem_view(p) for p in self.ctx.policy.problems],
             },
         )
 
@@ -448,6 +462,9 @@ class Gateway:
                 connections_idle_closed=lambda: self.connection_limits.idle_closed,
                 http2_abusive=lambda: self.h2_guard.abusive,
                 open_fds=lambda: self.connection_limits.budget.estimate,
+                policy_problems=lambda: [
+                    (p.file, p.tenant or "", p.kept_last_good) for p in self.ctx.policy.problems
+                ],
             )
         )
 
@@ -481,6 +498,7 @@ class Gateway:
             self.admin = AdminServer(self.config, self.admin_state())
             await self.admin.start()
         self.ctx.audit.start()
+        await self.reloader.record_start()
         if self.fleet is not None:
             # Before the listeners open: a registered sandbox is known from the first request.
             await self.fleet.start()

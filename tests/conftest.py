@@ -225,7 +225,7 @@ def write_gateway_files(
         "resolver": {"hosts": TEST_HOSTS},
         "address_guard": {"reachable_by_name": ["127.0.0.0/8"]},
         "log": {"level": "info", "format": "json"},
-        "reload": {"watch": True, "interval_seconds": 0.2},
+        "reload": {"watch": True, "interval_seconds": 0.2, "settle_seconds": 0.3},
     }
     for key, value in (config or {}).items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.policy.errors import TokenReferenceError
+from sandgate.policy.errors import TokenFileMissingError, TokenReferenceError
 from sandgate.policy.tokens import digest_token, new_token, resolve_token_reference, tokens_equal
 
 TOKEN = "0123456789abcdef-token"
@@ -108,8 +108,8 @@ def test_a_private_token_file_is_accepted(tmp_path: Path, mode: int) -> None:
     assert resolve_token_reference("file:t.token", tmp_path) == digest_token(TOKEN)
 
 
-def test_a_missing_token_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(TokenReferenceError, match=r"^cannot read token file .*/nope\.token: No such file"):
+def test_a_missing_token_file_is_its_own_error(tmp_path: Path) -> None:
+    with pytest.raises(TokenFileMissingError, match=r"^token file .*/nope\.token does not exist yet"):
         resolve_token_reference("file:nope.token", tmp_path)
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
 from sandgate.policy.models import BaseFile, TenantFile
-from sandgate.policy.yamlsource import MAX_NODES, load_yaml, parse_yaml, validate
+from sandgate.policy.yamlsource import MAX_DEPTH, MAX_NODES, load_yaml, parse_yaml, validate
 
 PROPERTY = settings(max_examples=100, deadline=None)
 
@@ -414,3 +414,28 @@ def test_a_load_error_renders_field_and_problem() -> None:
 def test_a_set_error_needs_at_least_one_error() -> None:
     with pytest.raises(ValueError, match="at least one error"):
         PolicySetError([])
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("allow: " + "[" * 5000 + "]" * 5000, 1, "invalid YAML: exceeded maximum nesting depth"),
+        ("allow: " + "[" * 900 + "]" * 900, 1, f"nested deeper than {MAX_DEPTH} levels"),
+        (
+            "data:\n" + "".join(" " * (i + 1) + "b:\n" for i in range(950)),
+            65,
+            f"nested deeper than {MAX_DEPTH} levels",
+        ),
+    ],
+    ids=[
+        "flow nesting past libyaml's own cap is an error with a position, not a RecursionError",
+        "flow nesting under libyaml's cap but too deep for a policy is refused where it goes too deep",
+        "block nesting too deep for a policy is refused where it goes too deep",
+    ],
+)
+def test_deep_nesting_is_a_load_error_with_a_line(text: str, line: int, message: str) -> None:
+    with pytest.raises(PolicyLoadError) as info:
+        parse_yaml(text, "t.yaml")
+    assert info.value.location.file == "t.yaml"
+    assert info.value.location.line == line
+    assert message in str(info.value)

@@ -243,10 +243,23 @@ def test_policy_reload_and_status_through_the_cli(gateway: RunningGateway) -> No
     text = sandgate("policy", "status", "--config", config)
     assert "2 tenants" in text.stdout and "last reload: ok (admin" in text.stdout
 
-    gateway.write_tenant("t2.yaml", "tenant: t2\nallow:\n  - hosts: ['*.']\n")
+    # A broken tenant file: the reload goes through for the rest, t2 keeps its last good version,
+    # and the CLI says so with exit 2.
+    gateway.write_tenant("t2.yaml", "tenant: t2\nallow:\n  - hots: [api.test]\n")
     broken = sandgate("policy", "reload", "--config", config)
     assert broken.returncode == 2
-    assert "policy reload failed" in broken.stderr and "t2.yaml:3:" in broken.stderr
+    assert (
+        "BROKEN" in broken.stderr and "t2.yaml:3:" in broken.stderr and "last good version" in broken.stderr
+    )
+    st = json.loads(sandgate("policy", "status", "--config", config, "--format", "json").stdout)
+    assert st["last_reload"]["ok"] is True and st["last_reload"]["broken_files"][0].endswith("t2.yaml")
+    assert st["tenants"] == 2 and st["policy_problems"][0]["kept_last_good"] is True
+
+    # A broken operator file fails the reload whole: the policy in force stays.
+    (gateway.rules_dir / "base.yaml").write_text("deny:\n  - hots: [x.test]\n")
+    failed = sandgate("policy", "reload", "--config", config)
+    assert failed.returncode == 2
+    assert "policy reload failed" in failed.stderr and "base.yaml:2:" in failed.stderr
     st = json.loads(sandgate("policy", "status", "--config", config, "--format", "json").stdout)
     assert st["reload_failures"] >= 1 and st["last_reload"]["ok"] is False
 

@@ -303,3 +303,27 @@ def test_push_needs_its_token_variable(
         capsys, "push", GOOD, "--url", "http://127.0.0.1:1", "--token-env", "SANDGATE_TEST_OPA_TOKEN"
     )
     assert (code, err) == (2, "sandgate: environment variable SANDGATE_TEST_OPA_TOKEN is not set\n")
+
+
+def test_check_a_file_nested_a_thousand_levels_is_invalid_input_with_a_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "tenants").mkdir()
+    (tmp_path / "tenants" / "t.yaml").write_text("tenant: t\nallow:\n  - hosts: " + "[" * 1200 + "]" * 1200)
+    code, out, err = run(capsys, "check", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert re.match(rf"^{re.escape(str(tmp_path))}/tenants/t\.yaml:3:\d+: invalid YAML: ", err)
+    assert "RecursionError" not in err
+
+
+def test_check_the_shipped_rules_on_a_fresh_clone_notes_the_missing_demo_token(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A fresh clone has no rules/tenants/demo-1.token yet (quickstart makes it): not an error."""
+    import shutil
+
+    rules = tmp_path / "rules"
+    shutil.copytree(REPO / "rules", rules, ignore=shutil.ignore_patterns("*.token"))
+    code, out, err = run(capsys, "check", str(rules))
+    assert (code, err) == (0, "")
+    assert "note: " in out and "demo-1.token does not exist yet; sandbox 'demo-1' is off until it does" in out
