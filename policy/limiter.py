@@ -90,11 +90,16 @@ class WindowCounter:
             self.mine_prev = self.pushed_prev = self.others_prev = 0
         self.index, self.mine, self.pushed, self.others = index, 0, 0, 0
 
-    def estimate(self, now: float) -> float:
-        """The sliding-window count at `now`: the previous window weighted by how much still overlaps."""
+    def estimate(self, now: float, peers: int = 0) -> float:
+        """The sliding-window count at `now`: the previous window weighted by how much still overlaps.
+
+        `peers`: other gateways presumed to admit as much as this one has not yet pushed to the
+        fleet (while redis is down), so each takes only its share of what remains.
+        """
         self.roll(now)
         overlap = 1.0 - (now % self.window) / self.window
-        return (self.mine_prev + self.others_prev) * overlap + self.mine + self.others
+        previous = self.mine_prev + self.others_prev + peers * (self.mine_prev - self.pushed_prev)
+        return previous * overlap + self.mine + self.others + peers * (self.mine - self.pushed)
 
     def add(self, now: float, amount: int) -> None:
         self.roll(now)
@@ -149,6 +154,10 @@ class Limiter:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.counters: dict[CounterKey, WindowCounter] = {}
+        # While the fleet sync fails: how many other gateways were last seen alive. Each of
+        # them is presumed to admit what this one admits, so this one takes 1/(peers+1) of
+        # the remaining allowance (0: alone, or in sync).
+        self.outage_peers = 0
 
     def admit(
         self,
@@ -173,11 +182,14 @@ class Limiter:
         requests = self._checks(tenant, sandbox, limits, Kind.REQUESTS)
         egress = self._checks(tenant, sandbox, limits, Kind.EGRESS_BYTES)
         cost = max(1, egress_bytes)
+        # In an outage every peer is presumed to admit this request's like too.
+        share = 1 + self.outage_peers
+        peers = self.outage_peers
         for name, counter, limit in requests:
-            if counter.estimate(now) + 1 > limit:
+            if counter.estimate(now, peers) + share > limit:
                 return LimitExceeded(Reason.RATE_LIMITED, name, counter.retry_after(now, limit, 1))
         for name, counter, limit in egress:
-            if counter.estimate(now) + cost > limit:
+            if counter.estimate(now, peers) + cost * share > limit:
                 return LimitExceeded(Reason.RATE_LIMITED, name, counter.retry_after(now, limit, cost))
         for _, counter, _ in requests:
             counter.add(now, 1)
@@ -212,7 +224,7 @@ class Limiter:
         exceeded = None
         for name, counter, limit in self._checks(tenant, sandbox, limits, Kind.EGRESS_BYTES):
             counter.add(now, nbytes)
-            if exceeded is None and counter.estimate(now) > limit:
+            if exceeded is None and counter.estimate(now, self.outage_peers) > limit:
                 exceeded = LimitExceeded(Reason.RATE_LIMITED, name, counter.retry_after(now, limit, 1))
         return exceeded
 

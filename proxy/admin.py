@@ -39,7 +39,7 @@ MAX_BODY_BYTES = 1024 * 1024
 MIN_TOKEN_BYTES = 16
 
 # Fleet mode: tell every gateway to reload (the registry's publish_reload); gets the new version.
-PublishReload = Callable[[str], Awaitable[None]]
+PublishReload = Callable[[str], Awaitable[int]]
 
 
 @dataclass

@@ -55,6 +55,8 @@ def run_policy_command(args: argparse.Namespace) -> int:
         if result.get("published") is False:
             print("sandgate: redis is unreachable: other gateways were not told to reload", file=sys.stderr)
             return 2
+        if config.redis is not None and "fleet_version" in result:
+            code = max(code, policy_reload.wait_for_fleet(config, int(result["fleet_version"])))
         return code
     if config.redis is not None or not running:
         return policy_reload.status_command(args.config, args.format)

@@ -228,7 +228,7 @@ class PolicyReload(_Handler):
         body = await _reload(self.state, "admin")
         if self.state.publish_reload is not None:
             try:
-                await self.state.publish_reload(body["policy_version"])
+                body["fleet_version"] = await self.state.publish_reload(body["policy_version"])
                 body["published"] = True
             except Exception as e:
                 log.error("admin.publish_reload_failed", error=type(e).__name__)

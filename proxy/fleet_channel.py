@@ -4,14 +4,18 @@ Every change that gateways must pick up (a sandbox registered or removed, a poli
 asked for) bumps `<prefix>version` and publishes on `<prefix>events`, in one transaction.
 Gateways reload on the message and also poll the counter (about once a second), so a
 message lost while a gateway was disconnected is caught. Each gateway records what it
-serves in `<prefix>gateways` (gateway id → {version, policy_version, updated}).
+serves in `<prefix>gateways` (gateway id → {fleet_version, policy_version, updated, stale,
+reload}), `reload` being the result of its last reload: whether it loaded, the errors of a
+refusal, and the files it serves without (a broken tenant file). `policy reload` waits
+for every live gateway to report the version it published.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -21,8 +25,11 @@ from .config import RedisConfig
 from .redis_conn import Keys, connect
 
 __all__ = [
+    "LIVE_SECONDS",
     "FleetKeys",
     "GatewayVersion",
+    "ReloadReport",
+    "await_gateways",
     "bump_and_publish",
     "event_message",
     "gateway_versions",
@@ -40,11 +47,35 @@ class FleetKeys:
     version: str
     events: str
     gateways: str
+    # A random id set once per redis data set: gone or changed means redis was flushed or replaced.
+    epoch: str
 
     @classmethod
     def for_prefix(cls, prefix: str) -> FleetKeys:
         k = Keys(prefix)
-        return cls(sandboxes=k("sandboxes"), version=k("version"), events=k("events"), gateways=k("gateways"))
+        return cls(
+            sandboxes=k("sandboxes"),
+            version=k("version"),
+            events=k("events"),
+            gateways=k("gateways"),
+            epoch=k("epoch"),
+        )
+
+
+# A gateway that has not reported for this long (three heartbeats) is taken as gone.
+LIVE_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadReport:
+    """A gateway's last reload: loaded or refused (its errors), and the files it serves without."""
+
+    ok: bool
+    errors: tuple[str, ...] = ()
+    broken_files: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "errors": list(self.errors[:10]), "broken_files": list(self.broken_files)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +87,10 @@ class GatewayVersion:
     policy_version: str
     updated: float
     stale: bool
+    reload: ReloadReport | None = field(default=None)
+
+    def live(self, now: float) -> bool:
+        return now - self.updated < LIVE_SECONDS
 
 
 def event_message(kind: str) -> str:
@@ -94,13 +129,15 @@ async def record_gateway(
     fleet_version: int | None,
     policy_version: str,
     stale: bool,
+    reload: ReloadReport | None = None,
 ) -> None:
-    """Record what this gateway serves, for `sandgate policy status`."""
+    """Record what this gateway serves, for `sandgate policy status|reload`."""
     entry = {
         "fleet_version": fleet_version,
         "policy_version": policy_version,
         "updated": time.time(),
         "stale": stale,
+        "reload": reload.as_json() if reload is not None else None,
     }
     await client.hset(keys.gateways, gateway, json.dumps(entry))
 
@@ -117,6 +154,7 @@ async def gateway_versions(client: aioredis.Redis, keys: FleetKeys) -> tuple[int
         try:
             entry: dict[str, Any] = json.loads(value)
             fv = entry.get("fleet_version")
+            reload = entry.get("reload")
             out.append(
                 GatewayVersion(
                     gateway=gateway,
@@ -124,8 +162,31 @@ async def gateway_versions(client: aioredis.Redis, keys: FleetKeys) -> tuple[int
                     policy_version=str(entry["policy_version"]),
                     updated=float(entry["updated"]),
                     stale=bool(entry.get("stale", False)),
+                    reload=ReloadReport(
+                        bool(reload["ok"]),
+                        tuple(map(str, reload.get("errors", ()))),
+                        tuple(map(str, reload.get("broken_files", ()))),
+                    )
+                    if isinstance(reload, dict)
+                    else None,
                 )
             )
         except (ValueError, KeyError, TypeError):
             out.append(GatewayVersion(gateway, None, "(malformed entry)", 0.0, False))
     return int(raw_version or 0), out
+
+
+async def await_gateways(
+    client: aioredis.Redis, keys: FleetKeys, version: int, wait_seconds: float
+) -> tuple[list[GatewayVersion], list[GatewayVersion]]:
+    """Wait (at most `wait_seconds`) until every live gateway reported fleet version `version` or
+    later; returns (those that did, live ones that did not answer in time)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        _, gateways = await gateway_versions(client, keys)
+        now = time.time()
+        live = [g for g in gateways if g.live(now)]
+        answered = [g for g in live if g.fleet_version is not None and g.fleet_version >= version]
+        if len(answered) == len(live) or time.monotonic() >= deadline:
+            return answered, [g for g in live if g not in answered]
+        await asyncio.sleep(0.1)

@@ -8,6 +8,12 @@ request path reads only the in-memory PolicySet: zero redis round trips per requ
 Losing redis: the last snapshot keeps being served; once `max_staleness_seconds` pass
 without a successful read, the redis-registered sandboxes are dropped (their requests get
 `no_identity`) and restored by the first successful sync after redis answers again.
+
+Redis replaced by an empty instance (flushed, rebuilt without persistence): the fleet
+epoch, a random id set once per data set and remembered in `<state_dir>/fleet-epoch`, is
+gone or different. The gateway logs `fleet.redis_replaced` (an error), counts it
+(`sandgate_fleet_redis_replaced_total`) and adopts the new epoch; its sandboxes and stored
+credentials are gone with the data (fail closed) until they are registered again.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +31,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from .config import RedisConfig
-from .fleet_channel import FleetKeys, record_gateway
+from .fleet_channel import FleetKeys, ReloadReport, record_gateway
 from .redis_conn import connect
 from .registry import DynamicSandbox
 from .registry_redis import RedisSandboxStore
@@ -57,11 +64,14 @@ class FleetRegistrySync:
         policy_version: Callable[[], str],
         *,
         poll_interval: float = 1.0,
+        last_reload: Callable[[], ReloadReport | None] = lambda: None,
+        epoch_file: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.gateway_id = gateway_id
         self.reload = reload
         self.policy_version = policy_version
+        self.last_reload = last_reload
         self.poll_interval = poll_interval
         self.keys = FleetKeys.for_prefix(cfg.prefix)
         self.client = connect(cfg)
@@ -76,6 +86,9 @@ class FleetRegistrySync:
         self._unreachable_logged = False
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self.epoch_file = epoch_file
+        self.epoch: str | None = _read_epoch(epoch_file)
+        self.replaced = 0
 
     def sandboxes(self) -> list[DynamicSandbox]:
         """What the next policy load merges: the snapshot, or nothing once it is too old."""
@@ -83,6 +96,8 @@ class FleetRegistrySync:
 
     async def start(self) -> None:
         """Read the registry once (a failure is logged; the tasks retry), then follow changes."""
+        with contextlib.suppress(RedisError):
+            await self._check_epoch(await self.client.get(self.keys.epoch))
         await self.sync("fleet_start")
         self._tasks = [
             asyncio.create_task(self._subscribe(), name="sandgate-fleet-subscribe"),
@@ -158,10 +173,11 @@ class FleetRegistrySync:
 
     async def _poll_once(self) -> None:
         try:
-            raw = await self.client.get(self.keys.version)
+            raw, epoch = await self.client.mget(self.keys.version, self.keys.epoch)
         except RedisError:
             await self._failed()
             return
+        await self._check_epoch(epoch)
         if self.stale or int(raw or 0) != self.version:
             # Only a registry read (sync) proves the snapshot current and resets the staleness clock.
             await self.sync("fleet_version")
@@ -196,6 +212,31 @@ class FleetRegistrySync:
         # Until the reload that drops them succeeds, try again on every failed poll.
         self._dropped = not self._snapshot or await self.reload("fleet_stale")
 
+    async def _check_epoch(self, current: bytes | str | None) -> None:
+        """Compare redis's fleet epoch with the one this gateway knew; create it in a new fleet."""
+        found = current.decode() if isinstance(current, bytes) else current
+        if found is not None and found == self.epoch:
+            return
+        if found is None:
+            # First gateway of a new fleet, or the data set is gone: start a new epoch (one wins).
+            await self.client.set(self.keys.epoch, secrets.token_hex(8), nx=True)
+            raw = await self.client.get(self.keys.epoch)
+            found = raw.decode() if isinstance(raw, bytes) else raw
+            if found is None:
+                return
+        if self.epoch is not None:
+            self.replaced += 1
+            log.error(
+                "fleet.redis_replaced",
+                known_epoch=self.epoch,
+                found_epoch=found if current is not None else None,
+                consequence="sandboxes registered in redis and stored credentials are gone: "
+                "register them again (see README, Fleet mode: recovering a replaced redis)",
+            )
+        self.epoch = found
+        if self.epoch_file is not None:
+            await asyncio.to_thread(_write_epoch, self.epoch_file, found)
+
     async def _report(self) -> None:
         self._last_report = time.monotonic()
         try:
@@ -206,6 +247,24 @@ class FleetRegistrySync:
                 fleet_version=self.version,
                 policy_version=self.policy_version(),
                 stale=self.stale,
+                reload=self.last_reload(),
             )
         except RedisError as e:
             log.warning("fleet.report_failed", error=type(e).__name__)
+
+
+def _read_epoch(path: Path | None) -> str | None:
+    """The epoch this gateway last saw (kept across restarts), or None."""
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _write_epoch(path: Path, epoch: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(epoch + "\n")
+    tmp.replace(path)

@@ -5,13 +5,16 @@ this gateway's unsynced counts to the per-window fleet keys (INCRBY, with an exp
 windows) and reads the totals back; the Limiter then refuses on its own count plus the rest
 of the fleet's last known count. When
 redis is unreachable the gateway keeps enforcing on its local counts and the last known
-fleet totals (logged once per outage); unsynced counts are sent when redis is back.
+fleet totals (logged once per outage), and takes only its share of what remains: the
+remainder divided by the number of gateways it last saw alive (each gateway marks itself
+in `<prefix>limits:gateways` about once a second); unsynced counts are sent when redis is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import redis.asyncio as aioredis
 import structlog
@@ -28,16 +31,23 @@ log = structlog.get_logger("sandgate.limits")
 # Keys outlive their window long enough for the next window's sliding estimate, plus slack.
 _EXPIRY_SLACK_SECONDS = 60
 _REFRESH_ALL_SECONDS = 1.0
+# A gateway that has not marked itself for this long is no longer counted as alive.
+_PRESENCE_SECONDS = 10.0
 
 
 class LimitSync:
     """The background task that merges this gateway's limit counters with the fleet's."""
 
-    def __init__(self, limiter: Limiter, client: aioredis.Redis, keys: Keys, interval: float) -> None:
+    def __init__(
+        self, limiter: Limiter, client: aioredis.Redis, keys: Keys, interval: float, gateway_id: str = ""
+    ) -> None:
         self.limiter = limiter
         self.client = client
         self.keys = keys
         self.interval = interval
+        self.gateway_id = gateway_id
+        # Gateways (this one included) seen marking themselves alive at the last refresh.
+        self.gateways_seen = 1
         self.healthy = True
         self._ticks = 0
         self._task: asyncio.Task[None] | None = None
@@ -74,31 +84,44 @@ class LimitSync:
             return await self._sync_once()
 
     async def _sync_once(self) -> bool:
-        # Counters in use sync every tick; idle ones about once a second (they decide nothing now).
+        # Counters in use sync every tick; idle ones about once a second (they decide nothing
+        # now), when this gateway also marks itself alive and counts who else is.
         self._ticks += 1
-        items = self.limiter.pending(refresh_all=self._ticks * self.interval >= _REFRESH_ALL_SECONDS)
-        if self._ticks * self.interval >= _REFRESH_ALL_SECONDS:
+        refresh = self._ticks * self.interval >= _REFRESH_ALL_SECONDS
+        if refresh:
             self._ticks = 0
-        if not items:
+        items = self.limiter.pending(refresh_all=refresh)
+        if not items and not refresh:
             return True
+        presence = self.keys("limits", "gateways")
         try:
             pipe = self.client.pipeline(transaction=False)
             for item in items:
                 key = self.key(item)
                 pipe.incrby(key, item.delta)
                 pipe.expire(key, int(2 * item.key.kind.window) + _EXPIRY_SLACK_SECONDS)
+            if refresh:
+                now = time.time()
+                pipe.zadd(presence, {self.gateway_id: now})
+                pipe.zremrangebyscore(presence, "-inf", now - _PRESENCE_SECONDS)
+                pipe.zcard(presence)
             results = await pipe.execute()
         except Exception as e:  # redis down, timeout, protocol error: keep the local view
+            self.limiter.outage_peers = max(0, self.gateways_seen - 1)
             if self.healthy:
                 log.warning(
                     "limits.fleet_sync_failed",
                     error=type(e).__name__,
-                    enforcing="local counts plus the last known fleet totals",
+                    enforcing="local counts plus the last known fleet totals, this gateway's share",
+                    gateways_seen=self.gateways_seen,
                 )
             self.healthy = False
             return False
-        for item, total in zip(items, results[::2], strict=True):
+        for item, total in zip(items, results[: 2 * len(items) : 2], strict=True):
             self.limiter.merge(item, int(total))
+        if refresh:
+            self.gateways_seen = max(1, int(results[-1]))
+        self.limiter.outage_peers = 0
         if not self.healthy:
             log.info("limits.fleet_sync_restored")
         self.healthy = True

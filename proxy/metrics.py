@@ -40,6 +40,8 @@ class GatewayGauges:
     connections_idle_closed: Callable[[], int] = lambda: 0
     http2_abusive: Callable[[], int] = lambda: 0
     open_fds: Callable[[], int] = lambda: 0
+    # Fleet mode: times the fleet epoch in redis was found gone or changed (redis replaced).
+    redis_replaced: Callable[[], int] = lambda: 0
     # Tenant files that did not load, as (file, tenant or "", kept its last good version).
     policy_problems: Callable[[], Iterable[tuple[str, str, bool]]] = lambda: ()
 
@@ -89,6 +91,11 @@ class _GatewayCollector(Collector):
         )
         yield GaugeMetricFamily(
             "sandgate_open_fds", "File descriptors open (estimate between samples)", g.open_fds()
+        )
+        yield CounterMetricFamily(
+            "sandgate_fleet_redis_replaced",
+            "Times redis was found flushed or replaced (its fleet epoch gone or changed)",
+            g.redis_replaced(),
         )
         broken = GaugeMetricFamily(
             "sandgate_policy_file_errors",

@@ -22,9 +22,10 @@ from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocati
 from sandgate.policy.policyset import PolicySet, TenantProblem
 
 from .context import GatewayContext
+from .fleet_channel import ReloadReport
 from .records import new_decision_id
 
-__all__ = ["PolicyReloader", "ReloadOutcome", "problem_view", "report_problems"]
+__all__ = ["PolicyReloader", "ReloadOutcome", "RulesKeptError", "problem_view", "report_problems"]
 
 log = structlog.get_logger("sandgate.reload")
 
@@ -33,6 +34,15 @@ Fingerprint = tuple[tuple[str, int, int], ...]
 WATCH_BACKOFF = 20
 # Loads tried while files keep moving under them, before the reload counts as failed.
 STABLE_LOAD_ATTEMPTS = 5
+
+
+class RulesKeptError(PolicySetError):
+    """The policy files did not load, but the sandbox registry changed: `policy` is the new
+    registry merged onto the rules in force. Registry changes never wait for files to load."""
+
+    def __init__(self, policy: PolicySet, cause: PolicySetError) -> None:
+        super().__init__(cause.errors)
+        self.policy = policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +119,12 @@ class PolicyReloader:
             old = self.ctx.policy.version
             try:
                 policy = await self._stable_load()
+            except RulesKeptError as e:
+                if e.policy.version != old:
+                    self.ctx.policy = e.policy
+                    log.warning("policy.registry_applied_on_kept_rules", version=e.policy.version)
+                await self._failed(trigger, old, [str(x) for x in e.errors], served=e.policy.version)
+                return False
             except PolicyLoadError as e:
                 errors = e.errors if isinstance(e, PolicySetError) else (e,)
                 await self._failed(trigger, old, [str(x) for x in errors])
@@ -131,6 +147,13 @@ class PolicyReloader:
             report_problems(policy)
             await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, [], policy.problems))
             return True
+
+    def report(self) -> ReloadReport | None:
+        """The last reload as the fleet sees it (None before the first)."""
+        last = self.last
+        if last is None:
+            return None
+        return ReloadReport(last.ok, last.errors, tuple(p.file for p in last.problems))
 
     async def record_start(self) -> None:
         """Audit the problems of the policy the gateway started with (the log has them already)."""
@@ -155,11 +178,13 @@ class PolicyReloader:
             "the policy files kept changing while they were read; write them atomically",
         )
 
-    async def _failed(self, trigger: str, old: str, errors: list[str]) -> None:
+    async def _failed(self, trigger: str, old: str, errors: list[str], served: str | None = None) -> None:
+        """A refused load: the rules in force stay (`served`: with a new registry merged in)."""
+        served = served or old
         self.failures += 1
         log.error("policy.reload_failed", trigger=trigger, kept_version=old, errors=errors)
-        self.last = ReloadOutcome(False, trigger, time.time(), old, tuple(errors))
-        await self.ctx.audit.emit(self._record(trigger, "error", old, old, errors))
+        self.last = ReloadOutcome(False, trigger, time.time(), served, tuple(errors))
+        await self.ctx.audit.emit(self._record(trigger, "error", old, served, errors))
 
     async def _watch(self) -> None:
         pause = self.interval

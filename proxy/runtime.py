@@ -21,6 +21,7 @@ from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
 from sandgate.brokers import Broker
 from sandgate.policy.engine import PolicyEngine, make_engine
+from sandgate.policy.errors import PolicySetError
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.loader import load_policy_dir, policy_files
 from sandgate.policy.policyset import PolicySet
@@ -72,7 +73,7 @@ from .redis_conn import Keys, connect, connect_sync
 from .registry import load_registry, merge_registry, merge_registry_lenient, registry_digest
 from .registry_file import FileSandboxStore
 from .registry_redis import RedisSandboxStore, rules_checker
-from .reload import PolicyReloader, problem_view, report_problems
+from .reload import PolicyReloader, RulesKeptError, problem_view, report_problems
 from .secret_refresh import SecretRefresher
 from .statusfile import remove_status, write_status
 from .stores import SandboxStore
@@ -225,6 +226,9 @@ class Gateway:
         self.fleet: FleetRegistrySync | None = None
         # The admin API's backends: the registry (file, or redis in a fleet), the credential store.
         self.admin: AdminServer | None = None
+        # (version of the policy built from them, the rules): when the files stop loading, the
+        # sandbox registry is merged onto these instead.
+        self._rules_in_force: tuple[str, PolicySet] | None = None
         if config.rego.bundle_store:
             use_store(config.path(config.rego.bundle_store))
         self.engine = build_engine(config)
@@ -275,6 +279,7 @@ class Gateway:
                 connect(config.redis),
                 Keys(config.redis.prefix),
                 config.limits.sync_interval_seconds,
+                gateway_id=config.redis.gateway_id or default_gateway_id(config.state_path),
             )
             self.ctx.limit_learn = self.limit_sync.learn
         self.dns: DnsListener | None = None
@@ -298,6 +303,8 @@ class Gateway:
                 self.reloader.reload,
                 lambda: self.ctx.policy.version,
                 poll_interval=config.redis.sync_interval_seconds,
+                last_reload=lambda: self.reloader.report(),
+                epoch_file=config.state_path / "fleet-epoch",
             )
         # The admin API's registry: the file on one machine; in a fleet, redis through the sync's client.
         self.sandbox_store: SandboxStore = (
@@ -373,19 +380,32 @@ class Gateway:
         load is left out, so one tenant cannot stop the others' changes.
         """
         strict = self.config.strict_policy
-        policy = load_policy_dir(self.config.rules_path, previous=previous, isolate=not strict)
+        try:
+            rules = load_policy_dir(self.config.rules_path, previous=previous, isolate=not strict)
+            refused: PolicySetError | None = None
+        except PolicySetError as e:
+            kept = self._rules_in_force
+            if previous is None or kept is None or kept[0] != previous.version:
+                raise
+            rules, refused = kept[1], e
         registry = load_registry(self.config.registry_path)
         if strict:
-            merged = merge_registry(policy, registry, self.config.registry_path)
+            merged = merge_registry(rules, registry, self.config.registry_path)
         else:
-            merged, refused = merge_registry_lenient(policy, registry, str(self.config.registry_path))
-            if refused:
-                log.error("registry.entries_refused", source="file", errors=[str(e) for e in refused])
+            merged, rejected = merge_registry_lenient(rules, registry, str(self.config.registry_path))
+            if rejected:
+                log.error("registry.entries_refused", source="file", errors=[str(e) for e in rejected])
         if self.fleet is not None:
-            merged, refused = merge_registry_lenient(merged, self.fleet.sandboxes(), "redis sandbox registry")
-            if refused:
-                log.error("registry.entries_refused", source="redis", errors=[str(e) for e in refused])
+            merged, rejected = merge_registry_lenient(
+                merged, self.fleet.sandboxes(), "redis sandbox registry"
+            )
+            if rejected:
+                log.error("registry.entries_refused", source="redis", errors=[str(e) for e in rejected])
         configure_broker(self.broker, merged)
+        self._rules_in_force = (merged.version, rules)
+        if refused is not None:
+            # The files did not load; the registry still changes on the rules in force.
+            raise RulesKeptError(merged, refused)
         return merged
 
     def _stored_credentials_changed(self) -> None:
@@ -441,8 +461,8 @@ class Gateway:
         if fleet is not None:
             state.gateway_id = fleet.gateway_id
 
-            async def publish(_version: str) -> None:
-                await publish_reload_with(fleet.client, fleet.keys)
+            async def publish(_version: str) -> int:
+                return await publish_reload_with(fleet.client, fleet.keys)
 
             state.publish_reload = publish
             # A registry change is read back from redis, so it is in force here before the answer.
@@ -462,6 +482,7 @@ class Gateway:
                 connections_idle_closed=lambda: self.connection_limits.idle_closed,
                 http2_abusive=lambda: self.h2_guard.abusive,
                 open_fds=lambda: self.connection_limits.budget.estimate,
+                redis_replaced=lambda: self.fleet.replaced if self.fleet is not None else 0,
                 policy_problems=lambda: [
                     (p.file, p.tenant or "", p.kept_last_good) for p in self.ctx.policy.problems
                 ],

@@ -114,6 +114,39 @@ def test_fleet_totals_merged_in_count_against_the_limit() -> None:
     assert sum(fleet.values()) == 10
 
 
+@pytest.mark.parametrize(
+    ("gateways", "share"),
+    [(2, 3), (3, 2), (1, 6)],
+    ids=[
+        "in an outage each of two gateways takes half of what remains (6 of 10)",
+        "each of three gateways takes a third, rounded down",
+        "a gateway that saw no other takes all of it",
+    ],
+)
+def test_in_an_outage_a_gateway_admits_only_its_share_of_the_remainder(gateways: int, share: int) -> None:
+    limiters = [Limiter(Clock()) for _ in range(gateways)]
+    limits = Limits(requests_per_minute=10)
+    fleet: dict[tuple[CounterKey, int], int] = {}
+
+    def sync(limiter: Limiter) -> None:
+        for item in limiter.pending(refresh_all=True):
+            fleet[(item.key, item.index)] = fleet.get((item.key, item.index), 0) + item.delta
+            limiter.merge(item, fleet[(item.key, item.index)])
+
+    assert admitted(limiters[0], limits, 4) == 4
+    for limiter in limiters:
+        limiter.prepare("t1", "sb1", limits)
+        sync(limiter)  # everyone knows the fleet's 4
+    for limiter in limiters:
+        limiter.outage_peers = gateways - 1  # redis lost: what LimitSync sets
+    during = [admitted(limiter, limits, 10) for limiter in limiters]
+    assert during == [share] * gateways
+    assert 4 + sum(during) <= 10
+    for limiter in limiters:
+        limiter.outage_peers = 0  # back: the local view alone again, then the next sync merges
+    sync(limiters[0])
+
+
 def test_a_failed_sync_sends_the_same_delta_again() -> None:
     limiter = Limiter(Clock())
     limits = Limits(requests_per_minute=10)

@@ -159,23 +159,37 @@ def test_a_fleet_shares_requests_per_minute_through_redis(
     assert len(http_upstream.requests) == admitted
 
 
-def test_limits_hold_with_the_last_known_fleet_count_when_redis_dies(
+def test_when_redis_dies_each_gateway_admits_only_its_share_of_what_remains(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream, redis_server: RedisServer
 ) -> None:
     tenant = {"t1.yaml": limited_tenant(http_upstream, requests_per_minute=10)}
-    a = start_gateway(tenant, config=fleet_config(redis_server))
-    b = start_gateway(tenant, config=fleet_config(redis_server))
+    config = fleet_config(redis_server)
+    a = start_gateway(tenant, config={**config, "redis": {**config["redis"], "gateway_id": "gw-a"}})
+    b = start_gateway(tenant, config={**config, "redis": {**config["redis"], "gateway_id": "gw-b"}})
+    client = redis.Redis.from_url(redis_server.url)
+    deadline = time.monotonic() + 10
+    while client.zcard("sandgate:limits:gateways") < 2:
+        assert time.monotonic() < deadline, "the gateways did not mark themselves alive"
+        time.sleep(0.05)
+    client.close()
+    time.sleep(1.2)  # one more presence round: each has counted both
     assert [r.status_code for r in send(a, http_upstream, 4)] == [200] * 4
     wait_for_fleet_total(redis_server, 4)
     assert [r.status_code for r in send(b, http_upstream, 1)] == [200]
     wait_for_fleet_total(redis_server, 5)  # b's push came back with a's 4
+    time.sleep(1.2)  # a's refresh learns b's 1: both know 5 of 10 are used
     redis_server.kill()
-    after = send(b, http_upstream, 8)
-    assert [r.status_code for r in after] == [200] * 5 + [429] * 3
-    deadline = time.monotonic() + 5
-    while "limits.fleet_sync_failed" not in b.log():
-        assert time.monotonic() < deadline, b.log()
-        time.sleep(0.05)
+    for gw in (a, b):
+        deadline = time.monotonic() + 5
+        while "limits.fleet_sync_failed" not in gw.log():
+            assert time.monotonic() < deadline, gw.log()
+            time.sleep(0.05)
+    # 5 remain for 2 gateways: each admits 2 (its share, rounded down), not all 5.
+    through_b = [r.status_code for r in send(b, http_upstream, 6)]
+    through_a = [r.status_code for r in send(a, http_upstream, 6)]
+    assert through_b == [200] * 2 + [429] * 4
+    assert through_a == [200] * 2 + [429] * 4
+    assert len(http_upstream.requests) == 5 + 4 <= 10
 
 
 def test_a_passthrough_tunnel_counts_as_one_request_and_is_refused_over_the_limit(
