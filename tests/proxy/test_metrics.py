@@ -57,8 +57,9 @@ def test_metrics_count_real_decisions(
     version = gw.records(1)[0]["policy_version"]
     assert m[("sandgate_policy_version_info", (("version", version),))] == 1
 
-    # The file watcher picks the broken file up (a SIGHUP too could make it two failures).
-    gw.write_tenant("t1.yaml", "tenant: t1\nallow:\n  - hosts: ['*.']\n")
+    # The file watcher picks the broken file up (a SIGHUP too could make it two failures): a
+    # broken operator file fails the reload whole.
+    (gw.rules_dir / "base.yaml").write_text("deny:\n  - hots: [x.test]\n")
     (failed, *_) = gw.records(1, event="policy_reload", timeout=10)
     assert failed["result"] == "error"
     assert scrape(gw)[("sandgate_policy_reload_failures_total", ())] >= 1

@@ -18,13 +18,16 @@ from sandgate.proxy.runtime import Gateway
 pytestmark = pytest.mark.slow
 
 
-def test_a_broken_policy_file_stops_the_gateway_from_starting(start_gateway: GatewayFactory) -> None:
-    broken = "tenant: t1\nallow:\n  - hosts: ['*.']\n"
-    gw = start_gateway({"t1.yaml": broken}, expect_exit=True)
+def test_a_broken_operator_file_stops_the_gateway_from_starting(start_gateway: GatewayFactory) -> None:
+    # A broken tenant file takes only its tenant (tests/proxy/test_policy_files.py); the
+    # operator's base rules are never isolated.
+    gw = start_gateway(
+        {"t1.yaml": tenant_yaml("t1", [])}, base="deny:\n  - hosts: [Evil.Test]\n", expect_exit=True
+    )
     assert gw.proc.returncode == 2
-    assert "t1.yaml:3:" in gw.log()
-    assert "allow.0.hosts" in gw.log()
-    assert "would match every host" in gw.log()
+    assert "base.yaml:2:" in gw.log()
+    assert "deny.0.hosts.0" in gw.log()
+    assert "use 'evil.test' instead" in gw.log()
 
 
 def test_a_broken_reload_keeps_the_last_good_policy(
@@ -39,16 +42,19 @@ def test_a_broken_reload_keeps_the_last_good_policy(
         gw.write_tenant("t1.yaml", "tenant: t1\nallow:\n  - hosts: [api.test]\n    prots: [1]\n")
         gw.reload()
         (reload_rec,) = gw.records(1, event="policy_reload")
-        assert reload_rec["result"] == "error"
-        assert "t1.yaml:4:5: allow.0.prots: unknown key (did you mean 'ports'?)" in reload_rec["errors"][0]
+        # The reload went through for the rest; t1 keeps its last good version.
+        assert reload_rec["result"] == "ok"
+        (problem,) = reload_rec["tenant_errors"]
+        assert problem["tenant"] == "t1" and problem["kept_last_good"] is True
+        assert "t1.yaml:4:5: allow.0.prots: unknown key (did you mean 'ports'?)" in problem["errors"][0]
         assert c.get(url).status_code == 200, "the last good policy is still in force"
         assert gw.records(2)[1]["policy_version"] == good_version
         # A fixed file on disk is picked up by the watcher, no signal needed.
         gw.write_tenant("t1.yaml", tenant_yaml("t1", []))
         reloads = gw.records(2, event="policy_reload", timeout=10)
-        assert reloads[-1]["result"] == "ok"
+        assert reloads[-1]["result"] == "ok" and reloads[-1]["tenant_errors"] == []
         assert c.get(url).status_code == 403
-    assert "policy.reload_failed" in gw.log()
+    assert "policy.tenant_load_failed" in gw.log()
 
 
 class ExplodingResolver:
