@@ -331,6 +331,13 @@ class ConnectionsConfig(_Strict):
             "Proxy-Authorization is checked); 0: no cap"
         ),
     )
+    max_held_bytes: Annotated[int, Field(ge=64 * 1024)] = Field(
+        default=1024 * 1024,
+        description=(
+            "bytes of one connection the gateway holds while a hook decides (a name lookup, an "
+            "OPA query, a TLS decision); past it, reading that connection pauses (proxy/backpressure.py)"
+        ),
+    )
     listen_backlog: Annotated[int, Field(ge=16, le=65535)] = Field(
         default=1024,
         description=(

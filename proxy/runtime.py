@@ -38,6 +38,7 @@ from sandgate.policy.resolver import (
 from .admin import AdminServer, AdminState
 from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
 from .audit_redis import RedisStreamSink
+from .backpressure import install as install_backpressure
 from .bindings import NameBindings
 from .broker import CredentialBroker
 from .ca import ensure_ca
@@ -320,6 +321,8 @@ class Gateway:
         install_close_fix()
         # mitmproxy's HTTP internals the error seam builds on: refuse to serve if they moved.
         check_seam()
+        # Bytes that pile up behind a pending hook pause the reader (one value per process).
+        install_backpressure(config.connections.max_held_bytes)
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
         self.drainer = Drainer(self.ctx, self.master)
         self._drain_task: asyncio.Future[None] | None = None

@@ -311,3 +311,51 @@ def until_first_settings(tls: ssl.SSLSocket, conn: h2.connection.H2Connection) -
         seen += conn.receive_data(data)
     tls.sendall(conn.data_to_send())
     return seen
+
+
+# -- bytes held behind a pending decision ------------------------------------------------------
+
+
+def test_bytes_sent_behind_a_slow_decision_are_not_read_into_memory(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> None:
+    # A nameserver that never answers: the decision on slow.test waits the resolver's timeout.
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    tenants = two_tenants(http_upstream)
+    tenants["t1.yaml"] = tenant_yaml("t1", [{"hosts": ["slow.test"], "ports": [80]}])
+    resolver = {"nameservers": [f"127.0.0.1:{silent.getsockname()[1]}"], "timeout": 4.0}
+    gw = start_gateway(tenants, config={"resolver": resolver})
+    auth = base64.b64encode(f"sb1:{TOKEN}".encode()).decode()
+    # A body the gateway reads while it waits for the lookup that decides the request.
+    head = (
+        f"POST http://slow.test/x HTTP/1.1\r\nHost: slow.test\r\nProxy-Authorization: Basic {auth}\r\n"
+        f"Content-Length: {1 << 30}\r\n\r\n"
+    )
+    junk = b"b" * MIB
+    baseline, peak = rss(gw), [0]
+    stop_watch = threading.Event()
+    watcher = threading.Thread(target=watch_rss(gw, stop_watch, peak))
+    watcher.start()
+    sent = 0
+    try:
+        with Victim(gw, http_upstream) as victim, socket.create_connection(("127.0.0.1", gw.port)) as sock:
+            sock.sendall(head.encode())
+            sock.settimeout(0.5)
+            deadline = time.monotonic() + 3.5  # within the lookup's wait
+            while time.monotonic() < deadline and sent < 400 * MIB:
+                try:
+                    sent += sock.send(junk)
+                except TimeoutError:
+                    pass  # the gateway stopped reading: flow control holds the sender
+                except OSError:
+                    break
+        victim.assert_served(minimum=10)
+    finally:
+        stop_watch.set()
+        watcher.join()
+        silent.close()
+    assert peak[0] - baseline < RSS_BOUND, (
+        f"RSS grew {(peak[0] - baseline) / MIB:.0f} MiB ({sent / MIB:.0f} MiB sent)"
+    )
+    assert sent < 64 * MIB, f"{sent / MIB:.0f} MiB were taken in while the decision was pending"

@@ -1,0 +1,73 @@
+"""Stop reading a connection whose bytes pile up behind a pending hook.
+
+mitmproxy 12.3 reads every connection as fast as it can and hands each chunk to the layer
+stack. A layer waiting for a hook (a decision that resolves a name, an OPA query, a TLS
+ClientHello decision) queues every chunk that arrives meanwhile, or the body parsed from
+it, without a bound: a guest that sends a request with a large body to a slowly resolving
+name fills the gateway's memory for as long as the lookup takes. `install()` registers every layer with
+its client connection and, after each chunk read from a connection, waits (reads no more
+from it) while that connection's layers hold more than `max_queued` bytes of it; TCP flow
+control then slows the sender down. Nothing waits on more data from a connection whose
+layer is paused, so holding back its reads cannot stall the hook the layer waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from mitmproxy import connection
+from mitmproxy.proxy import events, layer, server
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers.http._events import RequestData, ResponseData
+
+__all__ = ["install", "queued_bytes"]
+
+_POLL = 0.005
+_LAYERS: weakref.WeakKeyDictionary[connection.Client, weakref.WeakSet[layer.Layer]] = (
+    weakref.WeakKeyDictionary()
+)
+_installed = False
+
+
+def queued_bytes(client: connection.Client, conn: connection.Connection) -> int:
+    """Bytes read from `conn` that the client's layers hold while waiting for a hook: raw
+    chunks, or message bodies parsed from them (a request's from the client, a response's
+    from a server) that wait for the stream's hook."""
+    parsed: type[RequestData | ResponseData] = RequestData if conn is client else ResponseData
+    total = 0
+    for lay in list(_LAYERS.get(client, ())):
+        queue = lay._paused_event_queue
+        if queue:
+            for e in queue:
+                if (isinstance(e, events.DataReceived) and e.connection is conn) or isinstance(e, parsed):
+                    total += len(e.data)
+    return total
+
+
+def install(max_queued: int) -> None:
+    """Wrap `Layer.__init__` and `ConnectionHandler.server_event` once per process (the first
+    caller's `max_queued` holds for every gateway in the process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    init: Callable[..., None] = layer.Layer.__init__
+    server_event: Callable[..., Coroutine[Any, Any, None]] = server.ConnectionHandler.server_event
+
+    def __init__(self: layer.Layer, context: Context) -> None:
+        init(self, context)
+        _LAYERS.setdefault(context.client, weakref.WeakSet()).add(self)
+
+    async def _server_event(self: server.ConnectionHandler, event: events.Event) -> None:
+        await server_event(self, event)
+        if isinstance(event, events.DataReceived):
+            conn = event.connection
+            # Polled, and only while over the cap: the layers signal nothing when they resume.
+            while queued_bytes(self.client, conn) > max_queued and conn.connected:  # noqa: ASYNC110
+                await asyncio.sleep(_POLL)
+
+    layer.Layer.__init__ = __init__  # type: ignore[method-assign]
+    server.ConnectionHandler.server_event = _server_event  # type: ignore[method-assign]
