@@ -600,7 +600,7 @@ def test_follow_reads_every_file_rotated_while_it_was_not_looking(tmp_path: Path
 def test_follow_counts_a_gap_when_rotation_outran_it(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     a0, a1, a2, a3 = records_named("a0", "a1", "a2", "a3")
-    sink = JsonlFileSink(path, max_bytes=len(a0), backups=1)  # every write rotates
+    sink = JsonlFileSink(path, max_bytes=1, backups=1)  # every write rotates
     sink.write([a0])
     source = JsonlSource(path, poll_seconds=0.01)
     assert [r["decision_id"] for r in source.latest(Query(), 5)] == ["a0"]
