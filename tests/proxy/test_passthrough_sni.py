@@ -111,7 +111,9 @@ def test_tunnels_the_gateway_can_still_judge_need_no_sni(
     target: str,
     inner_host: str,
 ) -> None:
-    gw = start_gateway({"t1.yaml": tenant_yaml("t1", _rules(https_upstream.port))})
+    # The upstream's loopback address is internal: the operator opens it for the cidr rule.
+    guard = {"address_guard": {"tenant_reachable": [f"{UPSTREAM_IP}/32"]}}
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", _rules(https_upstream.port))}, config=guard)
     cafile = str(gw.ca_file if target == "api.test" else pki.ca_file)
     port = https_upstream.port
     host_header = f"{inner_host}:{port}"

@@ -178,7 +178,7 @@ OVERRIDES = [
      "an override meets the deny rule for its method"),
     ("open.test", "delete", "/x", (), "403", "host_denied",
      "a lower case method is decided upper-cased"),
-    ("open.test", "GET", "/x", ("X-HTTP-Method-Override: A,B,C,D,E",), "403", "invalid_request",
+    ("open.test", "GET", "/x", ("X-HTTP-Method-Override: A,B,C,D,E",), "400", "invalid_request",
      "more override methods than the limit are refused"),
 ]  # fmt: skip
 
