@@ -220,6 +220,14 @@ class Jail:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while the jail sets up: a KeyboardInterrupt, so no `except Exception` eats it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def run_jail(
     config: GatewayConfig, command: Sequence[str], *, tenant: str | None, sandbox: str | None
 ) -> int:
@@ -240,14 +248,16 @@ def run_jail(
     jail = Jail(config, tenant, sandbox or f"jail-{secrets.token_hex(3)}")
 
     def interrupted(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         env = jail.setup()
         return jail.run(command, env)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as stop:
+        # A signal before the command ran (while setting up): 128+N for the signal that came,
+        # as when it reaches the command; SIGINT arrives as Python's own KeyboardInterrupt.
+        return 128 + (stop.signum if isinstance(stop, Interrupted) else signal.SIGINT)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

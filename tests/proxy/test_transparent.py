@@ -177,7 +177,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Lab]
 
 def _wait_for_registry(root: Path, count: int) -> None:
     status = root / "state" / "gateway.json"
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30  # a gateway start under load
     while time.monotonic() < deadline:
         if status.exists() and "+" in json.loads(status.read_text()).get("policy_version", ""):
             registry = json.loads((root / "state" / "sandboxes.json").read_text())
@@ -414,13 +414,43 @@ def test_jail_cleans_up_when_it_is_terminated(lab: Lab) -> None:
         stderr=subprocess.DEVNULL,
     )
     before = _jail_resources()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (_jail_resources() - before):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not _jailed_pids(_jail_resources() - before):
         time.sleep(0.1)
-    assert _jail_resources() - before, "the jail's namespace existed while it ran"
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
+    assert _jailed_pids(_jail_resources() - before), "the command ran in the jail's namespace"
+    proc.send_signal(signal.SIGTERM)  # forwarded to the command, which dies of it
     assert proc.wait(30) == 128 + signal.SIGTERM
+
+
+def test_jail_terminated_while_setting_up_exits_with_sigterms_code(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real SIGTERM while setup runs (before the command): 128+15, not SIGINT's 130 as it said."""
+    from sandgate.proxy import jail
+    from sandgate.proxy.config import load_config
+
+    cleaned: list[bool] = []
+
+    def setup_interrupted(self: jail.Jail) -> dict[str, str]:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises first
+        raise AssertionError("SIGTERM did not interrupt the setup")
+
+    monkeypatch.setattr(jail.Jail, "setup", setup_interrupted)
+    monkeypatch.setattr(jail.Jail, "cleanup", lambda self: cleaned.append(True))
+    config = load_config(lab.config)
+    before = signal.getsignal(signal.SIGTERM)
+    assert jail.run_jail(config, ["true"], tenant="t1", sandbox=None) == 128 + signal.SIGTERM
+    assert cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) is before  # put back as it was
+
+
+def _jailed_pids(names: set[str]) -> list[str]:
+    """Processes running in the jail namespaces among `names`."""
+    pids: list[str] = []
+    for name in sorted(n for n in names if n.startswith("sgj-")):
+        pids += subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+    return pids
 
 
 def test_jail_needs_root(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
