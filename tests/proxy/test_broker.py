@@ -309,7 +309,8 @@ def test_a_placeholder_this_gateway_did_not_mint_is_refused_audited_and_never_fo
         assert resp is not None and resp.status_code == 403, resp.text
         assert resp.headers["X-Sandgate-Reason"] == "unknown_placeholder"
         assert forged not in resp.text
-        records = [r for r in gateway.records() if r["decision_id"] == resp.json()["decision_id"]]
+        # Waits for the audit writer thread, and checks there is exactly one record of it.
+        records = [gateway.record(resp.json()["decision_id"])]
     assert len(records) == 1 and records[0]["decision"] == "deny"
     assert records[0]["reason"] == "unknown_placeholder"
     assert not any(forged.encode() in r.body or forged in r.target for r in https_upstream.requests)
