@@ -85,6 +85,12 @@ class CommandSource:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
+                # wait() returns only once stdout is closed: a pipe paused with unread output
+                # (refused as too much) never is unless it is read to its end.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5):
+                        while proc.stdout is not None and await proc.stdout.read(1 << 16):
+                            pass
                 await proc.wait()
         if status != 0:
             raise SecretUnavailable(f"secret command {program} exited with status {status}")
