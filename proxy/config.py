@@ -538,4 +538,35 @@ def load_config(path: Path | None) -> GatewayConfig:
         config = validate(GatewayConfig, doc)
     except PolicyLoadError as e:
         raise ConfigError(str(e)) from None
-    return config.model_copy(update={"base_dir": str(path.resolve().parent)})
+    return _anchor_references(config.model_copy(update={"base_dir": str(path.resolve().parent)}))
+
+
+def _anchor_reference(config: GatewayConfig, reference: str | None) -> str | None:
+    """A `file:` reference made absolute against the config's folder; others unchanged."""
+    if reference is None:
+        return None
+    scheme, _, value = reference.partition(":")
+    return f"file:{config.path(value)}" if scheme == "file" and value else reference
+
+
+def _anchor_references(config: GatewayConfig) -> GatewayConfig:
+    """Every `file:` reference of the config resolved like its other paths: against its folder,
+    never against the working directory of whoever runs the gateway or the CLI."""
+    creds, rego, admin = config.credentials, config.rego, config.admin
+    update: dict[str, object] = {
+        "credentials": creds.model_copy(
+            update={
+                "placeholder_key": _anchor_reference(config, creds.placeholder_key),
+                "store_keys": _anchor_reference(config, creds.store_keys),
+            }
+        ),
+        "rego": rego.model_copy(
+            update={"opa": rego.opa.model_copy(update={"token": _anchor_reference(config, rego.opa.token)})}
+        ),
+        "admin": admin.model_copy(update={"token": _anchor_reference(config, admin.token)}),
+    }
+    if config.redis is not None:
+        update["redis"] = config.redis.model_copy(
+            update={"password": _anchor_reference(config, config.redis.password)}
+        )
+    return config.model_copy(update=update)
