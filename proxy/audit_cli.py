@@ -2,6 +2,8 @@
 
 Exit codes: 0 ok (also when nothing matched), 2 usage or invalid input (a bad time, no audit
 file). Malformed lines are skipped and counted on stderr. Output to a closed pipe ends quietly.
+`tail --follow` ends on SIGINT or SIGTERM with exit 0, also when started as a background job
+(which inherits SIGINT as ignored): stopping it is how it is meant to end.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -201,12 +204,31 @@ def _print_records(records: Iterable[Record], fmt: str, event: str, *, flush: bo
 
 def _tail(args: argparse.Namespace, source: Source, query: Query) -> None:
     """`audit tail`: the last N records, then new ones with --follow."""
-    if args.format == "table":
-        print(table_header(query.event), flush=args.follow)
-    _print_records(source.latest(query, args.lines), args.format, query.event, flush=args.follow)
-    if args.follow:
-        with contextlib.closing(source.follow(query, threading.Event())) as new:
-            _print_records(new, args.format, query.event, flush=True)
+    # The handlers go in before the first line is printed: whoever saw output can stop it.
+    with _stopped_by_signals() if args.follow else contextlib.nullcontext(threading.Event()) as stop:
+        if args.format == "table":
+            print(table_header(query.event), flush=args.follow)
+        _print_records(source.latest(query, args.lines), args.format, query.event, flush=args.follow)
+        if args.follow and not stop.is_set():
+            with contextlib.closing(source.follow(query, stop)) as new:
+                _print_records(new, args.format, query.event, flush=True)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[threading.Event]:
+    """An event that SIGINT or SIGTERM sets (the follower then ends cleanly, exit 0).
+
+    Handlers are installed whatever the inherited disposition: a background job of a
+    non-interactive shell starts with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt for it."""
+    stop = threading.Event()
+    watched = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda _signum, _frame: stop.set()) for sig in watched}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _query(args: argparse.Namespace, source: Source, query: Query) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from support import RecordingUpstream, RedisServer, TestPKI, free_port, wait_for_port
+from support.leftovers import MARKER, new_run_id, reap
 
 REPO = Path(__file__).resolve().parent.parent
 SANDGATE = str(Path(sys.executable).with_name("sandgate"))
@@ -43,6 +44,27 @@ TEST_HOSTS = {
     "self.test": ["127.0.0.1"],
     "meta.test": ["169.254.169.254"],
 }
+
+# Every process this test run starts inherits the marker, so the session's end can find (and
+# stop) what a test left running, without touching other test runs on the machine.
+RUN_ID = new_run_id()
+os.environ[MARKER] = RUN_ID
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a test left a process behind (gateway, follower, server); kill it."""
+    left = reap(RUN_ID, exclude=frozenset({os.getpid()}))
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"pid {p.pid}: {p.command}" for p in left]
+    if reporter is not None:
+        reporter.write_sep("=", "processes left behind by the tests (killed now)", red=True, bold=True)
+        for text in lines:
+            reporter.write_line(text)
+    else:
+        print("processes left behind by the tests (killed now):", *lines, sep="\n  ", file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -483,9 +483,12 @@ def test_malformed_lines_are_skipped_and_counted(trail: Path, capsys: pytest.Cap
 
 
 class Follower:
-    """`sandgate audit tail --follow` in a subprocess, its output lines in a queue."""
+    """`sandgate audit tail --follow` in a subprocess, its output lines in a queue.
 
-    def __init__(self, path: Path, *argv: str) -> None:
+    `ignore_sigint` starts it the way a background job of a non-interactive shell does: with
+    SIGINT inherited as ignored."""
+
+    def __init__(self, path: Path, *argv: str, ignore_sigint: bool = False) -> None:
         command = [
             sys.executable,
             "-m",
@@ -497,7 +500,11 @@ class Follower:
             str(path),
         ]
         self.proc = subprocess.Popen(
-            [*command, "--format", "json", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*command, "--format", "json", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -511,10 +518,16 @@ class Follower:
         """The decision ids of the next n records printed (waits up to 15 s for each)."""
         return [json.loads(self.lines.get(timeout=15))["decision_id"] for _ in range(n)]
 
-    def stop(self) -> tuple[int, str]:
-        """Interrupt it as Ctrl-C does: its exit code and stderr."""
-        self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate(timeout=15)
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> tuple[int, str]:
+        """Stop it with `sig`: its exit code and stderr. A follower that does not stop in 15 s
+        is killed (never left behind) and the test fails."""
+        self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate(timeout=15)
+            raise AssertionError(f"the follower ignored {sig.name}") from None
         return self.proc.returncode, err
 
 
@@ -563,6 +576,29 @@ def test_follow_applies_the_filters(tmp_path: Path) -> None:
     finally:
         code, _ = follower.stop()
     assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("sig", "ignore_sigint"),
+    [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
+    ids=[
+        "Ctrl-C ends it",
+        "SIGINT ends it even when inherited as ignored (a background job)",
+        "SIGTERM ends it cleanly",
+        "SIGTERM ends it cleanly in a background job",
+    ],
+)
+def test_follow_ends_cleanly_on_sigint_and_sigterm(
+    tmp_path: Path, sig: signal.Signals, ignore_sigint: bool
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    path.write_text(line(decision("s0", at(0), R.HOST_NOT_ALLOWED, "a.test")))
+    follower = Follower(path, "-n", "1", ignore_sigint=ignore_sigint)
+    try:
+        assert follower.next_ids(1) == ["s0"], "the follower is reading"
+    finally:
+        code, err = follower.stop(sig)
+    assert (code, err) == (0, ""), "a stopped follower exits 0 without a traceback"
 
 
 def take(source: JsonlSource, n: int) -> list[str]:
