@@ -205,27 +205,31 @@ def _print_records(records: Iterable[Record], fmt: str, event: str, *, flush: bo
 def _tail(args: argparse.Namespace, source: Source, query: Query) -> None:
     """`audit tail`: the last N records, then new ones with --follow."""
     # The handlers go in before the first line is printed: whoever saw output can stop it.
-    with _stopped_by_signals() if args.follow else contextlib.nullcontext(threading.Event()) as stop:
+    with _interrupted_by_signals() if args.follow else contextlib.nullcontext():
         if args.format == "table":
             print(table_header(query.event), flush=args.follow)
         _print_records(source.latest(query, args.lines), args.format, query.event, flush=args.follow)
-        if args.follow and not stop.is_set():
-            with contextlib.closing(source.follow(query, stop)) as new:
+        if args.follow:
+            with contextlib.closing(source.follow(query, threading.Event())) as new:
                 _print_records(new, args.format, query.event, flush=True)
 
 
-@contextlib.contextmanager
-def _stopped_by_signals() -> Iterator[threading.Event]:
-    """An event that SIGINT or SIGTERM sets (the follower then ends cleanly, exit 0).
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # run_audit_command ends quietly with exit 0
 
-    Handlers are installed whatever the inherited disposition: a background job of a
-    non-interactive shell starts with SIGINT ignored, and Python then never raises
-    KeyboardInterrupt for it."""
-    stop = threading.Event()
+
+@contextlib.contextmanager
+def _interrupted_by_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM end the follower (KeyboardInterrupt: its files close, exit 0).
+
+    Installed whatever the inherited disposition: a background job of a non-interactive shell
+    starts with SIGINT ignored, and Python then never raises KeyboardInterrupt for it. The
+    handler raises rather than setting an Event: Event.set takes a lock the interrupted code
+    may hold."""
     watched = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, lambda _signum, _frame: stop.set()) for sig in watched}
+    previous = {sig: signal.signal(sig, _interrupt) for sig in watched}
     try:
-        yield stop
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
