@@ -31,6 +31,7 @@ __all__ = [
     "remove_sandbox",
     "set_credential",
     "status",
+    "update_sandbox",
 ]
 
 TIMEOUT = httpx.Timeout(30.0, connect=2.0)
@@ -102,6 +103,11 @@ def list_sandboxes(config: GatewayConfig) -> list[dict[str, Any]]:
 
 def add_sandbox(config: GatewayConfig, sandbox: dict[str, Any]) -> dict[str, Any]:
     return _call(config, "POST", "/v1/sandboxes", json=sandbox)
+
+
+def update_sandbox(config: GatewayConfig, sandbox: dict[str, Any]) -> dict[str, Any]:
+    """Change a registered sandbox in place (404 when it is not registered)."""
+    return _call(config, "PUT", f"/v1/sandboxes/{quote(str(sandbox['id']), safe='')}", json=sandbox)
 
 
 def remove_sandbox(config: GatewayConfig, sandbox_id: str) -> dict[str, Any]:

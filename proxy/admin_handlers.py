@@ -26,6 +26,7 @@ from sandgate.policy.models import NAME_PATTERN
 from .admin import AdminState
 from .metrics import METRICS
 from .registry import DynamicSandbox
+from .registry_change import sandbox_changes, sandbox_update_record
 from .reload import problem_view
 from .stores import CredentialInfo, StoreError
 
@@ -258,6 +259,34 @@ class Sandboxes(_Handler):
 
 
 class Sandbox(_Handler):
+    async def put(self, sandbox_id: str) -> None:
+        """Change a registered sandbox in place: one registry write, then one policy swap, so
+        its traffic is decided for the old tenant until the swap and the new one after it."""
+        store = _sandboxes(self.state)
+        sandbox = self.parse(DynamicSandbox)
+        if sandbox.id != _name(sandbox_id, "id"):
+            raise ApiError(422, "the body's id differs from the path's; ids cannot be renamed", "id")
+        if sandbox.tenant not in self.state.ctx.policy.tenants:
+            raise ApiError(422, f"unknown tenant {sandbox.tenant!r}", "tenant")
+        previous = await store.replace(sandbox)
+        if previous is None:
+            raise ApiError(404, f"no registered sandbox {sandbox_id!r}; add it with `sandbox add`", "id")
+        old_version = self.state.ctx.policy.version
+        body = await _reload(self.state, "admin:sandbox_update", registry_changed=True)
+        changed = sandbox_changes(previous, sandbox)
+        log.info(
+            "admin.sandbox_updated",
+            sandbox=sandbox.id,
+            old_tenant=previous.tenant,
+            tenant=sandbox.tenant,
+            changed=changed,
+            policy_version=body["policy_version"],
+        )
+        await self.state.ctx.audit.emit(
+            sandbox_update_record(previous, sandbox, changed, old_version, body["policy_version"])
+        )
+        self.reply({"sandbox": sandbox.model_dump(exclude_none=True), "changed": changed, **body})
+
     async def delete(self, sandbox_id: str) -> None:
         store = _sandboxes(self.state)
         if not await store.remove(_name(sandbox_id, "id")):

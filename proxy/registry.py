@@ -26,6 +26,7 @@ from sandgate.policy.policyset import PolicySet, SandboxRecord
 
 __all__ = [
     "DynamicSandbox",
+    "already_registered",
     "load_registry",
     "merge_registry",
     "merge_registry_lenient",
@@ -75,6 +76,14 @@ class DynamicSandbox(BaseModel):
     def token_digest(self) -> bytes | None:
         """The token digest as bytes (what SandboxRecord compares against)."""
         return bytes.fromhex(self.token.removeprefix("sha256:")) if self.token else None
+
+
+def already_registered(existing: DynamicSandbox) -> str:
+    """The one wording of "taken id" for `sandbox add`, with a gateway or without."""
+    return (
+        f"sandbox {existing.id!r} is already registered with other settings (tenant {existing.tenant!r});"
+        f" change it with `sandgate sandbox update {existing.id}` or `sandbox add --replace`"
+    )
 
 
 _LIST = TypeAdapter(list[DynamicSandbox])

@@ -12,8 +12,8 @@ import builtins
 from sandgate.policy.errors import PolicyLoadError, SandgateError
 
 from .config import GatewayConfig
-from .registry import DynamicSandbox
-from .sandboxes import register, registered, unregister
+from .registry import DynamicSandbox, already_registered
+from .sandboxes import SandboxExists, register, registered, unregister
 from .stores import StoreError
 
 __all__ = ["FileSandboxStore"]
@@ -32,6 +32,9 @@ class FileSandboxStore:
     async def add(self, sandbox: DynamicSandbox) -> None:
         await asyncio.to_thread(self._add, sandbox)
 
+    async def replace(self, sandbox: DynamicSandbox) -> DynamicSandbox | None:
+        return await asyncio.to_thread(self._replace, sandbox)
+
     async def remove(self, sandbox_id: str) -> bool:
         return await asyncio.to_thread(self._remove, sandbox_id)
 
@@ -46,9 +49,19 @@ class FileSandboxStore:
         if existing == sandbox:
             return
         if existing is not None:
-            raise StoreError(f"sandbox {sandbox.id!r} is already registered with other settings", 409)
+            raise StoreError(already_registered(existing), 409)
+        self._register(sandbox, replace=False)
+
+    def _replace(self, sandbox: DynamicSandbox) -> DynamicSandbox | None:
+        if not any(s.id == sandbox.id for s in self._list()):
+            return None
+        return self._register(sandbox, replace=True)
+
+    def _register(self, sandbox: DynamicSandbox, *, replace: bool) -> DynamicSandbox | None:
         try:
-            register(self.config, sandbox, apply_rules=self.apply_rules)
+            return register(self.config, sandbox, apply_rules=self.apply_rules, replace=replace)
+        except SandboxExists as e:
+            raise StoreError(str(e), 409) from None
         except PolicyLoadError as e:
             # A taken address, or an id a tenant file already declares.
             raise StoreError(str(e), 409) from None

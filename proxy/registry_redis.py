@@ -22,7 +22,7 @@ from sandgate.policy.errors import PolicyLoadError
 from sandgate.policy.loader import load_policy_dir
 
 from .fleet_channel import FleetKeys, bump_and_publish, event_message
-from .registry import DynamicSandbox, merge_registry
+from .registry import DynamicSandbox, already_registered, merge_registry
 from .stores import StoreError
 
 __all__ = ["RedisSandboxStore", "RegistrySnapshot", "rules_checker"]
@@ -129,7 +129,7 @@ class RedisSandboxStore:
                         if existing == sandbox:
                             return
                         if existing is not None:
-                            raise StoreError(f"sandbox {sandbox.id!r} is already registered differently", 409)
+                            raise StoreError(already_registered(existing), 409)
                         _refuse_taken_address(sandbox, current.values())
                         pipe.multi()  # type: ignore[no-untyped-call]
                         pipe.hset(self.keys.sandboxes, sandbox.id, payload)
@@ -137,6 +137,40 @@ class RedisSandboxStore:
                         await pipe.execute()
                         log.info("registry.added", sandbox=sandbox.id, tenant=sandbox.tenant, source="redis")
                         return
+                except WatchError:
+                    continue
+        except RedisError as e:
+            raise _unreachable(e) from None
+        raise StoreError("the sandbox registry is busy (too many concurrent writes); try again", 503)
+
+    async def replace(self, sandbox: DynamicSandbox) -> DynamicSandbox | None:
+        """Change a registered entry in one transaction; the entry replaced (None: not registered)."""
+        if self.check is not None:
+            await asyncio.to_thread(self.check, sandbox)
+        payload = sandbox.model_dump_json(exclude_none=True)
+        try:
+            for _ in range(_CAS_ATTEMPTS):
+                try:
+                    async with self.client.pipeline(transaction=True) as pipe:
+                        await pipe.watch(self.keys.sandboxes)
+                        raw: dict[bytes, bytes] = await pipe.hgetall(self.keys.sandboxes)  # type: ignore[assignment]
+                        current, _invalid = _decode(raw)
+                        previous = current.pop(sandbox.id, None)
+                        if previous is None or previous == sandbox:
+                            return previous
+                        _refuse_taken_address(sandbox, current.values())
+                        pipe.multi()  # type: ignore[no-untyped-call]
+                        pipe.hset(self.keys.sandboxes, sandbox.id, payload)
+                        bump_and_publish(pipe, self.keys, "registry")
+                        await pipe.execute()
+                        log.info(
+                            "registry.replaced",
+                            sandbox=sandbox.id,
+                            old_tenant=previous.tenant,
+                            tenant=sandbox.tenant,
+                            source="redis",
+                        )
+                        return previous
                 except WatchError:
                     continue
         except RedisError as e:

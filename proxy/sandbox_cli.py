@@ -1,4 +1,4 @@
-"""`sandgate sandbox add|list|remove` and `sandgate jail`."""
+"""`sandgate sandbox add|update|list|remove` and `sandgate jail`."""
 
 from __future__ import annotations
 
@@ -45,7 +45,23 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     add.add_argument("--tenant", required=True)
     add.add_argument("--id", help="sandbox id (default: the interface name)")
+    add.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace a sandbox registered under this id with these settings (in place, no identity gap)",
+    )
     add.add_argument("--config", type=Path)
+    up = sb_sub.add_parser(
+        "update", help="change a registered sandbox in place (tenant, address, interface or token)"
+    )
+    up.add_argument("id")
+    up.add_argument("--tenant")
+    up.add_argument("--interface")
+    up.add_argument("--address")
+    up.add_argument(
+        "--token", metavar="REF", help="a new explicit-proxy token: env:VAR, file:PATH or sha256:HEX"
+    )
+    up.add_argument("--config", type=Path)
     rm = sb_sub.add_parser("remove", help="unregister a sandbox and remove its rules")
     rm.add_argument("id")
     rm.add_argument("--config", type=Path)
@@ -69,6 +85,8 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
     if admin_client.gateway_running(config):
         # The running gateway registers (and reloads) itself: its store may be redis, not the file.
         return _through_api(config, args)
+    if args.sandbox_command == "update" or (args.sandbox_command == "add" and args.replace):
+        return _update_local(config, args)
     if args.sandbox_command == "add":
         sandbox = _sandbox_from_args(args)
         if config.redis is not None:
@@ -98,6 +116,8 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
 
 
 def _through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
+    if args.sandbox_command == "update" or (args.sandbox_command == "add" and args.replace):
+        return _update_through_api(config, args)
     if args.sandbox_command == "add":
         sandbox = _sandbox_from_args(args)
         entry = sandbox.model_dump(exclude_none=True)
@@ -130,15 +150,103 @@ def _through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _update_through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
+    current = [DynamicSandbox.model_validate(e) for e in admin_client.list_sandboxes(config)]
+    sandbox, previous = _updated(args, current)
+    if previous is None:
+        return _through_api(config, _as_add(args))
+    entry = sandbox.model_dump(exclude_none=True)
+    moved = (previous.interface, previous.address) != (sandbox.interface, sandbox.address)
+    if config.redis is not None and moved and (sandbox.interface or previous.interface):
+        # A fleet gateway's store is redis: this host's rules are this command's to install.
+        result = _rules_first(config, sandbox, current, lambda: admin_client.update_sandbox(config, entry))
+    else:
+        result = admin_client.update_sandbox(config, entry)
+    changed = ", ".join(result.get("changed", [])) or "nothing"
+    version = result["policy_version"]
+    print(f"updated {sandbox.id} (tenant {sandbox.tenant}; changed: {changed}); policy version {version}")
+    return 0
+
+
+def _update_local(config: GatewayConfig, args: argparse.Namespace) -> int:
+    """`update` / `add --replace` with no gateway running: the registry file, or redis."""
+    current = _fleet_list(config) if config.redis is not None else registered(config)
+    sandbox, previous = _updated(args, current)
+    if previous is None:
+        return run_sandbox_command(_as_add(args))
+    if config.redis is None:
+        register(config, sandbox, replace=True)
+    else:
+        moved = (previous.interface, previous.address) != (sandbox.interface, sandbox.address)
+
+        def replace() -> DynamicSandbox | None:
+            async def work() -> DynamicSandbox | None:
+                store = _fleet_store(config)
+                try:
+                    return await store.replace(sandbox)
+                finally:
+                    await store.client.aclose()
+
+            return _run_store(work())
+
+        if moved and (sandbox.interface or previous.interface):
+            _rules_first(config, sandbox, current, replace)
+        else:
+            replace()
+    print(f"updated {sandbox.id} (tenant {sandbox.tenant})")
+    return 0
+
+
+def _updated(
+    args: argparse.Namespace, current: list[DynamicSandbox]
+) -> tuple[DynamicSandbox, DynamicSandbox | None]:
+    """(the entry to write, the registered one it replaces or None). `update` changes only the
+    options given; `add --replace` writes exactly what its options say."""
+    if args.sandbox_command == "add":
+        sandbox = _sandbox_from_args(args)
+        return sandbox, next((s for s in current if s.id == sandbox.id), None)
+    previous = next((s for s in current if s.id == args.id), None)
+    if previous is None:
+        raise ConfigError(
+            f"sandbox update: no registered sandbox {args.id!r} (tenant-file sandboxes change in their file)"
+        )
+    changes: dict[str, object] = {}
+    if args.tenant:
+        changes["tenant"] = args.tenant
+    if args.interface:
+        changes["interface"] = args.interface
+    if args.address:
+        changes["address"] = args.address
+    if args.token:
+        changes["token"] = _token_digest(args.token, "sandbox update")
+    if not changes:
+        raise ConfigError("sandbox update: give at least one of --tenant, --interface, --address, --token")
+    try:
+        return DynamicSandbox.model_validate({**previous.model_dump(), **changes}), previous
+    except ValidationError as e:
+        raise ConfigError(f"sandbox update: {_problems(e)}") from None
+
+
+def _as_add(args: argparse.Namespace) -> argparse.Namespace:
+    """`add --replace` of an id not registered yet: a plain add."""
+    return argparse.Namespace(**{**vars(args), "replace": False})
+
+
+def _token_digest(ref: str, command: str) -> str:
+    try:
+        return "sha256:" + resolve_token_reference(ref, Path.cwd()).hex()
+    except TokenReferenceError as e:
+        raise ConfigError(f"{command} --token: {e}") from None
+
+
+def _problems(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, x['loc'])) or 'sandbox'}: {x['msg']}" for x in e.errors())
+
+
 def _sandbox_from_args(args: argparse.Namespace) -> DynamicSandbox:
     if not (args.id or args.interface):
         raise ConfigError("sandbox add: give --id (or --interface, whose name is the default id)")
-    token = None
-    if args.token:
-        try:
-            token = "sha256:" + resolve_token_reference(args.token, Path.cwd()).hex()
-        except TokenReferenceError as e:
-            raise ConfigError(f"sandbox add --token: {e}") from None
+    token = _token_digest(args.token, "sandbox add") if args.token else None
     try:
         return DynamicSandbox(
             id=args.id or args.interface.lower(),
@@ -148,8 +256,7 @@ def _sandbox_from_args(args: argparse.Namespace) -> DynamicSandbox:
             token=token,
         )
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'sandbox'}: {x['msg']}" for x in e.errors())
-        raise ConfigError(f"sandbox add: {problems}") from None
+        raise ConfigError(f"sandbox add: {_problems(e)}") from None
 
 
 def _fleet_store(config: GatewayConfig) -> RedisSandboxStore:
@@ -181,14 +288,15 @@ def _fleet_add(config: GatewayConfig, sandbox: DynamicSandbox) -> None:
 def _rules_first[R](
     config: GatewayConfig, sandbox: DynamicSandbox, current: list[DynamicSandbox], add: Callable[[], R]
 ) -> R:
-    """Anti-spoofing rules for the new interface before its address means an identity anywhere;
-    when registering fails, the rules go back to what they were."""
+    """Anti-spoofing rules for the new interface before its address means an identity anywhere
+    (one nft transaction, also for an update that moves a sandbox); when registering fails, the
+    rules go back to what they were."""
     others = [s for s in current if s.id != sandbox.id]
     apply_host_rules(config, [*others, sandbox, *registered(config)])
     try:
         return add()
     except BaseException:
-        apply_host_rules(config, [*others, *registered(config)])
+        apply_host_rules(config, [*current, *registered(config)])
         raise
 
 

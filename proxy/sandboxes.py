@@ -17,10 +17,18 @@ from sandgate.policy.loader import load_policy_dir
 from .config import GatewayConfig
 from .errors import ConfigError
 from .nft import SandboxInterface, apply_ruleset, set_interface_sysctls
-from .registry import DynamicSandbox, load_registry, merge_registry, save_registry
+from .registry import DynamicSandbox, already_registered, load_registry, merge_registry, save_registry
 from .statusfile import read_status
 
-__all__ = ["apply_host_rules", "interface_exists", "listener_ports", "register", "registered", "unregister"]
+__all__ = [
+    "SandboxExists",
+    "apply_host_rules",
+    "interface_exists",
+    "listener_ports",
+    "register",
+    "registered",
+    "unregister",
+]
 
 
 def listener_ports(config: GatewayConfig) -> tuple[int, int]:
@@ -50,17 +58,44 @@ def registered(config: GatewayConfig) -> list[DynamicSandbox]:
     return load_registry(config.registry_path)
 
 
-def register(config: GatewayConfig, sandbox: DynamicSandbox, *, apply_rules: bool = True) -> None:
-    """Add (or replace, by id) a sandbox and install the host rules for its interface."""
+class SandboxExists(ConfigError):
+    """`add` of an id that is registered with other settings (`update` changes it)."""
+
+    def __init__(self, existing: DynamicSandbox) -> None:
+        super().__init__(already_registered(existing))
+        self.existing = existing
+
+
+def register(
+    config: GatewayConfig, sandbox: DynamicSandbox, *, apply_rules: bool = True, replace: bool = False
+) -> DynamicSandbox | None:
+    """Add a sandbox and install the host rules for its interface; returns the entry it replaced.
+
+    An identical entry is a no-op; an entry of the same id with other settings is refused
+    (SandboxExists) unless `replace`. A replacement is one registry write and, when its
+    interface or address changed, one nft transaction: the gateway swaps identities on its
+    next reload in one step, so the sandbox is never unidentified in between.
+    """
     with _locked(config):
-        current = [s for s in load_registry(config.registry_path) if s.id != sandbox.id]
-        updated = [*current, sandbox]
+        registry = load_registry(config.registry_path)
+        previous = next((s for s in registry if s.id == sandbox.id), None)
+        if previous == sandbox:
+            return previous
+        if previous is not None and not replace:
+            raise SandboxExists(previous)
+        updated = [*(s for s in registry if s.id != sandbox.id), sandbox]
         # Refuse what the gateway would refuse: unknown tenant, a taken id or address.
         merge_registry(load_policy_dir(config.rules_path), updated, config.registry_path)
-        if apply_rules and sandbox.interface:
-            set_interface_sysctls(sandbox.interface)
+        moved = previous is None or (previous.interface, previous.address) != (
+            sandbox.interface,
+            sandbox.address,
+        )
+        if apply_rules and moved and (sandbox.interface or (previous and previous.interface)):
+            if sandbox.interface:
+                set_interface_sysctls(sandbox.interface)
             _apply(config, updated)
         save_registry(config.registry_path, updated)
+        return previous
 
 
 def unregister(config: GatewayConfig, sandbox_id: str, *, apply_rules: bool = True) -> DynamicSandbox | None:

@@ -34,6 +34,10 @@ class SandboxStore(Protocol):
     async def add(self, sandbox: DynamicSandbox) -> None:
         """Register; idempotent for an identical entry, StoreError(409) for a conflicting one."""
 
+    async def replace(self, sandbox: DynamicSandbox) -> DynamicSandbox | None:
+        """Change a registered sandbox in one write; the entry it replaced (None: not registered,
+        nothing written). StoreError(409) when its new address or id conflicts with another."""
+
     async def remove(self, sandbox_id: str) -> bool:
         """Unregister; False when it was not registered."""
 
