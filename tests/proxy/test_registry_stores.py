@@ -132,11 +132,32 @@ async def test_redis_store_add_is_idempotent_and_refuses_conflicts(client: aiore
     await store.add(_sb("dyn1", address="10.9.0.2"))
     await store.add(_sb("dyn1", address="10.9.0.2"))
     assert (await store.snapshot()).version == 1
-    with pytest.raises(StoreError, match="already registered differently") as e:
+    with pytest.raises(StoreError, match="already registered with other settings") as e:
         await store.add(_sb("dyn1", address="10.9.0.3"))
     assert e.value.status == 409
     with pytest.raises(StoreError, match="belongs to 'dyn1'"):
         await store.add(_sb("dyn2", address="10.9.0.2"))
+
+
+async def test_redis_store_replace_changes_an_entry_in_one_published_write(client: aioredis.Redis) -> None:
+    keys = FleetKeys.for_prefix("t:")
+    store = RedisSandboxStore(client, keys)
+    assert await store.replace(_sb("dyn1")) is None  # not registered: nothing written
+    assert await store.list() == [] and (await store.snapshot()).version == 0
+    await store.add(_sb("dyn1", address="10.9.0.2"))
+    await store.add(_sb("dyn2", address="10.9.0.3"))
+    moved = _sb("dyn1", address="10.9.0.4").model_copy(update={"tenant": "t2"})
+    previous = await store.replace(moved)
+    assert previous is not None and previous.tenant == "t1" and previous.address == "10.9.0.2"
+    assert {s.id: (s.tenant, s.address) for s in await store.list()} == {
+        "dyn1": ("t2", "10.9.0.4"),
+        "dyn2": ("t1", "10.9.0.3"),
+    }
+    assert (await store.snapshot()).version == 3
+    with pytest.raises(StoreError, match="belongs to 'dyn2'") as e:
+        await store.replace(_sb("dyn1", address="10.9.0.3"))
+    assert e.value.status == 409
+    assert (await store.snapshot()).version == 3
 
 
 async def test_concurrent_adds_of_one_address_register_exactly_one(client: aioredis.Redis) -> None:
@@ -205,5 +226,9 @@ async def test_file_store_shares_the_protocol(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="unknown tenant"):
         await store.add(_sb("dyn2").model_copy(update={"tenant": "nope"}))
     assert [s.id for s in await store.list()] == ["dyn1"]
+    assert await store.replace(_sb("dyn9")) is None
+    previous = await store.replace(_sb("dyn1", address="10.9.0.2"))
+    assert previous == _sb("dyn1")
+    assert [s.address for s in await store.list()] == ["10.9.0.2"]
     assert await store.remove("dyn1") is True and await store.remove("dyn1") is False
     assert (tmp_path / "state" / "sandboxes.json").stat().st_mode & 0o777 == 0o600
