@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .claims import Claim, conflicts
 from .decision import Mode
 from .errors import (
     PolicyLoadError,
@@ -30,6 +31,7 @@ from .policyset import LoadNotice, PolicySet, SandboxRecord, TenantPolicy, Tenan
 from .rego_compile import keep_only
 from .rego_loader import RegoLoad, load_rego, rego_watch_files
 from .rego_program import RegoProgram
+from .salvage import salvage
 from .tokens import resolve_token_reference
 from .yamlsource import YamlDocument, load_yaml, validate
 
@@ -42,6 +44,9 @@ DEFAULT_ALLOW_PORTS = frozenset({443})
 class _Loaded[M]:
     doc: YamlDocument
     model: M
+    # What was left of a file that did not validate (sandgate.policy.salvage): checked, so
+    # every problem is reported, never served.
+    salvaged: bool = False
 
 
 def policy_files(rules_dir: Path) -> list[Path]:
@@ -120,11 +125,16 @@ def load_policy_dir(
             problem = f"tenant {tenant.name!r} is defined twice (also in {defined[tenant.name]})"
             errors.append(_err(loaded.doc, ("tenant",), problem))
             continue
+        if loaded.salvaged:
+            # Its sandbox entries are checked, never registered.
+            _SandboxRegistry().declare(loaded, errors)
+            continue
         defined[tenant.name] = tenant.source
         if not errors:
             compiled.append((loaded, tenant))
     rego = _load_rego(rules_dir, compiled, tenant_errors, operator_errors, isolate=isolate)
 
+    _blame_shared_sandboxes(tenant_files, tenant_errors, previous)
     registry = _SandboxRegistry()
     tenants: dict[str, TenantPolicy] = {}
     for loaded, tenant in compiled:
@@ -146,6 +156,7 @@ def load_policy_dir(
         raise PolicySetError(all_errors)
 
     problems = _isolate(tenant_files, preset_errors, tenant_errors, tenants, previous, base_deny, registry)
+    registry.notices += _name_notices(tenant_files)
     keep_only(t.rego for t in tenants.values() if t.rego is not None)
     docs = [x.doc for x in (base, *presets.values()) if x is not None]
     return PolicySet(
@@ -162,7 +173,13 @@ def load_policy_dir(
 
 
 def _flatten(by_file: dict[str, list[PolicyLoadError]]) -> list[PolicyLoadError]:
-    return [e for errors in by_file.values() for e in errors]
+    """Every file's errors, each file's in line order."""
+    return [e for errors in by_file.values() for e in sorted(errors, key=_line_order)]
+
+
+def _line_order(e: PolicyLoadError) -> tuple[bool, int, int]:
+    where = e.location
+    return (where.line is None, where.line or 0, where.column or 0)
 
 
 def _load_rego(
@@ -263,15 +280,68 @@ def _last_good(previous: PolicySet | None, file: str, name: str | None) -> Tenan
 def _load_one[M: (BaseFile, PresetFile, TenantFile)](
     path: Path, model: type[M], errors: list[PolicyLoadError]
 ) -> _Loaded[M] | None:
+    """The file's model; with a schema error, what is left of it (salvaged), or None."""
     try:
         doc = load_yaml(path)
+    except PolicyLoadError as e:
+        errors.append(e)  # YAML syntax: nothing of this file can be read
+        return None
+    try:
         return _Loaded(doc, validate(model, doc))
     except PolicySetError as e:
-        errors.extend(e.errors)
-        return None
+        found = list(e.errors)
     except PolicyLoadError as e:
-        errors.append(e)
+        found = [e]
+    errors.extend(found)
+    rest = salvage(model, doc, found)
+    if rest is None:
         return None
+    errors.extend(rest[2])
+    return _Loaded(rest[0], rest[1], salvaged=True)
+
+
+def _blame_shared_sandboxes(
+    tenant_files: list[_Loaded[TenantFile]],
+    tenant_errors: dict[str, list[PolicyLoadError]],
+    previous: PolicySet | None,
+) -> None:
+    """A sandbox id two tenant files define: an error in the newcomer's (sandgate.policy.claims)."""
+    claims: list[Claim] = []
+    for loaded in tenant_files:
+        file = loaded.doc.file
+        loads = not tenant_errors[file]
+        mtime = _mtime_ns(file)
+        for i, sb in enumerate(loaded.model.sandboxes):
+            where = loaded.doc.locate(("sandboxes", i, "id"))
+            claims.append(Claim(sb.id, loaded.model.tenant, file, where, i, loads, mtime))
+    owners = {k: r.tenant for k, r in previous.sandboxes.items()} if previous is not None else {}
+    docs = {x.doc.file: x.doc for x in tenant_files}
+    for conflict in conflicts(claims, owners):
+        claim = conflict.claim
+        error = _err(docs[claim.file], ("sandboxes", claim.index, "id"), conflict.problem)
+        tenant_errors[claim.file].append(error)
+
+
+def _mtime_ns(file: str) -> int:
+    try:
+        return os.stat(file).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _name_notices(tenant_files: list[_Loaded[TenantFile]]) -> list[LoadNotice]:
+    """A note for each tenant whose name is not its file's: `acme.yaml` defining `acmee` is
+    most likely a typo. A note, not an error: existing files named otherwise keep loading."""
+    notices = []
+    for loaded in tenant_files:
+        stem = Path(loaded.doc.file).stem
+        name = loaded.model.tenant
+        if loaded.salvaged or stem == name:
+            continue
+        where = str(loaded.doc.locate(("tenant",)))
+        text = f"tenant {name!r} is defined in a file named {stem!r}: rename one of them so they agree"
+        notices.append(LoadNotice(where, "tenant", text))
+    return notices
 
 
 def _compile_tenant(
@@ -435,7 +505,7 @@ def _addresses(
 
 
 def _err(doc: YamlDocument, loc: tuple[str | int, ...], problem: str) -> PolicyLoadError:
-    return PolicyLoadError(doc.locate(loc), ".".join(str(p) for p in loc), problem)
+    return PolicyLoadError(doc.locate(loc), doc.field_name(loc), problem)
 
 
 def _tenant_digest(

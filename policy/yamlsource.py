@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,30 @@ class YamlDocument:
     positions: Mapping[Loc, tuple[int, int]]
     # SHA-256 of the text that was parsed: policy versions hash what was loaded, not what is on disk now.
     digest: str = ""
+    # A salvaged document (sandgate.policy.salvage) lost list items: (key, index now) → index
+    # as written, so positions and field names still name what the author wrote.
+    renumbered: Mapping[tuple[str | int, int], int] = field(default_factory=dict)
+
+    def written(self, loc: Loc) -> Loc:
+        """`loc` as it is written in the file (the same, unless list items were dropped)."""
+        if len(loc) >= 2 and isinstance(loc[1], int):
+            index = self.renumbered.get((loc[0], loc[1]))
+            if index is not None:
+                return (loc[0], index, *loc[2:])
+        return loc
 
     def locate(self, loc: Loc) -> SourceLocation:
         """The position of `loc`, or of its nearest ancestor that has one."""
+        loc = self.written(loc)
         for end in range(len(loc), -1, -1):
             pos = self.positions.get(loc[:end])
             if pos is not None:
                 return SourceLocation(self.file, pos[0], pos[1])
         return SourceLocation(self.file)
+
+    def field_name(self, loc: Loc) -> str:
+        """The dotted field name of `loc` as written (`allow.2.hosts.0`)."""
+        return _dotted(self.written(loc))
 
 
 def load_yaml(path: Path) -> YamlDocument:
@@ -178,7 +194,7 @@ def _to_load_error(model: type[BaseModel], doc: YamlDocument, err: Any) -> Polic
         problem = "required field is missing"
     elif problem.startswith("Value error, "):
         problem = problem.removeprefix("Value error, ")
-    return PolicyLoadError(doc.locate(path), _dotted(path), problem)
+    return PolicyLoadError(doc.locate(path), doc.field_name(path), problem)
 
 
 def _data_path(doc: YamlDocument, loc: Loc) -> Loc:

@@ -135,14 +135,6 @@ BROKEN_CASES = [
         "a tenant defined in two files is refused in the second",
     ),
     (
-        "duplicate-sandbox",
-        "tenants/b.yaml",
-        4,
-        "sandboxes.1.id",
-        "sandbox 'shared' is already registered to tenant 'a'",
-        "a sandbox id used by two tenants is refused",
-    ),
-    (
         "unknown-preset",
         "tenants/t.yaml",
         2,
@@ -219,11 +211,6 @@ EXACT_CASES = [
         "duplicate-key",
         "tenants/t.yaml:5:5: allow.0.hosts: duplicate key",
         "a duplicate key is rendered with the column of the second key",
-    ),
-    (
-        "duplicate-sandbox",
-        "tenants/b.yaml:4:5: sandboxes.1.id: sandbox 'shared' is already registered to tenant 'a'",
-        "a duplicate sandbox is rendered at its id key",
     ),
     (
         "yaml-tab",

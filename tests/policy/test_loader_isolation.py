@@ -137,7 +137,8 @@ def test_a_sandbox_id_taken_by_another_tenant_breaks_only_the_later_file(rules: 
     assert policy.authenticate("sb-a", TOKEN_A) is not None
     assert policy.authenticate("sb-a", TOKEN_B) is None
     (problem,) = policy.problems
-    assert problem.tenant == "b" and "already registered to tenant 'a'" in problem.errors[0]
+    assert problem.tenant == "b" and "'sb-a' is also defined in " in problem.errors[0]
+    assert "a.yaml:3:5 (tenant 'a')" in problem.errors[0]
 
 
 def test_a_kept_tenant_whose_sandbox_was_taken_meanwhile_is_not_kept(rules: Path) -> None:
