@@ -72,7 +72,7 @@ class Jail:
         register(
             self.config,
             DynamicSandbox(
-                id=self.sandbox, tenant=self.tenant, interface=self.host_if, address=self.guest_addr
+                id=self.sandbox, tenant=self.tenant, interface=self.host_if, addresses=(self.guest_addr,)
             ),
         )
         self.registered = True
@@ -282,7 +282,7 @@ def _free_pair(config: GatewayConfig) -> tuple[ipaddress.IPv4Address, ipaddress.
     """A /30 in JAIL_NETWORK that no registered sandbox or local interface uses."""
     from .hostaddrs import own_addresses
 
-    taken = {s.address for s in load_registry(config.registry_path)} | set(own_addresses())
+    taken = {a for s in load_registry(config.registry_path) for a in s.addresses} | set(own_addresses())
     subnets = list(JAIL_NETWORK.subnets(new_prefix=30))
     start = secrets.randbelow(len(subnets))
     for i in range(len(subnets)):

@@ -3,26 +3,35 @@
 Kept as `<state_dir>/sandboxes.json` (mode 0600, replaced atomically) on one machine, and in
 redis in a fleet (proxy/registry_redis.py). The gateway merges it into the policy on start
 and on every reload; a change to the file triggers a reload. A sandbox is identified by its
-source address (transparent mode), by its proxy token (explicit proxy, kept only as a
-`sha256:` digest), or both. Static sandboxes (tenant files) win: a dynamic entry may not
-reuse their ids or addresses.
+source addresses (transparent mode; IPv4 and IPv6, several per sandbox), by its proxy
+token (explicit proxy, kept only as a `sha256:` digest), or both. Static sandboxes (tenant
+files) win: a dynamic entry may not reuse their ids or addresses.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
 from sandgate.policy.models import NAME_PATTERN
 from sandgate.policy.policyset import PolicySet, SandboxRecord
+from sandgate.policy.sources import source_addresses
 
 __all__ = [
     "DynamicSandbox",
@@ -39,7 +48,10 @@ _TOKEN_DIGEST = r"^sha256:[0-9a-f]{64}$"  # noqa: S105 (a pattern, not a secret)
 
 
 class DynamicSandbox(BaseModel):
-    """A sandbox registered at run time: its source address, its proxy token's digest, or both."""
+    """A sandbox registered at run time: its source addresses, its proxy token's digest, or both.
+
+    Registry files and API bodies written before several addresses existed carry one
+    `address`; it is read as `addresses: [address]` (and written back as `addresses`)."""
 
     # hide_input_in_errors: a raw token sent by mistake must not come back in the error.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
@@ -47,17 +59,40 @@ class DynamicSandbox(BaseModel):
     id: Annotated[str, Field(pattern=NAME_PATTERN)]
     tenant: Annotated[str, Field(pattern=NAME_PATTERN)]
     interface: Annotated[str, Field(pattern=_IFNAME)] | None = None
-    address: str | None = None
+    addresses: tuple[str, ...] = Field(
+        default=(), description="source addresses, IPv4 and IPv6 (each canonical, distinct, at most 16)"
+    )
     token: Annotated[str | None, Field(pattern=_TOKEN_DIGEST)] = Field(
         default=None,
         repr=False,
         description="the proxy token's digest, 'sha256:<64 lowercase hex>' (never the token)",
     )
 
-    @field_validator("address")
+    @model_validator(mode="before")
     @classmethod
-    def _address(cls, v: str | None) -> str | None:
-        return None if v is None else str(ipaddress.ip_address(v))
+    def _one_address(cls, data: object) -> object:
+        if isinstance(data, dict) and "address" in data:
+            if "addresses" in data:
+                raise ValueError("give addresses (a list), not address as well")
+            data = dict(data)
+            one = data.pop("address")
+            data["addresses"] = [] if one is None else [one]
+        return data
+
+    @field_validator("addresses", mode="before")
+    @classmethod
+    def _addresses(cls, v: object) -> object:
+        if isinstance(v, str):
+            raise ValueError("addresses is a list of addresses")
+        return source_addresses(v) if isinstance(v, (list, tuple)) else v
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        # Token-only entries dump (and digest) as they did before addresses were a list.
+        if not out.get("addresses"):
+            out.pop("addresses", None)
+        return out
 
     @field_validator("token", mode="before")
     @classmethod
@@ -66,10 +101,10 @@ class DynamicSandbox(BaseModel):
 
     @model_validator(mode="after")
     def _identified(self) -> DynamicSandbox:
-        if self.address is None and self.token is None:
+        if not self.addresses and self.token is None:
             raise ValueError("a sandbox needs an address, a token digest, or both")
-        if self.interface is not None and self.address is None:
-            raise ValueError("a sandbox on an interface needs its address (for the anti-spoofing rule)")
+        if self.interface is not None and not self.addresses:
+            raise ValueError("a sandbox on an interface needs its addresses (for the anti-spoofing rule)")
         return self
 
     @property
@@ -133,8 +168,8 @@ def merge_registry_lenient(
     policy: PolicySet, sandboxes: list[DynamicSandbox], source: str
 ) -> tuple[PolicySet, list[PolicyLoadError]]:
     """The policy with every dynamic sandbox that fits added, and an error for each one that
-    does not (unknown tenant, taken id or address). A fleet registry uses this: one bad entry
-    written by another host must not stop this gateway from reloading."""
+    does not (unknown tenant, taken id, or an address another sandbox has). A fleet registry
+    uses this: one bad entry written by another host must not stop this gateway from reloading."""
     if not sandboxes:
         return policy, []
     by_id = dict(policy.sandboxes)
@@ -149,16 +184,14 @@ def merge_registry_lenient(
         if sb.id in by_id:
             errors.append(PolicyLoadError(where, f"{i}.id", f"sandbox {sb.id!r} is already registered"))
             continue
-        if sb.address is not None and sb.address in by_address:
-            owner = by_address[sb.address].sandbox
-            errors.append(
-                PolicyLoadError(where, f"{i}.address", f"address {sb.address} belongs to {owner!r}")
-            )
+        taken = next((a for a in sb.addresses if a in by_address), None)
+        if taken is not None:
+            owner = by_address[taken].sandbox
+            errors.append(PolicyLoadError(where, f"{i}.addresses", f"address {taken} belongs to {owner!r}"))
             continue
-        record = SandboxRecord(sb.id, sb.tenant, sb.token_digest, (sb.address,) if sb.address else ())
+        record = SandboxRecord(sb.id, sb.tenant, sb.token_digest, sb.addresses)
         by_id[sb.id] = record
-        if sb.address is not None:
-            by_address[sb.address] = record
+        by_address.update((a, record) for a in sb.addresses)
         accepted.append(sb)
     if not accepted:
         return policy, errors

@@ -9,7 +9,7 @@ from .registry import DynamicSandbox
 
 __all__ = ["sandbox_changes", "sandbox_update_record"]
 
-_FIELDS = ("tenant", "interface", "address", "token")
+_FIELDS = ("tenant", "interface", "addresses", "token")
 
 
 def sandbox_changes(old: DynamicSandbox, new: DynamicSandbox) -> list[str]:
@@ -38,4 +38,9 @@ def sandbox_update_record(
 
 
 def _view(s: DynamicSandbox) -> dict[str, object]:
-    return {"tenant": s.tenant, "interface": s.interface, "address": s.address, "token": s.token is not None}
+    return {
+        "tenant": s.tenant,
+        "interface": s.interface,
+        "addresses": list(s.addresses),
+        "token": s.token is not None,
+    }

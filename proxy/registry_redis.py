@@ -197,8 +197,7 @@ class RedisSandboxStore:
 
 
 def _refuse_taken_address(sandbox: DynamicSandbox, others: Iterable[DynamicSandbox]) -> None:
-    if sandbox.address is None:
-        return
     for other in others:
-        if other.address == sandbox.address:
-            raise StoreError(f"address {sandbox.address} belongs to {other.id!r}", 409)
+        taken = next((a for a in sandbox.addresses if a in other.addresses), None)
+        if taken is not None:
+            raise StoreError(f"address {taken} belongs to {other.id!r}", 409)

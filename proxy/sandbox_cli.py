@@ -37,7 +37,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "add", help="register a sandbox (on a host interface, by proxy token, or both) and install its rules"
     )
     add.add_argument("--interface", help="the host-side interface (TAP or veth) of the sandbox")
-    add.add_argument("--address", help="the sandbox's only valid source address (needed with --interface)")
+    add.add_argument(
+        "--address",
+        action="append",
+        default=[],
+        help="a source address of the sandbox, IPv4 or IPv6 (repeat for several; needed with --interface)",
+    )
     add.add_argument(
         "--token",
         metavar="REF",
@@ -57,7 +62,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     up.add_argument("id")
     up.add_argument("--tenant")
     up.add_argument("--interface")
-    up.add_argument("--address")
+    up.add_argument(
+        "--address",
+        action="append",
+        default=[],
+        help="the sandbox's source addresses from now on (repeat for several; replaces all of them)",
+    )
     up.add_argument(
         "--token", metavar="REF", help="a new explicit-proxy token: env:VAR, file:PATH or sha256:HEX"
     )
@@ -94,7 +104,7 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
         else:
             register(config, sandbox)
         where = f" on {sandbox.interface}" if sandbox.interface else ""
-        source = f" from {sandbox.address}" if sandbox.address else ""
+        source = f" from {', '.join(sandbox.addresses)}" if sandbox.addresses else ""
         token = " with a proxy token" if sandbox.token else ""
         print(f"registered {sandbox.id} (tenant {sandbox.tenant}){where}{source}{token}")
         return 0
@@ -111,7 +121,7 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
     else:
         for s in entries:
             token = "token" if s.token else "-"
-            print(f"{s.id}\t{s.tenant}\t{s.interface or '-'}\t{s.address or '-'}\t{token}")
+            print(f"{s.id}\t{s.tenant}\t{s.interface or '-'}\t{','.join(s.addresses) or '-'}\t{token}")
     return 0
 
 
@@ -146,7 +156,8 @@ def _through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
         print(json.dumps(entries, indent=2))
     else:
         for s in entries:
-            print(f"{s['id']}\t{s['tenant']}\t{s.get('interface') or '-'}\t{s.get('address') or '-'}")
+            addresses = ",".join(s.get("addresses") or ()) or "-"
+            print(f"{s['id']}\t{s['tenant']}\t{s.get('interface') or '-'}\t{addresses}")
     return 0
 
 
@@ -156,7 +167,7 @@ def _update_through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
     if previous is None:
         return _through_api(config, _as_add(args))
     entry = sandbox.model_dump(exclude_none=True)
-    moved = (previous.interface, previous.address) != (sandbox.interface, sandbox.address)
+    moved = (previous.interface, previous.addresses) != (sandbox.interface, sandbox.addresses)
     if config.redis is not None and moved and (sandbox.interface or previous.interface):
         # A fleet gateway's store is redis: this host's rules are this command's to install.
         result = _rules_first(config, sandbox, current, lambda: admin_client.update_sandbox(config, entry))
@@ -177,7 +188,7 @@ def _update_local(config: GatewayConfig, args: argparse.Namespace) -> int:
     if config.redis is None:
         register(config, sandbox, replace=True)
     else:
-        moved = (previous.interface, previous.address) != (sandbox.interface, sandbox.address)
+        moved = (previous.interface, previous.addresses) != (sandbox.interface, sandbox.addresses)
 
         def replace() -> DynamicSandbox | None:
             async def work() -> DynamicSandbox | None:
@@ -216,7 +227,7 @@ def _updated(
     if args.interface:
         changes["interface"] = args.interface
     if args.address:
-        changes["address"] = args.address
+        changes["addresses"] = tuple(args.address)
     if args.token:
         changes["token"] = _token_digest(args.token, "sandbox update")
     if not changes:
@@ -252,7 +263,7 @@ def _sandbox_from_args(args: argparse.Namespace) -> DynamicSandbox:
             id=args.id or args.interface.lower(),
             tenant=args.tenant,
             interface=args.interface,
-            address=args.address,
+            addresses=tuple(args.address),
             token=token,
         )
     except ValidationError as e:

@@ -16,7 +16,7 @@ from sandgate.policy.loader import load_policy_dir
 
 from .config import GatewayConfig
 from .errors import ConfigError
-from .nft import SandboxInterface, apply_ruleset, set_interface_sysctls
+from .nft import SandboxInterface, apply_ruleset, enable_ipv6, set_interface_sysctls
 from .registry import DynamicSandbox, already_registered, load_registry, merge_registry, save_registry
 from .statusfile import read_status
 
@@ -86,14 +86,17 @@ def register(
         updated = [*(s for s in registry if s.id != sandbox.id), sandbox]
         # Refuse what the gateway would refuse: unknown tenant, a taken id or address.
         merge_registry(load_policy_dir(config.rules_path), updated, config.registry_path)
-        moved = previous is None or (previous.interface, previous.address) != (
+        moved = previous is None or (previous.interface, previous.addresses) != (
             sandbox.interface,
-            sandbox.address,
+            sandbox.addresses,
         )
         if apply_rules and moved and (sandbox.interface or (previous and previous.interface)):
             if sandbox.interface:
-                set_interface_sysctls(sandbox.interface)
+                _sysctls_before(sandbox)
+            # One nft transaction: when nft refuses, the old rules and the registry stay as they were.
             _apply(config, updated)
+            if sandbox.interface:
+                _sysctls_after(sandbox)
         save_registry(config.registry_path, updated)
         return previous
 
@@ -121,13 +124,33 @@ def apply_host_rules(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> 
     local = [s for s in sandboxes if s.interface and interface_exists(s.interface)]
     with _locked(config):
         for s in local:
-            assert s.interface is not None
-            set_interface_sysctls(s.interface)
+            _sysctls_before(s)
         _apply(config, local)
+        for s in local:
+            _sysctls_after(s)
+
+
+def _has_ipv6(sandbox: DynamicSandbox) -> bool:
+    return any(":" in a for a in sandbox.addresses)
+
+
+def _sysctls_before(sandbox: DynamicSandbox) -> None:
+    """What only tightens (rp_filter; no IPv6 without an IPv6 address) goes before the rules."""
+    assert sandbox.interface is not None
+    set_interface_sysctls(sandbox.interface, ipv6=_has_ipv6(sandbox))
+
+
+def _sysctls_after(sandbox: DynamicSandbox) -> None:
+    """What opens (IPv6 on the interface) only once the rules guarding it are in force."""
+    assert sandbox.interface is not None
+    if _has_ipv6(sandbox):
+        enable_ipv6(sandbox.interface)
 
 
 def _apply(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> None:
-    interfaces = [SandboxInterface(s.interface, s.address) for s in sandboxes if s.interface and s.address]
+    interfaces = [
+        SandboxInterface(s.interface, s.addresses) for s in sandboxes if s.interface and s.addresses
+    ]
     table = config.host_rules.table
     if not interfaces:
         apply_ruleset([], 0, 0, table)

@@ -50,10 +50,10 @@ def rules(tmp_path: Path) -> Path:
     ("entry", "problem"),
     [
         ({"id": "a", "tenant": "t1"}, "needs an address, a token digest, or both"),
-        ({"id": "a", "tenant": "t1", "interface": "tap0", "token": DIGEST}, "needs its address"),
+        ({"id": "a", "tenant": "t1", "interface": "tap0", "token": DIGEST}, "needs its addresses"),
         ({"id": "a", "tenant": "t1", "token": "env:X"}, "pattern"),
         ({"id": "a", "tenant": "t1", "token": TOKEN}, "pattern"),
-        ({"id": "a", "tenant": "t1", "address": "10.0.0.300"}, "does not appear to be an IPv4"),
+        ({"id": "a", "tenant": "t1", "address": "10.0.0.300"}, "'10.0.0.300' is not an IP address"),
     ],
     ids=[
         "neither address nor token is refused",

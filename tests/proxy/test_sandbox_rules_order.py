@@ -14,8 +14,8 @@ from sandgate.proxy import sandbox_cli
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.registry import DynamicSandbox
 
-OLD = DynamicSandbox(id="old", tenant="t1", interface="tap-old", address="10.213.0.2")
-NEW = DynamicSandbox(id="new", tenant="t1", interface="tap-new", address="10.213.0.6")
+OLD = DynamicSandbox(id="old", tenant="t1", interface="tap-old", addresses=("10.213.0.2",))
+NEW = DynamicSandbox(id="new", tenant="t1", interface="tap-new", addresses=("10.213.0.6",))
 
 
 @pytest.fixture
