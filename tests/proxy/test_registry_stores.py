@@ -148,10 +148,10 @@ async def test_redis_store_replace_changes_an_entry_in_one_published_write(clien
     await store.add(_sb("dyn2", address="10.9.0.3"))
     moved = _sb("dyn1", address="10.9.0.4").model_copy(update={"tenant": "t2"})
     previous = await store.replace(moved)
-    assert previous is not None and previous.tenant == "t1" and previous.address == "10.9.0.2"
-    assert {s.id: (s.tenant, s.address) for s in await store.list()} == {
-        "dyn1": ("t2", "10.9.0.4"),
-        "dyn2": ("t1", "10.9.0.3"),
+    assert previous is not None and previous.tenant == "t1" and previous.addresses == ("10.9.0.2",)
+    assert {s.id: (s.tenant, s.addresses) for s in await store.list()} == {
+        "dyn1": ("t2", ("10.9.0.4",)),
+        "dyn2": ("t1", ("10.9.0.3",)),
     }
     assert (await store.snapshot()).version == 3
     with pytest.raises(StoreError, match="belongs to 'dyn2'") as e:
@@ -229,6 +229,6 @@ async def test_file_store_shares_the_protocol(tmp_path: Path) -> None:
     assert await store.replace(_sb("dyn9")) is None
     previous = await store.replace(_sb("dyn1", address="10.9.0.2"))
     assert previous == _sb("dyn1")
-    assert [s.address for s in await store.list()] == ["10.9.0.2"]
+    assert [s.addresses for s in await store.list()] == [("10.9.0.2",)]
     assert await store.remove("dyn1") is True and await store.remove("dyn1") is False
     assert (tmp_path / "state" / "sandboxes.json").stat().st_mode & 0o777 == 0o600
