@@ -172,7 +172,13 @@ class ShutdownConfig(_Strict):
 class UpstreamConfig(_Strict):
     """How the gateway talks to upstream servers."""
 
-    trusted_ca: str | None = Field(default=None, description="PEM bundle trusted for upstream TLS")
+    trusted_ca: str | None = Field(
+        default=None,
+        description=(
+            "PEM bundle trusted for upstream TLS; default: the system trust store "
+            "($SSL_CERT_FILE, else OpenSSL's default CA file)"
+        ),
+    )
 
 
 class PassthroughConfig(_Strict):

@@ -81,6 +81,7 @@ from .stores import SandboxStore
 from .trailers import Trailers, patch_http1_trailers
 from .transparent import Transparent
 from .upgrades import Upgrades
+from .upstream_trust import upstream_trust_file
 
 __all__ = ["Gateway", "build_resolver", "serve"]
 
@@ -358,13 +359,12 @@ class Gateway:
             DrainEnd(self.drainer),  # after every addon that records
             _Lifecycle(self),
         )
-        trusted = config.upstream.trusted_ca
         self.master.options.update(
             mode=[listener.spec for listener in config.listeners],
             # Decide before connecting: with "eager", mitmproxy dials upstream before our hooks run.
             connection_strategy="lazy",
             upstream_cert=False,
-            ssl_verify_upstream_trusted_ca=str(config.path(trusted)) if trusted else None,
+            ssl_verify_upstream_trusted_ca=upstream_trust_file(config),
             stream_large_bodies="1m",
             # Silence on tunnels the gateway cannot see into (and on a request waiting upstream).
             tcp_timeout=max(1, round(config.connections.tunnel_idle_timeout_seconds)),
