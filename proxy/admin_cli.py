@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,25 +38,10 @@ def add_policy_parsers(pol_sub: Any, fmt: Callable[[argparse.ArgumentParser], No
 def run_policy_command(args: argparse.Namespace) -> int:
     """Through the local gateway's admin API when it answers (a reload there also reaches the
     fleet); otherwise a fleet publish or fleet status with `redis:`, or SIGHUP to the gateway."""
+    if args.policy_command == "reload":
+        return policy_reload.reload_command(args.config, args.format)
     config = load_config(args.config)
     running = admin_client.gateway_running(config)
-    if args.policy_command == "reload":
-        if not running:
-            return policy_reload.reload_command(args.config)
-        result = admin_client.reload_policy(config)
-        _emit(args.format, result, f"reloaded: policy version {result['policy_version']}")
-        code = 0
-        for problem in result.get("policy_problems", []):
-            # Reloaded, but not everything: a broken file is invalid input, as in `policy check`.
-            print(f"sandgate: {_problem_line(problem)}", file=sys.stderr)
-            print("\n".join(f"  {e}" for e in problem["errors"]), file=sys.stderr)
-            code = 2
-        if result.get("published") is False:
-            print("sandgate: redis is unreachable: other gateways were not told to reload", file=sys.stderr)
-            return 2
-        if config.redis is not None and "fleet_version" in result:
-            code = max(code, policy_reload.wait_for_fleet(config, int(result["fleet_version"])))
-        return code
     if config.redis is not None or not running:
         return policy_reload.status_command(args.config, args.format)
     st = admin_client.status(config)
@@ -69,7 +53,7 @@ def run_policy_command(args: argparse.Namespace) -> int:
         f"reload failures: {st['reload_failures']}; audit queue: {st['audit_queue_depth']}",
     ]
     for problem in st.get("policy_problems", []):
-        lines.append(_problem_line(problem))
+        lines.append(policy_reload.problem_line(problem))
         lines.extend(f"  {e}" for e in problem["errors"])
     lines.extend(f"note: {n}" for n in st.get("policy_notices", []))
     if last is not None:
@@ -78,11 +62,6 @@ def run_policy_command(args: argparse.Namespace) -> int:
         lines.extend(f"  {e}" for e in last["errors"])
     _emit(args.format, st, "\n".join(lines))
     return 0
-
-
-def _problem_line(problem: dict[str, Any]) -> str:
-    serving = "its last good version" if problem["kept_last_good"] else "nothing (no_identity)"
-    return f"BROKEN {problem['file']} (tenant {problem['tenant'] or '?'}): serving {serving}"
 
 
 def _emit(fmt: str, value: dict[str, Any], text: str) -> None:

@@ -44,12 +44,22 @@ class GatewayNotRunning(ProxyError):
 class AdminApiError(ProxyError):
     """The admin API refused; the message is the API's (never a credential value)."""
 
-    def __init__(self, status: int, message: str, field: str | None, errors: list[str]) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        field: str | None,
+        errors: list[str],
+        body: dict[str, Any] | None = None,
+    ) -> None:
         where = f" ({field})" if field else ""
         super().__init__(f"{message}{where}" + "".join(f"\n  {e}" for e in errors))
         self.status = status
+        self.message = message
         self.field = field
         self.errors = errors
+        # The whole answer (a refused reload carries the version still in force, the fleet's version).
+        self.body = body or {}
 
 
 def _call(config: GatewayConfig, method: str, path: str, **kw: Any) -> dict[str, Any]:
@@ -72,6 +82,7 @@ def _call(config: GatewayConfig, method: str, path: str, **kw: Any) -> dict[str,
             str(body.get("error") or f"HTTP {resp.status_code}"),
             body.get("field"),
             [str(e) for e in body.get("errors", [])],
+            body,
         )
     return dict(body)
 

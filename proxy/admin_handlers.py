@@ -204,6 +204,7 @@ class Status(_Handler):
 
 async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = False) -> dict[str, Any]:
     """Reload this gateway; the errors of a failed reload in an ApiError (the old policy stays)."""
+    previous = state.ctx.policy.version
     if registry_changed and state.refresh is not None:
         if not await state.refresh(trigger):
             raise ApiError(503, "the registry changed, but redis could not be read back; retry")
@@ -214,26 +215,46 @@ async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = F
     last = state.reloader.last
     if not ok:
         errors = list(last.errors) if last else []
-        raise ApiError(422, "policy reload failed; the previous policy stays in force", errors=errors)
+        raise ApiError(
+            422,
+            "policy reload failed; the previous policy stays in force",
+            errors=errors,
+            policy_version=state.ctx.policy.version,
+        )
     policy = state.ctx.policy
     return {
         "ok": True,
         "policy_version": policy.version,
+        "previous_policy_version": previous,
+        "tenants": sorted(policy.tenants),
+        "sandboxes": len(policy.sandboxes),
         # Tenant files that did not load while the rest did (each keeps its last good version or has none).
         "policy_problems": [problem_view(p) for p in policy.problems],
     }
 
 
+async def _publish(state: AdminState, policy_version: str) -> dict[str, Any]:
+    """Fleet mode: tell every gateway to reload; the fleet version to wait for, or published false."""
+    assert state.publish_reload is not None
+    try:
+        return {"fleet_version": await state.publish_reload(policy_version), "published": True}
+    except Exception as e:
+        log.error("admin.publish_reload_failed", error=type(e).__name__)
+        return {"published": False}
+
+
 class PolicyReload(_Handler):
     async def post(self) -> None:
-        body = await _reload(self.state, "admin")
+        try:
+            body = await _reload(self.state, "admin")
+        except ApiError as e:
+            # The fleet reloads even when this gateway's copy of the files does not load:
+            # the others may load theirs, and each answers for itself.
+            if e.status == 422 and self.state.publish_reload is not None:
+                e.extra.update(await _publish(self.state, self.state.ctx.policy.version))
+            raise
         if self.state.publish_reload is not None:
-            try:
-                body["fleet_version"] = await self.state.publish_reload(body["policy_version"])
-                body["published"] = True
-            except Exception as e:
-                log.error("admin.publish_reload_failed", error=type(e).__name__)
-                body["published"] = False
+            body.update(await _publish(self.state, body["policy_version"]))
         self.reply(body)
 
 

@@ -31,6 +31,7 @@ log = structlog.get_logger("sandgate.reload")
 
 Fingerprint = tuple[tuple[str, int, int], ...]
 
+FILE_CHANGE = "file_change"
 WATCH_BACKOFF = 20
 # Loads tried while files keep moving under them, before the reload counts as failed.
 STABLE_LOAD_ATTEMPTS = 5
@@ -116,6 +117,9 @@ class PolicyReloader:
     async def reload(self, trigger: str) -> bool:
         """Load and swap; True when the new policy is in force."""
         async with self._lock:
+            if trigger == FILE_CHANGE and await asyncio.to_thread(self._current) == self._fingerprint:
+                # An explicit reload (SIGHUP, the admin API) loaded these files meanwhile.
+                return True
             old = self.ctx.policy.version
             try:
                 policy = await self._stable_load()
@@ -162,13 +166,26 @@ class PolicyReloader:
             record = self._record("start", "ok", "", policy.version, [], policy.problems)
             await self.ctx.audit.emit(record)
 
+    def _current(self) -> Fingerprint:
+        return _fingerprint(self.watched(self.ctx.policy))
+
     async def _stable_load(self) -> PolicySet:
-        """Load; when a watched file moved while it was read, wait `settle` and load again."""
+        """Load; when a watched file moved while it was read, wait `settle` and load again.
+
+        Whatever the trigger, the files' fingerprint is recorded once they were read whole
+        (loaded or refused): the watcher then does not load the same change a second time."""
         for _ in range(STABLE_LOAD_ATTEMPTS):
             files = self.watched(self.ctx.policy)
             before = await asyncio.to_thread(_fingerprint, files)
-            policy = await asyncio.to_thread(self.load)
+            try:
+                policy = await asyncio.to_thread(self.load)
+            except Exception:
+                if await asyncio.to_thread(_fingerprint, files) == before:
+                    self._fingerprint = before
+                raise
             if await asyncio.to_thread(_fingerprint, files) == before:
+                # What the watcher compares next: the files the new policy watches (a new token file).
+                self._fingerprint = await asyncio.to_thread(_fingerprint, self.watched(policy))
                 return policy
             log.info("policy.files_moved_during_load", retry_in=self.settle)
             await asyncio.sleep(self.settle)
@@ -203,8 +220,7 @@ class PolicyReloader:
                     pause = min(pause, max(self.settle, 0.05))
                     continue
                 if current != self._fingerprint and time.monotonic() - seen_since >= self.settle:
-                    self._fingerprint = current
-                    await self.reload("file_change")
+                    await self.reload(FILE_CHANGE)
             except Exception:
                 log.exception("policy.watch_failed")
 

@@ -239,3 +239,19 @@ def test_a_redis_replaced_by_an_empty_one_is_detected_loudly_and_fails_closed(
         with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://sandgate") as api:
             assert "sandgate_fleet_redis_replaced_total 1.0" in api.get("/metrics").text
     assert _status(a, http_upstream, "sb1", TOKEN) == "200"  # file sandboxes are unaffected
+
+
+def test_a_reload_the_local_gateway_refuses_still_reaches_the_fleet(
+    start_gateway: GatewayFactory, redis_server: RedisServer, http_upstream: RecordingUpstream
+) -> None:
+    a, b = _fleet(start_gateway, redis_server, http_upstream)
+    (a.rules_dir / "base.yaml").write_text("deny:\n  - hots: [x.test]\n")  # the local copy is broken
+    b.write_tenant("t1.yaml", tenant_yaml("t1", [{"hosts": ["open.test"]}]))
+    result = _cli(a, "policy", "reload")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "reload REFUSED" in result.stderr and "base.yaml:2:" in result.stderr
+    lines = {line.split("\t")[0]: line for line in result.stdout.splitlines() if "\t" in line}
+    assert lines["gw-b"].endswith("\treloaded"), result.stdout
+    assert "REFUSED: " in lines["gw-a"] and "base.yaml:2:" in lines["gw-a"]
+    assert _status(b, http_upstream, "sb1", TOKEN) == "403", "b serves its new files"
+    assert _status(a, http_upstream, "sb1", TOKEN) == "200", "a keeps the policy in force"
