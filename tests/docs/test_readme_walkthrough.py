@@ -14,6 +14,10 @@ resolver answers nothing else, and its system trust store (/etc/ssl, bind-mounte
 way) holds that server's test CA besides the usual ones, as a corporate CA would be
 installed. Nothing leaves the namespaces; example.com is mapped nowhere (it is denied before
 any lookup).
+
+The session is PID 1 of its own PID namespace with private /run/netns and /etc/netns: at its
+end everything a block started gets SIGTERM (then dies with it), and namespaces a block
+creates never appear on the host, even when a block fails half-way.
 """
 
 from __future__ import annotations
@@ -157,8 +161,19 @@ def _namespace_pids(name: str) -> list[int]:
 # --- the script ----------------------------------------------------------------------------
 
 PRELUDE = r"""set -eE -o pipefail
-__sg_fail() { printf '%s\n%s\n%s\n' "$__sg_block" "$1" "$2" > "$__sg_run/failed"; }
+__sg_fail() {  # a failure of the session itself; background jobs (killed at the end) are not blocks failing
+    [[ $BASHPID == "$$" ]] || return 0
+    printf '%s\n%s\n%s\n' "$__sg_block" "$1" "$2" > "$__sg_run/failed"
+}
 trap '__sg_fail $? "$BASH_COMMAND"' ERR
+__sg_stop_all() {  # this script is PID 1 of its own PID namespace: SIGTERM the rest, wait 20 s
+    local i left
+    kill -TERM -1 2>/dev/null || true
+    for i in $(seq 200); do
+        left=(/proc/[0-9]*); (( ${#left[@]} <= 1 )) && return 0; sleep 0.1
+    done
+}
+trap __sg_stop_all EXIT
 __sg_wait_for() {  # HOST PORT PID: until HOST:PORT accepts, while PID lives (at most 180 s)
     local i
     for i in $(seq 1800); do
@@ -219,8 +234,27 @@ def run_walkthrough(world: Internet, blocks: list[Block]) -> subprocess.Complete
         "LOGNAME": "root",
         "SHELL": "/bin/bash",
     }
+    # Its own PID namespace, so that everything a block starts (in any network namespace) ends
+    # with it, and private /run/netns and /etc/netns, so that namespaces blocks create never
+    # show on the host (once the machine's hosts, resolv.conf and ssl are bound in).
+    isolated = f"mount -t tmpfs tmpfs /run/netns && mount -t tmpfs tmpfs /etc/netns && exec bash --noprofile --norc {script}"
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", world.machine, "bash", "--noprofile", "--norc", str(script)],
+        [
+            "ip",
+            "netns",
+            "exec",
+            world.machine,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "bash",
+            "-c",
+            isolated,
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
