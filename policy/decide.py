@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from .decision import RELAXABLE_IN_REPORT_MODE, Decision, EgressRequest, Identity, Mode
+from .decision import RELAXABLE_IN_REPORT_MODE, Decision, EgressRequest, Identity, Mode, Refusal
 from .engine import PolicyEngine, RegoQuery, RegoVerdict, fault, make_engine
 from .errors import ResolveError
 from .guard import AddressGuard, IPAddress
@@ -14,7 +14,10 @@ from .policyset import PolicySet, TenantPolicy
 from .reasons import Reason
 from .resolver import Resolver
 
-__all__ = ["decide", "default_engine", "guard_answers", "literal_ip", "pick_address"]
+__all__ = ["AddressChoice", "decide", "default_engine", "guard_answers", "literal_ip", "pick_address"]
+
+# Refusals kept per decision (a name can resolve to hundreds of addresses): the first ones.
+MAX_REFUSALS = 16
 
 _default_engine: PolicyEngine | None = None
 
@@ -81,9 +84,9 @@ async def decide(
 
     ip = literal_ip(request.host)
     if ip is not None:
-        refused = guard.refusal(ip, by_name=False, tenant_opens=tenant.allow.opens_internal(ip, request.port))
+        refused = guard.check(ip, by_name=False, tenant_opens=tenant.allow.opens_internal(ip, request.port))
         if refused is not None:
-            return _deny(policy, Reason.PRIVATE_ADDRESS, tenant, detail=refused)
+            return _deny(policy, Reason.PRIVATE_ADDRESS, tenant, detail=refused.why, refused=(refused,))
 
     rule_decision, relaxable, named = _rules(policy, tenant, request, ip)
     relaxed = relaxable and tenant.mode is Mode.REPORT and rule_decision.reason in RELAXABLE_IN_REPORT_MODE
@@ -91,16 +94,17 @@ async def decide(
         return rule_decision
 
     dial: str | None = str(ip) if ip is not None else None
+    refusals: tuple[Refusal, ...] = ()
     if dial is None:
         try:
             # Operator ranges opened by name apply only to a name a rule names itself.
-            picked = await pick_address(tenant, request, resolver, guard, address, public_only=not named)
+            choice = await pick_address(tenant, request, resolver, guard, address, public_only=not named)
         except ResolveError as e:
             return _deny(policy, Reason.DNS_FAILURE, tenant, detail=str(e))
-        if isinstance(picked, Decision):
+        if choice.dial is None:
             # Binding in report mode too: report mode never dials an address a network rule refuses.
-            return replace(picked, policy_version=policy.version)
-        dial = picked
+            return replace(choice.denial, policy_version=policy.version)
+        dial, refusals = choice.dial, choice.refused
 
     # Rules for the name, and deny rules for the network the dialled address is in, may need
     # per-request checks: either one means the tunnel must be intercepted.
@@ -131,6 +135,7 @@ async def decide(
             inspect=inspect and not rule_decision.raw_tcp,
             address=dial,
             raw_tcp=rule_decision.raw_tcp,
+            refused=refusals,
         )
     if relaxed:
         return Decision(
@@ -142,6 +147,7 @@ async def decide(
             report_only=True,
             inspect=inspect,
             address=dial,
+            refused=refusals,
         )
     return rule_decision
 
@@ -205,6 +211,20 @@ def _rules(
 _parse_ip = functools.lru_cache(maxsize=65_536)(ipaddress.ip_address)
 
 
+_NO_DECISION = Decision()
+
+
+@dataclass(frozen=True, slots=True)
+class AddressChoice:
+    """Step 5's outcome: the addresses in the order they were checked, the refused ones with
+    why, and the one to dial; or, when none may be dialled, the denial."""
+
+    candidates: tuple[str, ...]
+    refused: tuple[Refusal, ...]
+    dial: str | None
+    denial: Decision = _NO_DECISION
+
+
 async def pick_address(
     tenant: TenantPolicy,
     request: EgressRequest,
@@ -213,47 +233,65 @@ async def pick_address(
     pinned: str | None,
     *,
     public_only: bool = True,
-) -> str | Decision:
+) -> AddressChoice:
     """The first resolved address that no deny network covers and the guard permits.
 
     `public_only`: no rule names the host itself (`hosts: ["*"]`, or report mode), so ranges
-    the operator opens by name do not apply.
+    the operator opens by name do not apply. Addresses after the chosen one are not checked.
     """
     candidates = (pinned,) if pinned else (await resolver.resolve(request.host)).addresses
     denied_by = None
-    refused = ""
+    refused: list[Refusal] = []
     for text in candidates:
         try:
             ip = _parse_ip(text)
         except ValueError:
-            refused = refused or "not an address"
+            _keep(refused, Refusal(text, "not an address", "invalid"))
             continue
         args = (ip, request.port, request.method, request.path)
         rule = tenant.base_deny.deny_address(*args) or tenant.deny.deny_address(*args)
         if rule is not None:
             denied_by = denied_by or rule
+            why = f"{ip} is in a deny rule's network"
+            _keep(refused, Refusal(str(ip), why, "deny_rule", rule_id=rule.rule_id))
             continue
-        why = guard.refusal(
+        found = guard.check(
             ip,
             by_name=True,
             tenant_opens=tenant.allow.opens_internal(ip, request.port),
             public_only=public_only,
         )
-        if why is None:
-            return str(ip)
-        refused = refused or why
+        if found is None:
+            return AddressChoice(candidates, tuple(refused), str(ip))
+        _keep(refused, found)
     if denied_by is not None:
-        return Decision(
+        denial = Decision(
             reason=Reason.HOST_DENIED,
             rule_id=denied_by.rule_id,
             mode=tenant.mode,
             detail="every resolved address is refused",
+            refused=tuple(refused),
         )
-    return Decision(
-        reason=Reason.PRIVATE_ADDRESS,
-        mode=tenant.mode,
-        detail=f"every resolved address is refused ({refused})" if refused else "no address",
-    )
+    else:
+        denial = Decision(
+            reason=Reason.PRIVATE_ADDRESS,
+            mode=tenant.mode,
+            detail=refused_detail(refused),
+            refused=tuple(refused),
+        )
+    return AddressChoice(candidates, tuple(refused), None, denial)
+
+
+def _keep(refused: list[Refusal], refusal: Refusal) -> None:
+    if len(refused) < MAX_REFUSALS:
+        refused.append(refusal)
+
+
+def refused_detail(refused: list[Refusal] | tuple[Refusal, ...]) -> str:
+    """`every resolved address is refused: <why>; <why>` (the audit detail of step 5's denial)."""
+    if not refused:
+        return "no address"
+    return "every resolved address is refused: " + "; ".join(r.why for r in refused)
 
 
 def guard_answers(
@@ -289,6 +327,7 @@ def _deny(
     *,
     rule_id: str | None = None,
     detail: str = "",
+    refused: tuple[Refusal, ...] = (),
 ) -> Decision:
     return Decision(
         allowed=False,
@@ -297,4 +336,5 @@ def _deny(
         policy_version=policy.version,
         mode=tenant.mode if tenant else Mode.ENFORCE,
         detail=detail,
+        refused=refused,
     )

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from .reasons import Reason
 
-__all__ = ["RELAXABLE_IN_REPORT_MODE", "Decision", "EgressRequest", "Identity", "Mode", "Phase"]
+__all__ = ["RELAXABLE_IN_REPORT_MODE", "Decision", "EgressRequest", "Identity", "Mode", "Phase", "Refusal"]
 
 
 class Phase(StrEnum):
@@ -78,6 +78,29 @@ class EgressRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Refusal:
+    """An address the gateway would not dial for a request, and why. Addresses are no secret:
+    they go to the audit trail, `policy explain` and the guest's 403 body."""
+
+    address: str
+    # A sentence that names the address: "10.1.5.3 is a private address the operator does not ...".
+    why: str
+    # The address class (sandgate.policy.addresses.AddressClass), `own` for the gateway's own
+    # addresses, `deny_rule` for an address a deny network covers.
+    kind: str
+    # Whether an operator range (address_guard.tenant_reachable, reachable_by_name) can open it.
+    operator_can_open: bool = False
+    rule_id: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The refusal as written to the audit trail and the 403 body."""
+        out: dict[str, object] = {"address": self.address, "kind": self.kind, "why": self.why}
+        if self.rule_id is not None:
+            out["rule_id"] = self.rule_id
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """The answer. The zero value denies: a forgotten field never means allow."""
 
@@ -95,6 +118,8 @@ class Decision:
     # The matched rule lets raw TCP bytes through (`protocol: tcp`).
     raw_tcp: bool = False
     detail: str = field(default="", compare=False)
+    # The addresses refused on the way (step 2 or 5), in the order they were checked.
+    refused: tuple[Refusal, ...] = field(default=(), compare=False)
 
     @property
     def verdict(self) -> str:

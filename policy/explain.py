@@ -7,11 +7,12 @@ gateway. Steps after the one that decided are shown as not reached.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .decide import decide, literal_ip, pick_address
-from .decision import Decision, EgressRequest, Identity
+from .decision import Decision, EgressRequest, Identity, Refusal
 from .engine import PolicyEngine, RegoQuery, RegoVerdict
 from .errors import ResolveError
 from .guard import AddressGuard
@@ -22,9 +23,22 @@ from .reasons import Reason
 from .rego_input import input_document
 from .resolver import Resolver
 
-__all__ = ["Explanation", "Step", "explain"]
+__all__ = ["AddressCheck", "Explanation", "Step", "explain"]
 
 STEP_NAMES = ("identity", "address guard", "deny rules", "allow rules", "resolve", "rego")
+
+
+@dataclass(frozen=True, slots=True)
+class AddressCheck:
+    """One address the guard looked at (steps 2 and 5): `dial`, `refused` (with why) or
+    `not checked` (after the one dialled)."""
+
+    address: str
+    result: str
+    why: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"address": self.address, "result": self.result, "why": self.why}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +51,10 @@ class Step:
     detail: str
     rule_id: str | None = None
     origin: str | None = None
+    addresses: tuple[AddressCheck, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "step": self.number,
             "name": self.name,
             "outcome": self.outcome,
@@ -47,6 +62,9 @@ class Step:
             "rule_id": self.rule_id,
             "origin": self.origin,
         }
+        if self.addresses:
+            out["addresses"] = [a.as_dict() for a in self.addresses]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +132,13 @@ async def _explain_one(
             Step(2, "address guard", "skip", f"{request.host} is a name: its addresses are checked in step 5")
         )
     else:
-        refused = guard.refusal(ip, by_name=False, tenant_opens=tenant.allow.opens_internal(ip, request.port))
+        refused = guard.check(ip, by_name=False, tenant_opens=tenant.allow.opens_internal(ip, request.port))
         if refused is not None:
-            steps.append(Step(2, "address guard", "deny", refused))
+            checked = (AddressCheck(refused.address, "refused", refused.why),)
+            steps.append(Step(2, "address guard", "deny", refused.why, addresses=checked))
             return Explanation(decision, _pad(steps))
-        steps.append(Step(2, "address guard", "ok", f"{ip} may be dialled"))
+        dialled = (AddressCheck(str(ip), "dial"),)
+        steps.append(Step(2, "address guard", "ok", f"{ip} may be dialled", addresses=dialled))
     named = _rule_steps(steps, tenant, request, ip, decision)
     if named is None:
         return Explanation(decision, _pad(steps))
@@ -183,17 +203,45 @@ async def _resolve_step(
         steps.append(Step(5, "resolve", "skip", f"{ip} is an address"))
         return str(ip)
     try:
-        picked = await pick_address(tenant, request, resolver, guard, None, public_only=not named)
+        choice = await pick_address(tenant, request, resolver, guard, None, public_only=not named)
     except ResolveError as e:
         steps.append(Step(5, "resolve", "deny", f"cannot resolve: {e}"))
         return None
-    if isinstance(picked, Decision):
-        steps.append(
-            Step(5, "resolve", "deny", f"{picked.reason.value}: {picked.detail}", rule_id=picked.rule_id)
-        )
+    checked = _address_checks(choice.candidates, choice.refused, choice.dial)
+    resolved = f"{request.host} → {', '.join(choice.candidates)}"
+    if choice.dial is None:
+        denial = choice.denial
+        detail = f"{resolved}: {denial.reason.value}, no address may be dialled"
+        steps.append(Step(5, "resolve", "deny", detail, rule_id=denial.rule_id, addresses=checked))
         return None
-    steps.append(Step(5, "resolve", "ok", f"{request.host} → {picked}"))
-    return picked
+    detail = resolved if len(choice.candidates) == 1 else f"{resolved}: dials {choice.dial}"
+    steps.append(Step(5, "resolve", "ok", detail, addresses=checked))
+    return choice.dial
+
+
+def _address_checks(
+    candidates: tuple[str, ...], refused: tuple[Refusal, ...], dial: str | None
+) -> tuple[AddressCheck, ...]:
+    """Each resolved address in order: refused (why), dialled, or not checked after the dial.
+    Every address before the dialled one was refused, in order (the first MAX_REFUSALS kept)."""
+    dial_at = len(candidates)
+    if dial is not None:
+        dial_at = next((i for i, text in enumerate(candidates) if _canonical(text) == dial), dial_at)
+    out: list[AddressCheck] = []
+    for i, text in enumerate(candidates):
+        if i < dial_at:
+            why = refused[i].why if i < len(refused) else "refused (not kept: too many refusals)"
+            out.append(AddressCheck(text, "refused", why))
+        else:
+            out.append(AddressCheck(text, "dial" if i == dial_at else "not checked"))
+    return tuple(out)
+
+
+def _canonical(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return text
 
 
 def _rule_step(number: int, name: str, outcome: str, detail: str, rule: CompiledRule) -> Step:

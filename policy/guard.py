@@ -19,6 +19,7 @@ import ipaddress
 from collections.abc import Iterable
 
 from .addresses import AddressClass, CidrSet, classify, embedded_ipv4
+from .decision import Refusal
 
 __all__ = ["NEVER_OPENED", "AddressGuard", "IPAddress"]
 
@@ -65,24 +66,33 @@ class AddressGuard:
     def refusal(
         self, ip: IPAddress, *, by_name: bool, tenant_opens: bool, public_only: bool = False
     ) -> str | None:
-        """Why the gateway may not dial `ip`, or None when it may.
+        """Why the gateway may not dial `ip`, or None when it may (see `check`)."""
+        found = self.check(ip, by_name=by_name, tenant_opens=tenant_opens, public_only=public_only)
+        return found.why if found is not None else None
+
+    def check(
+        self, ip: IPAddress, *, by_name: bool, tenant_opens: bool, public_only: bool = False
+    ) -> Refusal | None:
+        """The refusal of `ip`, or None when the gateway may dial it.
 
         `by_name`: the address came from resolving a name; `tenant_opens`: an internal-only
         cidr rule of the tenant covers it on this port; `public_only`: the name was allowed
         by `hosts: ["*"]` (or by nothing, in report mode), so no operator range applies to it.
         """
         if self.is_own(ip):
-            return f"{ip} is an address of the gateway itself"
+            return Refusal(str(ip), f"{ip} is an address of the gateway itself", "own")
         address_class = classify(ip)
         if address_class is AddressClass.PUBLIC:
             return None
+        kind = address_class.value
         if address_class in NEVER_OPENED:
-            return f"{ip} is a {address_class.value} address, never reachable"
+            return Refusal(str(ip), f"{ip} is a {kind} address, never reachable", kind)
         if tenant_opens and ip in self._tenant_reachable:
             return None
         if by_name and not public_only and ip in self._reachable_by_name:
             return None
-        return f"{ip} is a {address_class.value} address the operator does not open to this request"
+        why = f"{ip} is a {kind} address the operator does not open to this request"
+        return Refusal(str(ip), why, kind, operator_can_open=True)
 
     def permits(self, ip: IPAddress, *, by_name: bool, tenant_opens: bool, public_only: bool = False) -> bool:
         """Whether the gateway may dial `ip` for this request."""

@@ -464,9 +464,11 @@ class Gate:
         state = self.ctx.connections.get(flow.client_conn.id)
         if flow.request.method == "CONNECT" and state is not None:
             state.denied = reason
-        # Only a Rego author's message reaches the guest; other details stay in the audit trail.
+        # Only a Rego author's message reaches the guest; other details stay in the audit trail,
+        # except the addresses the guard refused (no secret), so an agent can say what to open.
         message = decision.detail if reason is Reason.POLICY_DENIED else None
-        _refuse(flow, lambda: denied_response(reason, dctx.host, dctx.decision_id, message))
+        refused = decision.refused if reason is Reason.PRIVATE_ADDRESS else ()
+        _refuse(flow, lambda: denied_response(reason, dctx.host, dctx.decision_id, message, refused=refused))
         await self._record(dctx, decision)
 
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:

@@ -411,6 +411,7 @@ def _explain_json(result: Explanation, args: argparse.Namespace) -> dict[str, An
         "address": d.address,
         "inspect": d.inspect,
         "detail": d.detail,
+        "refused": [r.as_dict() for r in d.refused],
         "request": f"{args.method.upper()} {args.url}",
         "steps": [s.as_dict() for s in result.steps],
     }
@@ -440,6 +441,10 @@ def _explain_text(result: Explanation, args: argparse.Namespace, identity: Ident
         if s.rule_id:
             where = f" [{s.rule_id}" + (f" at {s.origin}" if s.origin else "") + "]"
         lines.append(f"  {s.number} {s.name:<13} {s.outcome:<11} {s.detail}{where}".rstrip())
+        # One address is said in the step's line; several, or a refusal, get a line each.
+        listed = s.addresses if len(s.addresses) > 1 or (s.number == 5 and s.outcome == "deny") else ()
+        for a in listed:
+            lines.append(f"{'':28}{a.address:<15} {a.result}" + (f": {a.why}" if a.why else ""))
     if result.rego_input is not None:
         lines.append("rego modules")
         lines += [f"  {m}" for m in result.rego_modules]

@@ -67,7 +67,7 @@ def decision_record(
     """The audit record of one decision (and its count in the metrics)."""
     tenant = ctx.identity.tenant if ctx.identity else None
     METRICS.decision(tenant, decision.reason.value, ctx.phase.value, decision.verdict)
-    return {
+    record = {
         "event": "decision",
         "v": RECORD_VERSION,
         # Epoch seconds here; the audit writer thread renders it as RFC 3339 (off the hot path).
@@ -93,3 +93,7 @@ def decision_record(
         "error": error,
         "detail": decision.detail or None,
     }
+    if decision.refused:
+        # The addresses the guard or a deny network refused, in the order they were checked.
+        record["refused"] = [r.as_dict() for r in decision.refused]
+    return record

@@ -10,9 +10,11 @@ from the wire (upstream or guest bytes) is ever quoted in an answer.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from mitmproxy import http
 
+from sandgate.policy.decision import Refusal
 from sandgate.policy.reasons import Reason
 
 __all__ = [
@@ -49,11 +51,13 @@ def denied_response(
     *,
     status: int | None = None,
     close: bool = False,
+    refused: Sequence[Refusal] = (),
 ) -> http.Response:
     """A refusal (403 by default) with the reason in a header and a JSON body an agent can read.
 
     `message` is a policy author's explanation (a Rego denial's), never gateway internals.
     `status` overrides the reason's (504 for a timeout); `close` asks the client to hang up.
+    `refused`: the addresses the address guard refused (`private_address`), each with why.
     """
     code = status if status is not None else status_for(reason)
     fields: dict[str, object] = {
@@ -64,6 +68,8 @@ def denied_response(
     }
     if message:
         fields["message"] = message
+    if refused:
+        fields["refused"] = [{"address": r.address, "kind": r.kind, "why": r.why} for r in refused]
     body = json.dumps(fields).encode()
     headers = {
         "Content-Type": "application/json",
