@@ -1,7 +1,8 @@
 """Allow rules that would have permitted a sandbox's repeated denials, as YAML to review.
 
 Only denials a missing allow rule explains are used: host_not_allowed, port_not_allowed,
-method_not_allowed and path_not_allowed (`deny` and report mode's `would_deny`). They are
+method_not_allowed and path_not_allowed (`deny` and report mode's `would_deny`).
+private_address denials get an operator-level section instead (audit_suggest_operator). They are
 grouped by host and by level: connection-level denials (connect, tls) give a rule of hosts and
 ports; request-level denials give hosts, ports, methods and paths, where several paths under
 one first segment are widened to their longest common prefix (`/v1/**`). Each rule is checked
@@ -27,6 +28,7 @@ from sandgate.policy.reasons import Reason
 
 from .audit_format import clean
 from .audit_query import AuditInputError, Record, dest_host, record_time
+from .audit_suggest_operator import InternalAddresses
 
 __all__ = ["SUGGESTIBLE", "Evidence", "collapse_paths", "collect", "render_suggestions", "suggested_rules"]
 
@@ -39,8 +41,6 @@ DENIED = frozenset({"deny", "would_deny"})
 WHY_NOT: dict[str, str] = {
     Reason.NO_IDENTITY: "the connection had no identity, so no tenant's rules applied",
     Reason.HOST_DENIED: "a deny rule matched, and deny rules win over allow rules",
-    Reason.PRIVATE_ADDRESS: "the address guard refuses private, loopback and link-local addresses whatever "
-    "the rules allow",
     Reason.DNS_FAILURE: "the name did not resolve",
     Reason.DNS_DENIED: "name lookups no rule allows; the port is unknown, so list them with "
     "`sandgate audit query --reason dns_denied` and write rules by hand",
@@ -104,6 +104,7 @@ class Evidence:
     tenants: set[str] = field(default_factory=set)
     no_host: int = 0
     denials: int = 0
+    internal: InternalAddresses = field(default_factory=InternalAddresses)
 
     def add(self, record: Record) -> None:
         """Take one record into account (allowed ones are ignored)."""
@@ -113,6 +114,9 @@ class Evidence:
         if isinstance(tenant := record.get("tenant"), str):
             self.tenants.add(tenant)
         reason = str(record.get("reason"))
+        if reason == Reason.PRIVATE_ADDRESS:
+            self.internal.add(record)
+            return
         if reason not in SUGGESTIBLE:
             self.skipped[reason] += 1
             return
@@ -270,4 +274,7 @@ def render_suggestions(evidence: Evidence, min_count: int) -> str:
     """The suggestions as a commented YAML document with one `allow:` list."""
     rules, notes = suggested_rules(evidence, min_count)
     body = yaml.safe_dump({"allow": rules}, sort_keys=False, default_flow_style=None, width=1 << 16)
-    return "\n".join([*_header(evidence), *_skipped_lines(evidence, notes), body.rstrip("\n")]) + "\n"
+    tenant = next(iter(evidence.tenants), None)
+    operator = evidence.internal.lines(tenant, min_count)
+    parts = [*_header(evidence), *_skipped_lines(evidence, notes), *operator, body.rstrip("\n")]
+    return "\n".join(parts) + "\n"

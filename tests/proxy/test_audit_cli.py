@@ -387,7 +387,7 @@ def test_suggest_turns_repeated_denials_into_rules_to_review(
     comments = [x for x in out.splitlines() if x.startswith("#")]
     assert comments[1].startswith("# SUGGESTIONS TO REVIEW: sandgate never applies them automatically.")
     assert "tenant t1's file" in comments[2]
-    assert "#   1 private_address: the address guard refuses private" in out
+    assert "#   1 denials whose records name no refused address" in out
     assert "#   once.test (connections): 1 denial(s), fewer than --min-count 2" in out
 
 
