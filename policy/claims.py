@@ -28,7 +28,7 @@ class Claim:
     tenant: str
     file: str
     where: SourceLocation
-    # (key, index) of the `id` entry, for the error the loader raises in that file.
+    # Its index in the file's `sandboxes:` list (as loaded), for the error in that file.
     index: int
     loads: bool
     mtime_ns: int

@@ -92,7 +92,9 @@ def load_policy_dir(
         elif p.parent.name == "presets":
             errors = preset_errors.setdefault(str(p), [])
             preset = _load_one(p, PresetFile, errors)
-            if preset is None:
+            if preset is None or preset.salvaged:
+                if preset is not None:  # checked for its other problems; it claims no name
+                    _compile_rules(preset, "allow", f"preset:{preset.model.preset}", errors)
                 if (name := _declared_name(p, "preset")) is not None:
                     unloadable_presets.add(name)
                 continue

@@ -183,3 +183,24 @@ def test_a_tenant_named_unlike_its_file_is_noted_and_still_loads(rules: Path) ->
     ) in result.stdout.splitlines()
     strict = load_policy_dir(rules)
     assert sorted(strict.tenants) == ["acmee", "demo"]
+
+
+def test_a_preset_with_a_schema_error_still_reports_its_other_problems_and_takes_no_name(
+    rules: Path,
+) -> None:
+    presets = rules / "presets"
+    presets.mkdir()
+    (presets / "a-broken.yaml").write_text('preset: web\ndescrption: typo\nallow:\n  - hosts: ["*.org"]\n')
+    (presets / "b-good.yaml").write_text("preset: web\nallow:\n  - hosts: [example.org]\n")
+    write(rules, "acme.yaml", ACME.replace("allow:", "include: [web]\nallow:"))
+    result = check(rules)
+    broken = presets / "a-broken.yaml"
+    assert result.stderr.splitlines() == [
+        f"{broken}:2:1: descrption: unknown key (did you mean 'description'?)",
+        f"{broken}:4:13: allow.0.hosts.0: '*.org' would allow a whole top-level domain; "
+        "name the domains instead",
+    ]
+    # The gateway: the good preset keeps its name, and the tenant including it loads.
+    policy = load_policy_dir(rules, isolate=True)
+    assert sorted(policy.tenants) == ["acme", "demo"]
+    assert [p.file for p in policy.problems] == [str(broken)]
