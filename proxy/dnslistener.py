@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import socket
 import struct
 from collections.abc import Callable
 
@@ -37,11 +38,13 @@ from .bindings import NameBindings
 from .context import GatewayContext
 from .records import DecisionContext, decision_record
 
-__all__ = ["MAX_QUERY_BYTES", "DnsListener"]
+__all__ = ["ALL_ADDRESSES", "MAX_QUERY_BYTES", "DnsListener"]
 
 log = structlog.get_logger("sandgate.dns")
 
 MAX_QUERY_BYTES = 512
+# A listener host meaning every address of both families (one socket per family).
+ALL_ADDRESSES = "*"
 _ANSWER_TYPES = {dns.rdatatype.A: 4, dns.rdatatype.AAAA: 6}
 
 
@@ -64,22 +67,25 @@ class DnsListener:
         self.port = port
         self.listener = listener or f"dns@{host}:{port}"
         self.max_ttl = max_ttl
-        self._udp: asyncio.DatagramTransport | None = None
+        self._udp: list[asyncio.DatagramTransport] = []
         self._tcp: asyncio.Server | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _UdpProtocol(self.answer), local_addr=(self.host, self.port)
-        )
-        self._udp = transport
-        self._tcp = await asyncio.start_server(self._serve_tcp, self.host, self.port)
-        sock = self._tcp.sockets[0]
-        self.port = sock.getsockname()[1]
+        # "*": IPv4 and IPv6 guests, on separate sockets (IPv6-only), so a source address is
+        # never seen in its IPv4-mapped spelling; every socket on the first one's port.
+        hosts = ["0.0.0.0", "::"] if self.host == ALL_ADDRESSES else [self.host]
+        for host in hosts:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _UdpProtocol(self.answer), sock=_udp_socket(host, self.port)
+            )
+            self._udp.append(transport)
+            self.port = transport.get_extra_info("sockname")[1]
+        self._tcp = await asyncio.start_server(self._serve_tcp, hosts, self.port)
 
     async def stop(self) -> None:
-        if self._udp is not None:
-            self._udp.close()
+        for udp in self._udp:
+            udp.close()
         if self._tcp is not None:
             self._tcp.close()
             with contextlib.suppress(Exception):
@@ -193,6 +199,20 @@ class DnsListener:
             )
         # A denied name is not resolved, and its existence is not revealed (NXDOMAIN).
         return Decision(reason=Reason.DNS_DENIED, policy_version=policy.version, mode=tenant.mode)
+
+
+def _udp_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class _UdpProtocol(asyncio.DatagramProtocol):
