@@ -49,11 +49,14 @@ class ListenerConfig(_Strict):
     """One guest-facing listener."""
 
     mode: Literal["regular", "transparent"] = "regular"
+    # "*": every address, IPv4 and IPv6 (a socket per family; IPv6 sandbox guests need it).
     host: str = "127.0.0.1"
     port: Port = 8080
 
     @property
     def spec(self) -> str:
+        if self.host == "*":
+            return f"{self.mode}@{self.port}"  # mitmproxy: no host is every host, both families
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.mode}@{host}:{self.port}"
 
@@ -195,7 +198,8 @@ class PassthroughConfig(_Strict):
 
 
 class DnsListenerConfig(_Strict):
-    """The guests' DNS listener (UDP and TCP); the host redirects guests' port 53 to it."""
+    """The guests' DNS listener (UDP and TCP); the host redirects guests' port 53 to it.
+    `host: "*"` listens on every address, IPv4 and IPv6."""
 
     host: str = "127.0.0.1"
     port: Port = 8053
@@ -436,7 +440,8 @@ def split_listen(text: str) -> tuple[str, int]:
 class HostRulesConfig(_Strict):
     """The nftables table `sandgate sandbox add` owns (one per gateway state directory)."""
 
-    table: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")] = "sandgate"
+    # None: `sandgate_<8 hex of sha256(realpath(state_dir))>` (GatewayConfig.nft_table).
+    table: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")] | None = None
 
 
 class LogConfig(_Strict):
@@ -501,6 +506,13 @@ class GatewayConfig(_Strict):
     @property
     def ca_dir(self) -> Path:
         return self.state_path / "ca"
+
+    @property
+    def nft_table(self) -> str:
+        """The host rules' nftables table: `host_rules.table`, else one derived from the state_dir."""
+        from .hosttable import default_table
+
+        return self.host_rules.table or default_table(self.state_path)
 
     @property
     def registry_path(self) -> Path:

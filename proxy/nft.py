@@ -55,7 +55,12 @@ def _elements(items: Iterable[str]) -> str:
 
 
 def render_ruleset(
-    sandboxes: Iterable[SandboxInterface], transparent_port: int, dns_port: int, table: str = TABLE
+    sandboxes: Iterable[SandboxInterface],
+    transparent_port: int,
+    dns_port: int,
+    table: str = TABLE,
+    *,
+    comment: str = "",
 ) -> str:
     """The complete `inet <table>` table for these interfaces."""
     merged: dict[str, set[str]] = {}
@@ -73,8 +78,9 @@ def render_ruleset(
     addrs4 = _elements(a for _, a in v4)
     addrs6 = _elements(a for _, a in v6)
     nd = "{ nd-neighbor-solicit, nd-neighbor-advert }"
+    owner = f'  comment "{comment}"\n' if comment else ""
     return f"""table inet {table} {{
-  set ifaces {{ type ifname;{ifaces} }}
+{owner}  set ifaces {{ type ifname;{ifaces} }}
   set ifaces6 {{ type ifname;{ifaces6} }}
   set sources4 {{ type ifname . ipv4_addr;{sources4} }}
   set sources6 {{ type ifname . ipv6_addr;{sources6} }}
@@ -113,15 +119,20 @@ def render_ruleset(
 
 
 def apply_ruleset(
-    sandboxes: Iterable[SandboxInterface], transparent_port: int, dns_port: int, table: str = TABLE
+    sandboxes: Iterable[SandboxInterface],
+    transparent_port: int,
+    dns_port: int,
+    table: str = TABLE,
+    *,
+    comment: str = "",
+    drop_table: str | None = None,
 ) -> None:
-    """Replace sandgate's table in one transaction (or remove it when there is nothing to guard)."""
-    body = render_ruleset(sandboxes, transparent_port, dns_port, table)
-    if not body:
-        remove_ruleset(table)
-        return
-    # "add" makes "delete" safe when the table does not exist yet; all three are one transaction.
-    _nft(f"add table inet {table}\ndelete table inet {table}\n{body}")
+    """Replace sandgate's table in one transaction (or remove it when there is nothing to guard);
+    `drop_table` (an old table being replaced by this one) goes in the same transaction."""
+    body = render_ruleset(sandboxes, transparent_port, dns_port, table, comment=comment)
+    # "add" makes "delete" safe when the table does not exist yet; all of it is one transaction.
+    old = f"add table inet {drop_table}\ndelete table inet {drop_table}\n" if drop_table else ""
+    _nft(f"{old}add table inet {table}\ndelete table inet {table}\n{body}")
 
 
 def remove_ruleset(table: str = TABLE) -> None:

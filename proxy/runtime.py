@@ -521,6 +521,8 @@ class Gateway:
             # Raises ConfigError (socket taken by a live gateway, bad token reference) before serving.
             self.admin = AdminServer(self.config, self.admin_state())
             await self.admin.start()
+        if any(lst.mode == "transparent" for lst in self.config.listeners):
+            await _prepare_host_table(self.config)
         self.ctx.audit.start()
         await self.reloader.record_start()
         if self.fleet is not None:
@@ -562,3 +564,15 @@ async def serve(config: GatewayConfig) -> int:
     # milliseconds instead of a few hundred (a pause every tenant would wait through).
     gc.freeze()
     return await gateway.run()
+
+
+async def _prepare_host_table(config: GatewayConfig) -> None:
+    """Refuse to start on another running gateway's nftables table (ConfigError); move this
+    state_dir's rules out of an older sandgate's shared table. Without nft (no host rules
+    on this host) there is nothing to check."""
+    from .sandboxes import prepare_host_table
+
+    try:
+        await asyncio.to_thread(prepare_host_table, config)
+    except (OSError, RuntimeError) as e:
+        log.warning("host_rules.unchecked", table=config.nft_table, error=str(e))

@@ -12,10 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import structlog
+
 from sandgate.policy.loader import load_policy_dir
 
 from .config import GatewayConfig
 from .errors import ConfigError
+from .hosttable import LEGACY_TABLE, check_owner, legacy_sources, owner_comment
 from .nft import SandboxInterface, apply_ruleset, enable_ipv6, set_interface_sysctls
 from .registry import DynamicSandbox, already_registered, load_registry, merge_registry, save_registry
 from .statusfile import read_status
@@ -25,10 +28,13 @@ __all__ = [
     "apply_host_rules",
     "interface_exists",
     "listener_ports",
+    "prepare_host_table",
     "register",
     "registered",
     "unregister",
 ]
+
+log = structlog.get_logger("sandgate.sandboxes")
 
 
 def listener_ports(config: GatewayConfig) -> tuple[int, int]:
@@ -147,13 +153,32 @@ def _sysctls_after(sandbox: DynamicSandbox) -> None:
         enable_ipv6(sandbox.interface)
 
 
-def _apply(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> None:
+def prepare_host_table(config: GatewayConfig) -> None:
+    """At start: refuse a table another running gateway owns, and move this state_dir's rules
+    out of the `inet sandgate` table an older sandgate shared between gateways (hosttable.py)."""
+    table = config.nft_table
+    check_owner(table, config.state_path)
+    if config.host_rules.table is not None:
+        return  # named explicitly: no derived name to move to
+    old = legacy_sources()
+    if old is None:
+        return
+    local = [s for s in registered(config) if s.interface and interface_exists(s.interface)]
+    mine = {(s.interface, a) for s in local for a in s.addresses}
+    if not old or not old <= mine:
+        log.warning("host_rules.legacy_table_left", table=LEGACY_TABLE, reason="not this state_dir's rules")
+        return
+    with _locked(config):
+        _apply(config, local, drop_table=LEGACY_TABLE)
+    log.info("host_rules.legacy_table_moved", old=LEGACY_TABLE, table=table)
+
+
+def _apply(config: GatewayConfig, sandboxes: list[DynamicSandbox], drop_table: str | None = None) -> None:
     interfaces = [
         SandboxInterface(s.interface, s.addresses) for s in sandboxes if s.interface and s.addresses
     ]
-    table = config.host_rules.table
-    if not interfaces:
-        apply_ruleset([], 0, 0, table)
-        return
-    transparent, dns = listener_ports(config)
-    apply_ruleset(interfaces, transparent, dns, table)
+    table = config.nft_table
+    # Never write (nor delete) a table another running gateway owns.
+    check_owner(table, config.state_path)
+    ports = listener_ports(config) if interfaces else (0, 0)
+    apply_ruleset(interfaces, *ports, table, comment=owner_comment(config.state_path), drop_table=drop_table)

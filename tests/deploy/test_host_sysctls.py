@@ -16,6 +16,8 @@ import pytest
 from conftest import SANDGATE, tenant_yaml
 from support.deployfiles import DEPLOY
 
+from sandgate.proxy.hosttable import default_table
+
 HOST_FILE = DEPLOY / "sysctl" / "90-sandgate.conf"
 # A container's view: /proc/sys read-only (the mount is private to this command).
 READ_ONLY_PROC_SYS = 'mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "$@"'
@@ -83,7 +85,7 @@ def test_without_the_host_settings_a_read_only_proc_sys_refuses_the_sandbox(
     assert wanted in result.stderr, result.stderr
     assert "net.ipv4.conf.all.rp_filter = 1" in HOST_FILE.read_text()
     assert not (tmp_path / "state" / "sandboxes.json").exists(), "nothing is registered"
-    assert in_ns(netns, "nft", "list", "table", "inet", "sandgate").returncode != 0
+    assert in_ns(netns, "nft", "list", "table", "inet", default_table(tmp_path / "state")).returncode != 0
 
 
 @pytest.mark.root
@@ -103,7 +105,7 @@ def test_with_the_host_settings_a_read_only_proc_sys_registers_the_sandbox(
     result = sandbox_add(tmp_path, netns, interface)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "state" / "sandboxes.json").exists()
-    assert in_ns(netns, "nft", "list", "table", "inet", "sandgate").returncode == 0
+    assert in_ns(netns, "nft", "list", "table", "inet", default_table(tmp_path / "state")).returncode == 0
     # What the settings are for: strict reverse-path filtering and no IPv6 on the interface.
     rp = max(
         int(sysctl(netns, "net.ipv4.conf.all.rp_filter")),

@@ -21,6 +21,7 @@ from support.deployfiles import DEPLOY, env_refs, file_refs, parse_cli, under, u
 
 from sandgate.proxy.config import load_config
 from sandgate.proxy.errors import ConfigError
+from sandgate.proxy.hosttable import default_table
 from sandgate.proxy.store_keys import StoreKeys
 
 UNIT = DEPLOY / "systemd" / "sandgate.service"
@@ -268,7 +269,7 @@ def test_the_units_user_registers_a_sandbox_with_net_admin_alone(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     table = subprocess.run(
-        ["ip", "netns", "exec", ns, "nft", "list", "table", "inet", "sandgate"],
+        ["ip", "netns", "exec", ns, "nft", "list", "table", "inet", default_table(state)],
         capture_output=True,
         timeout=30,
     )
