@@ -426,6 +426,7 @@ class _SandboxRegistry:
     def __init__(self) -> None:
         self.by_id: dict[str, SandboxRecord] = {}
         self.by_address: dict[str, SandboxRecord] = {}
+        self.by_interface: dict[str, SandboxRecord] = {}
         self.token_files: list[Path] = []
         self.notices: list[LoadNotice] = []
 
@@ -442,6 +443,7 @@ class _SandboxRegistry:
         records: list[SandboxRecord] = []
         ids: dict[str, SandboxRecord] = {}
         addresses: dict[str, SandboxRecord] = {}
+        interfaces: dict[str, SandboxRecord] = {}
         for i, sb in enumerate(t.sandboxes):
             owner = self.by_id.get(sb.id) or ids.get(sb.id)
             if owner is not None:
@@ -463,9 +465,15 @@ class _SandboxRegistry:
                     errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
                     continue
             found = _addresses(loaded.doc, i, sb.addresses, errors)
-            record = SandboxRecord(sb.id, t.tenant, digest, tuple(a for _, a in found))
+            record = SandboxRecord(sb.id, t.tenant, digest, tuple(a for _, a in found), sb.interface)
             ids[sb.id] = record
             records.append(record)
+            if sb.interface is not None:
+                owner = self.by_interface.get(sb.interface) or interfaces.get(sb.interface)
+                if owner is not None:
+                    problem = f"interface {sb.interface} already carries sandbox {owner.sandbox!r}"
+                    errors.append(_err(loaded.doc, ("sandboxes", i, "interface"), problem))
+                interfaces[sb.interface] = record
             for j, addr in found:
                 owner = self.by_address.get(addr) or addresses.get(addr)
                 if owner is not None:
@@ -476,15 +484,23 @@ class _SandboxRegistry:
             return ()
         self.by_id.update(ids)
         self.by_address.update(addresses)
+        self.by_interface.update(interfaces)
         return tuple(records)
 
     def restore(self, records: Sequence[SandboxRecord]) -> bool:
         """Register a kept tenant's sandboxes again; False (nothing registered) when one is taken."""
-        if any(r.sandbox in self.by_id or any(a in self.by_address for a in r.addresses) for r in records):
+        if any(
+            r.sandbox in self.by_id
+            or any(a in self.by_address for a in r.addresses)
+            or (r.interface is not None and r.interface in self.by_interface)
+            for r in records
+        ):
             return False
         for r in records:
             self.by_id[r.sandbox] = r
             self.by_address.update((a, r) for a in r.addresses)
+            if r.interface is not None:
+                self.by_interface[r.interface] = r
         return True
 
 

@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 NAME_PATTERN = r"^[a-z0-9](?:[a-z0-9._-]{0,62})$"
+# A Linux interface name (IFNAMSIZ - 1 characters).
+IFNAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,15}$"
 _METHOD = re.compile(r"^[A-Z][A-Z0-9_-]{0,31}$")
 _PATH_GLOB = re.compile(r"^/[\x21-\x7e]*$")
 _REGO_PATH = re.compile(r"^[^\x00-\x1f]+\.rego$")
@@ -172,6 +174,25 @@ class SandboxEntry(_Strict):
     addresses: list[str] = Field(
         default_factory=list, description="source addresses (transparent mode identity)"
     )
+    interface: Annotated[str, Field(pattern=IFNAME_PATTERN)] | None = Field(
+        default=None,
+        description=(
+            "the host-side interface (TAP or veth) the sandbox's traffic arrives on: the gateway "
+            "installs its host rules (anti-spoofing, redirects) at start and at reload"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _interface_needs_addresses(self) -> SandboxEntry:
+        if self.interface is None:
+            return self
+        if not self.addresses:
+            raise ValueError("a sandbox on an interface needs its addresses (for the anti-spoofing rule)")
+        for text in self.addresses:
+            if ":" in text:
+                # The host rules match IPv4 sources only; never accept what they cannot install.
+                raise ValueError(f"{text!r}: an interface sandbox's addresses are IPv4 (IPv6 is dropped)")
+        return self
 
 
 class Limits(_Strict):

@@ -30,6 +30,8 @@ class SandboxRecord:
     tenant: str
     token_digest: bytes | None = field(repr=False)
     addresses: tuple[str, ...] = ()
+    # The host-side interface whose host rules make `addresses` unforgeable (None: the operator's).
+    interface: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
-from sandgate.policy.models import NAME_PATTERN
+from sandgate.policy.models import IFNAME_PATTERN, NAME_PATTERN
 from sandgate.policy.policyset import PolicySet, SandboxRecord
 from sandgate.policy.sources import source_addresses
 
@@ -43,7 +43,6 @@ __all__ = [
     "save_registry",
 ]
 
-_IFNAME = r"^[A-Za-z0-9_.:-]{1,15}$"
 _TOKEN_DIGEST = r"^sha256:[0-9a-f]{64}$"  # noqa: S105 (a pattern, not a secret)
 
 
@@ -58,7 +57,7 @@ class DynamicSandbox(BaseModel):
 
     id: Annotated[str, Field(pattern=NAME_PATTERN)]
     tenant: Annotated[str, Field(pattern=NAME_PATTERN)]
-    interface: Annotated[str, Field(pattern=_IFNAME)] | None = None
+    interface: Annotated[str, Field(pattern=IFNAME_PATTERN)] | None = None
     addresses: tuple[str, ...] = Field(
         default=(), description="source addresses, IPv4 and IPv6 (each canonical, distinct, at most 16)"
     )
@@ -174,24 +173,41 @@ def merge_registry_lenient(
         return policy, []
     by_id = dict(policy.sandboxes)
     by_address = dict(policy.by_address)
+    by_interface = {r.interface: r for r in by_id.values() if r.interface is not None}
     errors = []
     accepted = []
     where = SourceLocation(source)
+
+    def defined(owner: SandboxRecord) -> str:
+        """Where a taken id, address or interface is defined: its tenant file, or this registry."""
+        tenant = policy.tenants.get(owner.tenant)
+        static = tenant is not None and owner in tenant.sandboxes
+        return f"in tenant file {tenant.source}" if static and tenant else f"in {source}"
+
     for i, sb in enumerate(sandboxes):
         if sb.tenant not in policy.tenants:
             errors.append(PolicyLoadError(where, f"{i}.tenant", f"unknown tenant {sb.tenant!r}"))
             continue
         if sb.id in by_id:
-            errors.append(PolicyLoadError(where, f"{i}.id", f"sandbox {sb.id!r} is already registered"))
+            problem = f"sandbox {sb.id!r} is already registered ({defined(by_id[sb.id])})"
+            errors.append(PolicyLoadError(where, f"{i}.id", problem))
             continue
         taken = next((a for a in sb.addresses if a in by_address), None)
         if taken is not None:
-            owner = by_address[taken].sandbox
-            errors.append(PolicyLoadError(where, f"{i}.addresses", f"address {taken} belongs to {owner!r}"))
+            owner = by_address[taken]
+            problem = f"address {taken} belongs to {owner.sandbox!r} ({defined(owner)})"
+            errors.append(PolicyLoadError(where, f"{i}.addresses", problem))
             continue
-        record = SandboxRecord(sb.id, sb.tenant, sb.token_digest, sb.addresses)
+        if sb.interface is not None and sb.interface in by_interface:
+            owner = by_interface[sb.interface]
+            problem = f"interface {sb.interface} carries sandbox {owner.sandbox!r} ({defined(owner)})"
+            errors.append(PolicyLoadError(where, f"{i}.interface", problem))
+            continue
+        record = SandboxRecord(sb.id, sb.tenant, sb.token_digest, sb.addresses, sb.interface)
         by_id[sb.id] = record
         by_address.update((a, record) for a in sb.addresses)
+        if sb.interface is not None:
+            by_interface[sb.interface] = record
         accepted.append(sb)
     if not accepted:
         return policy, errors

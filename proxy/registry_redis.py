@@ -60,7 +60,9 @@ def rules_checker(rules_path: Path) -> Checker:
         try:
             merge_registry(load_policy_dir(rules_path), [sandbox], Path("sandbox"))
         except PolicyLoadError as e:
-            raise StoreError(str(e), 409 if "already" in str(e) or "belongs" in str(e) else 400) from None
+            raise StoreError(
+                str(e), 409 if any(w in str(e) for w in ("already", "belongs", "carries")) else 400
+            ) from None
 
     return check
 

@@ -21,7 +21,7 @@ from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
 from sandgate.brokers import Broker
 from sandgate.policy.engine import PolicyEngine, make_engine
-from sandgate.policy.errors import PolicySetError
+from sandgate.policy.errors import PolicySetError, SandgateError
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.loader import load_policy_dir, policy_files
 from sandgate.policy.policyset import PolicySet
@@ -75,6 +75,7 @@ from .registry import load_registry, merge_registry, merge_registry_lenient, reg
 from .registry_file import FileSandboxStore
 from .registry_redis import RedisSandboxStore, rules_checker
 from .reload import PolicyReloader, RulesKeptError, problem_view, report_problems
+from .sandboxes import interface_exists, sync_static_rules
 from .secret_refresh import SecretRefresher
 from .statusfile import remove_status, write_status
 from .stores import SandboxStore
@@ -163,6 +164,10 @@ class _Lifecycle:
                 gw.shutdown()
                 return
         gw.listen_addrs = [(str(a[0]), int(a[1])) for s in ps.servers for a in s.listen_addrs]
+        if not await gw.start_host_rules():
+            gw.exit_code = 1
+            gw.shutdown()
+            return
         log.info(
             "gateway.ready",
             listeners=[f"{h}:{p}" for h, p in gw.listen_addrs],
@@ -231,6 +236,9 @@ class Gateway:
         # (version of the policy built from them, the rules): when the files stop loading, the
         # sandbox registry is merged onto these instead.
         self._rules_in_force: tuple[str, PolicySet] | None = None
+        # (transparent port, DNS port) once the listeners are bound: from then on every load
+        # installs the host rules of the tenant files' interface sandboxes.
+        self.host_ports: tuple[int, int] | None = None
         if config.rego.bundle_store:
             use_store(config.path(config.rego.bundle_store))
         self.engine = build_engine(config)
@@ -404,12 +412,37 @@ class Gateway:
             )
             if rejected:
                 log.error("registry.entries_refused", source="redis", errors=[str(e) for e in rejected])
+        if self.host_ports is not None:
+            # The tenant files' interface sandboxes get their host rules before their identity.
+            self.sync_host_rules(merged)
         configure_broker(self.broker, merged)
         self._rules_in_force = (merged.version, rules)
         if refused is not None:
             # The files did not load; the registry still changes on the rules in force.
             raise RulesKeptError(merged, refused)
         return merged
+
+    async def start_host_rules(self) -> bool:
+        """At start: the host rules of the tenant files' interface sandboxes, installed again
+        (a reboot empties nftables); False (do not serve) when they cannot be."""
+        transparent = [lst.port for lst in self.config.listeners if lst.mode == "transparent"]
+        if transparent and self.dns is not None:
+            self.host_ports = (transparent[0], self.dns.port)
+        try:
+            await asyncio.to_thread(self.sync_host_rules, self.ctx.policy, force=True)
+        except (SandgateError, RuntimeError, OSError) as e:
+            log.error("host_rules.failed", error=str(e))
+            return False
+        return True
+
+    def sync_host_rules(self, policy: PolicySet, *, force: bool = False) -> None:
+        """Install the host rules of the tenant files' interface sandboxes (blocking: nft)."""
+        extra = []
+        if self.fleet is not None:
+            extra = [s for s in self.fleet.sandboxes() if s.interface and interface_exists(s.interface)]
+        installed = sync_static_rules(self.config, policy, self.host_ports, extra, force=force)
+        if installed:
+            log.info("host_rules.static", sandboxes=[s.id for s in installed])
 
     def _stored_credentials_changed(self) -> None:
         self.broker.secrets_changed()

@@ -15,12 +15,14 @@ from pathlib import Path
 import structlog
 
 from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.policyset import PolicySet
 
 from .config import GatewayConfig
 from .errors import ConfigError
 from .hosttable import LEGACY_TABLE, check_owner, legacy_sources, owner_comment
 from .nft import SandboxInterface, apply_ruleset, enable_ipv6, set_interface_sysctls
 from .registry import DynamicSandbox, already_registered, load_registry, merge_registry, save_registry
+from .static_sandboxes import StaticSandbox, desired_static, load_static, save_static
 from .statusfile import read_status
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "prepare_host_table",
     "register",
     "registered",
+    "static_path",
+    "sync_static_rules",
     "unregister",
 ]
 
@@ -140,6 +144,10 @@ def _has_ipv6(sandbox: DynamicSandbox) -> bool:
     return any(":" in a for a in sandbox.addresses)
 
 
+def _static_ipv6(sandbox: StaticSandbox) -> bool:
+    return any(":" in a for a in sandbox.addresses)
+
+
 def _sysctls_before(sandbox: DynamicSandbox) -> None:
     """What only tightens (rp_filter; no IPv6 without an IPv6 address) goes before the rules."""
     assert sandbox.interface is not None
@@ -173,12 +181,68 @@ def prepare_host_table(config: GatewayConfig) -> None:
     log.info("host_rules.legacy_table_moved", old=LEGACY_TABLE, table=table)
 
 
-def _apply(config: GatewayConfig, sandboxes: list[DynamicSandbox], drop_table: str | None = None) -> None:
-    interfaces = [
-        SandboxInterface(s.interface, s.addresses) for s in sandboxes if s.interface and s.addresses
+def static_path(config: GatewayConfig) -> Path:
+    """Where the gateway records the tenant files' interface sandboxes it installed."""
+    return config.state_path / "static-sandboxes.json"
+
+
+def sync_static_rules(
+    config: GatewayConfig,
+    policy: PolicySet,
+    ports: tuple[int, int] | None,
+    extra: list[DynamicSandbox],
+    *,
+    force: bool = False,
+) -> list[StaticSandbox]:
+    """Install the host rules for the tenant files' interface sandboxes of `policy`, beside the
+    registry's (and `extra`: a fleet registry's on this host), when they changed (or `force`).
+    Raises (and changes nothing) when they cannot be installed."""
+    with _locked(config):
+        installed = load_static(static_path(config))
+        wanted = desired_static(policy, installed)
+        if wanted == installed and not (force and wanted):
+            return wanted
+        if wanted and ports is None:
+            first = wanted[0]
+            raise ConfigError(
+                f"{first.file}: sandbox {first.id!r} is on interface {first.interface}: the gateway "
+                "config needs a transparent listener and a dns listener"
+            )
+        # A TAP that does not exist yet gets its nft rules now (they match by name) and its
+        # sysctls at the first start or reload that finds it.
+        present = [s for s in wanted if interface_exists(s.interface)]
+        for s in present:
+            set_interface_sysctls(s.interface, ipv6=_static_ipv6(s))
+        _apply(config, [*load_registry(config.registry_path), *extra], static=wanted, ports=ports)
+        for s in present:
+            if _static_ipv6(s):
+                enable_ipv6(s.interface)  # only once the rules guarding it are in force
+        save_static(static_path(config), wanted)
+        return wanted
+
+
+def _apply(
+    config: GatewayConfig,
+    sandboxes: list[DynamicSandbox],
+    *,
+    static: list[StaticSandbox] | None = None,
+    ports: tuple[int, int] | None = None,
+    drop_table: str | None = None,
+) -> None:
+    """Rewrite the table: the tenant files' interface sandboxes (those the gateway last
+    installed, unless given), then the registry's that do not clash with them."""
+    static = load_static(static_path(config)) if static is None else static
+    interfaces = [SandboxInterface(s.interface, s.addresses) for s in static]
+    taken = {s.interface for s in static} | {a for s in static for a in s.addresses}
+    interfaces += [
+        SandboxInterface(s.interface, s.addresses)
+        for s in sandboxes
+        if s.interface and s.addresses and s.interface not in taken and not taken.intersection(s.addresses)
     ]
     table = config.nft_table
     # Never write (nor delete) a table another running gateway owns.
     check_owner(table, config.state_path)
-    ports = listener_ports(config) if interfaces else (0, 0)
+    if not interfaces:
+        ports = (0, 0)
+    ports = ports or listener_ports(config)
     apply_ruleset(interfaces, *ports, table, comment=owner_comment(config.state_path), drop_table=drop_table)
