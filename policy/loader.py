@@ -471,7 +471,8 @@ class _SandboxRegistry:
             if sb.interface is not None:
                 owner = self.by_interface.get(sb.interface) or interfaces.get(sb.interface)
                 if owner is not None:
-                    problem = f"interface {sb.interface} already carries sandbox {owner.sandbox!r}"
+                    taken = f"sandbox {owner.sandbox!r} of tenant {owner.tenant!r}"
+                    problem = f"interface {sb.interface} already carries {taken}"
                     errors.append(_err(loaded.doc, ("sandboxes", i, "interface"), problem))
                 interfaces[sb.interface] = record
             for j, addr in found:

@@ -440,9 +440,7 @@ class Gateway:
         extra = []
         if self.fleet is not None:
             extra = [s for s in self.fleet.sandboxes() if s.interface and interface_exists(s.interface)]
-        installed = sync_static_rules(self.config, policy, self.host_ports, extra, force=force)
-        if installed:
-            log.info("host_rules.static", sandboxes=[s.id for s in installed])
+        sync_static_rules(self.config, policy, self.host_ports, extra, force=force)
 
     def _stored_credentials_changed(self) -> None:
         self.broker.secrets_changed()

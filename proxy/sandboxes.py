@@ -2,7 +2,9 @@
 
 `register` and `unregister` update `<state_dir>/sandboxes.json` and rewrite sandgate's
 nftables table for every registered interface; the running gateway picks the registry up
-on its next reload (it watches the file). Both are idempotent.
+on its next reload (it watches the file). Both are idempotent. The table also carries the
+tenant files' interface sandboxes, which the gateway installs (`sync_static_rules`) and
+records in `<state_dir>/static-sandboxes.json` for every later rewrite.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from .nft import SandboxInterface, apply_ruleset, enable_ipv6, set_interface_sys
 from .registry import DynamicSandbox, already_registered, load_registry, merge_registry, save_registry
 from .static_sandboxes import StaticSandbox, desired_static, load_static, save_static
 from .statusfile import read_status
+
+log = structlog.get_logger("sandgate.sandboxes")
 
 __all__ = [
     "SandboxExists",
@@ -218,6 +222,7 @@ def sync_static_rules(
             if _static_ipv6(s):
                 enable_ipv6(s.interface)  # only once the rules guarding it are in force
         save_static(static_path(config), wanted)
+        log.info("host_rules.static_installed", sandboxes=[s.id for s in wanted])
         return wanted
 
 
