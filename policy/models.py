@@ -19,6 +19,7 @@ from .errors import HostError
 from .hosts import not_normal, parse_host_pattern, parse_ip_literal
 from .matcher import ANY_HOST
 from .paths import glob_problem
+from .sources import source_addresses
 
 __all__ = [
     "BaseFile",
@@ -188,10 +189,8 @@ class SandboxEntry(_Strict):
             return self
         if not self.addresses:
             raise ValueError("a sandbox on an interface needs its addresses (for the anti-spoofing rule)")
-        for text in self.addresses:
-            if ":" in text:
-                # The host rules match IPv4 sources only; never accept what they cannot install.
-                raise ValueError(f"{text!r}: an interface sandbox's addresses are IPv4 (IPv6 is dropped)")
+        # What the host rules install must be addresses a guest can send from (no loopback, ...).
+        source_addresses(self.addresses)
         return self
 
 

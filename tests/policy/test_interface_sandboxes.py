@@ -22,11 +22,10 @@ def tenant(name: str, sandboxes: str) -> str:
 
 
 def test_an_interface_sandbox_loads_with_its_interface_and_addresses(tmp_path: Path) -> None:
-    policy = load_policy_dir(
-        rules(tmp_path, {"a.yaml": tenant("a", "  - {id: vm1, interface: tap0, addresses: [10.213.0.2]}\n")})
-    )
+    entry = "  - {id: vm1, interface: tap0, addresses: [10.213.0.2, 'fd00:213::2']}\n"
+    policy = load_policy_dir(rules(tmp_path, {"a.yaml": tenant("a", entry)}))
     record = policy.sandboxes["vm1"]
-    assert (record.interface, record.addresses, record.tenant) == ("tap0", ("10.213.0.2",), "a")
+    assert (record.interface, record.addresses, record.tenant) == ("tap0", ("10.213.0.2", "fd00:213::2"), "a")
     assert policy.tenants["a"].sandboxes == (record,)
 
 
@@ -34,17 +33,15 @@ def test_an_interface_sandbox_loads_with_its_interface_and_addresses(tmp_path: P
     ("entry", "line", "problem"),
     [
         ("{id: vm1, interface: tap0}", 3, "a sandbox on an interface needs its addresses"),
-        (
-            "{id: vm1, interface: tap0, addresses: ['fd00::2']}",
-            3,
-            "an interface sandbox's addresses are IPv4",
-        ),
+        ("{id: vm1, interface: tap0, addresses: [127.0.0.1]}", 3, "a sandbox needs a unicast address"),
+        ("{id: vm1, interface: tap0, addresses: [10.213.0.2, 10.213.0.2]}", 3, "10.213.0.2"),
         ("{id: vm1, interface: 'two words', addresses: [10.213.0.2]}", 3, "String should match pattern"),
         ("{id: vm1, interface: a-name-longer-than-15, addresses: [10.213.0.2]}", 3, "String should match"),
     ],
     ids=[
         "an interface without addresses is refused",
-        "an IPv6 address on an interface is refused until the host rules carry it",
+        "a loopback source address on an interface is refused",
+        "an address given twice on an interface is refused",
         "an interface name with a space is refused",
         "an interface name longer than the kernel's limit is refused",
     ],

@@ -217,8 +217,9 @@ def test_a_broken_tenant_file_keeps_its_sandboxes_rules(lab: Lab) -> None:
 def test_an_interface_that_does_not_exist_yet_gets_its_rules_at_start(lab: Lab) -> None:
     later = f"sgl-{lab.nl.tag}"
     (lab.tenants / "t2.yaml").write_text(
-        tenant("t2", [{"id": "vm-later", "interface": later, "addresses": ["10.200.250.2"]}])
+        tenant("t2", [{"id": "vm-later", "interface": later, "addresses": ["10.200.250.2", "fd00:200::2"]}])
     )
     lab.start()
-    assert f'"{later}"' in lab.ruleset() and "10.200.250.2" in lab.ruleset()
+    ruleset = lab.ruleset()
+    assert f'"{later}"' in ruleset and "10.200.250.2" in ruleset and "fd00:200::2" in ruleset
     assert lab.curl(lab.g1, "/still") == "200"
