@@ -27,8 +27,6 @@ from .registry import DynamicSandbox, already_registered, load_registry, merge_r
 from .static_sandboxes import StaticSandbox, desired_static, load_static, save_static
 from .statusfile import read_status
 
-log = structlog.get_logger("sandgate.sandboxes")
-
 __all__ = [
     "SandboxExists",
     "apply_host_rules",
