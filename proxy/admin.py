@@ -29,6 +29,7 @@ from .errors import ConfigError
 from .placeholder_key import load_placeholder_key
 from .redis_conn import connect
 from .reload import PolicyReloader
+from .sandbox_listeners import SandboxListeners
 from .stores import CredentialStore, SandboxStore
 
 __all__ = ["AdminServer", "AdminState", "PublishReload"]
@@ -61,6 +62,8 @@ class AdminState:
     publish_reload: PublishReload | None = None
     # Fleet mode: re-read the shared registry and reload (after a sandbox change); False when redis failed.
     refresh: Callable[[str], Awaitable[bool]] | None = None
+    # The transparent and DNS listeners jails need, opened on demand (`POST /v1/listeners/sandbox`).
+    sandbox_listeners: SandboxListeners | None = None
     started: float = field(default_factory=time.time)
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "gateway_running",
     "list_credentials",
     "list_sandboxes",
+    "open_sandbox_listeners",
     "reload_policy",
     "remove_credential",
     "remove_sandbox",
@@ -106,6 +107,11 @@ def status(config: GatewayConfig) -> dict[str, Any]:
 
 def reload_policy(config: GatewayConfig) -> dict[str, Any]:
     return _call(config, "POST", "/v1/policy/reload")
+
+
+def open_sandbox_listeners(config: GatewayConfig) -> dict[str, Any]:
+    """Make the running gateway open a transparent and a DNS listener (if it has none)."""
+    return _call(config, "POST", "/v1/listeners/sandbox")
 
 
 def list_sandboxes(config: GatewayConfig) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from .metrics import METRICS
 from .registry import DynamicSandbox
 from .registry_change import sandbox_changes, sandbox_update_record
 from .reload import problem_view
+from .sandbox_listeners import SandboxListenersError
 from .stores import CredentialInfo, StoreError
 
 __all__ = ["ApiError", "make_app"]
@@ -178,6 +179,7 @@ def _status(state: AdminState) -> dict[str, Any]:
         "tenants": len(policy.tenants),
         "sandboxes": len(policy.sandboxes),
         "listeners": state.listeners(),
+        **_sandbox_listener_status(state),
         "last_reload": None
         if last is None
         else {
@@ -194,6 +196,17 @@ def _status(state: AdminState) -> dict[str, Any]:
         "audit_queue_depth": state.ctx.audit.depth,
         "active_connections": len(state.ctx.connections),
         "fleet_publish": state.publish_reload is not None,
+    }
+
+
+def _sandbox_listener_status(state: AdminState) -> dict[str, Any]:
+    listeners = state.sandbox_listeners
+    if listeners is None:
+        return {}
+    return {
+        "transparent_port": listeners.transparent_port(),
+        "dns_port": listeners.dns.port if listeners.dns else None,
+        "opened_on_demand": list(listeners.opened),
     }
 
 
@@ -256,6 +269,21 @@ class PolicyReload(_Handler):
         if self.state.publish_reload is not None:
             body.update(await _publish(self.state, body["policy_version"]))
         self.reply(body)
+
+
+class SandboxListenersRoute(_Handler):
+    async def post(self) -> None:
+        """Open the transparent and DNS listeners sandboxes (jails) need, unless open already."""
+        listeners = self.state.sandbox_listeners
+        if listeners is None:
+            raise ApiError(501, "this gateway cannot open listeners at run time")
+        try:
+            transparent, dns = await listeners.ensure()
+        except SandboxListenersError as e:
+            raise ApiError(503, str(e)) from None
+        self.reply(
+            {"transparent_port": transparent, "dns_port": dns, "opened_on_demand": list(listeners.opened)}
+        )
 
 
 def _sandboxes(state: AdminState) -> Any:
@@ -384,6 +412,7 @@ def make_app(state: AdminState, token: Secret | None, *, require_token: bool) ->
             (r"/metrics", Metrics, kw),
             (r"/v1/status", Status, kw),
             (r"/v1/policy/reload", PolicyReload, kw),
+            (r"/v1/listeners/sandbox", SandboxListenersRoute, kw),
             (r"/v1/sandboxes", Sandboxes, kw),
             (rf"/v1/sandboxes/{segment}", Sandbox, kw),
             (r"/v1/credentials", Credentials, kw),

@@ -44,7 +44,7 @@ from .broker import CredentialBroker
 from .ca import ensure_ca
 from .closefix import install as install_close_fix
 from .closer import ConnectionCloser
-from .config import GatewayConfig, RedisConfig, ResolverConfig
+from .config import DnsListenerConfig, GatewayConfig, RedisConfig, ResolverConfig
 from .connlimits import ConnectionLimits, SandboxConnectionCap
 from .connlimits import check_seams as check_connection_seams
 from .context import GatewayContext
@@ -75,6 +75,7 @@ from .registry import load_registry, merge_registry, merge_registry_lenient, reg
 from .registry_file import FileSandboxStore
 from .registry_redis import RedisSandboxStore, rules_checker
 from .reload import PolicyReloader, RulesKeptError, problem_view, report_problems
+from .sandbox_listeners import SandboxListeners
 from .sandboxes import interface_exists, sync_static_rules
 from .secret_refresh import SecretRefresher
 from .statusfile import remove_status, write_status
@@ -377,6 +378,15 @@ class Gateway:
             # Silence on tunnels the gateway cannot see into (and on a request waiting upstream).
             tcp_timeout=max(1, round(config.connections.tunnel_idle_timeout_seconds)),
         )
+        # Transparent and DNS listeners for jails, opened through the admin API when missing.
+        self.sandbox_listeners = SandboxListeners(
+            self.master,
+            self.ctx,
+            self.dns,
+            dns_max_ttl=(config.dns or DnsListenerConfig()).max_ttl,
+            backlog=config.connections.listen_backlog,
+            changed=self._sandbox_listeners_opened,
+        )
         # mitmproxy internals the idle sweep and the HTTP/2 guard rely on: fail start-up if moved.
         check_connection_seams()
         check_h2_seam(self.master.options)
@@ -454,17 +464,24 @@ class Gateway:
             self.config.registry_path,
         ]
 
+    def _sandbox_listeners_opened(self) -> None:
+        """A listener opened on demand: it is served, stopped at exit and shown like the rest."""
+        self.dns = self.sandbox_listeners.dns
+        ps = self.master.addons.get("proxyserver")
+        self.listen_addrs = [(str(a[0]), int(a[1])) for s in ps.servers for a in s.listen_addrs]
+        self._write_status()
+
     def _write_status(self) -> None:
         cfg = self.config
-        transparent = [lst.port for lst in cfg.listeners if lst.mode == "transparent"]
         write_status(
             cfg.status_path,
             {
                 "policy_version": self.ctx.policy.version,
                 "registry_digest": registry_digest(load_registry(cfg.registry_path)),
                 "listeners": [f"{h}:{p}" for h, p in self.listen_addrs],
-                "transparent_port": transparent[0] if transparent else None,
+                "transparent_port": self.sandbox_listeners.transparent_port(),
                 "dns_port": self.dns.port if self.dns else None,
+                "opened_on_demand": self.sandbox_listeners.opened,
                 "ca_cert": str(cfg.ca_dir / "mitmproxy-ca-cert.pem"),
                 "policy_problems": [problem_view(p) for p in self.ctx.policy.problems],
             },
@@ -490,6 +507,7 @@ class Gateway:
             sandboxes=self.sandbox_store,
             credentials=self.credential_store,
             credentials_changed=self.credential_watch.source.invalidate,
+            sandbox_listeners=self.sandbox_listeners,
         )
         fleet = self.fleet
         if fleet is not None:
