@@ -22,9 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import yaml
 
+from .admin_client import AdminApiError, GatewayNotRunning, gateway_running, open_sandbox_listeners
 from .config import DnsListenerConfig, GatewayConfig, ListenerConfig
 from .credentials_cli import placeholder_environment
 from .errors import ConfigError
@@ -37,6 +39,7 @@ __all__ = ["JAIL_NETWORK", "Jail", "run_jail"]
 # Jails take /30s from here; addresses in it exist only inside jail namespaces.
 JAIL_NETWORK = ipaddress.IPv4Network("10.213.0.0/16")
 SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+LOG_TAIL_LINES = 20
 CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
 
 
@@ -80,28 +83,54 @@ class Jail:
         return self._environment(Path(str(status["ca_cert"])))
 
     def _gateway(self) -> dict[str, object]:
-        """The running gateway's status; starts one (with transparent and DNS listeners) if needed."""
+        """The status of the gateway this jail goes through: the one that runs with this state_dir
+        (asked to open a transparent and a DNS listener when it has none), else one of its own."""
         status = read_status(self.config.status_path)
         if status and status.get("transparent_port") and status.get("dns_port"):
             return status
+        if gateway_running(self.config):
+            return self._open_listeners()
+        if status:
+            raise ConfigError(
+                f"a gateway (pid {status['pid']}) runs with state_dir {self.config.state_path} without "
+                "transparent and DNS listeners, and nothing answers on its admin socket "
+                f"({self.config.admin_socket_path}) to open them: enable its admin API, or give it "
+                "a transparent listener and `dns:` in its config"
+            )
+        return self._start_gateway()
+
+    def _open_listeners(self) -> dict[str, object]:
+        """Have the running gateway open the listeners a jail needs (kept until it exits)."""
+        try:
+            open_sandbox_listeners(self.config)
+        except (AdminApiError, GatewayNotRunning) as e:
+            raise ConfigError(f"the running gateway did not open listeners for jails: {e}") from None
+        status = read_status(self.config.status_path)
+        if not (status and status.get("transparent_port") and status.get("dns_port")):
+            raise ConfigError(
+                "the running gateway opened listeners for jails but its status does not show them"
+            )
+        return status
+
+    def _start_gateway(self) -> dict[str, object]:
+        """Start a gateway of its own with only what jails need; stopped when the jail ends."""
         assert self.tmpdir is not None
-        cfg = self.config.model_dump(exclude={"base_dir"})
+        cfg = _absolute_paths(self.config)
         # Only what jails need: an explicit listener may already be taken by another gateway.
         cfg["listeners"] = [
             ListenerConfig(mode="transparent", host="0.0.0.0", port=_free_port()).model_dump()
         ]
         cfg["dns"] = DnsListenerConfig(host="0.0.0.0", port=_free_port()).model_dump()
-        for key in ("rules_dir", "state_dir"):
-            cfg[key] = str(self.config.path(cfg[key]))
         config_file = self.tmpdir / "gateway.yaml"
         config_file.write_text(yaml.safe_dump(cfg))
-        log = (self.tmpdir / "gateway.log").open("wb")
-        self.gateway = subprocess.Popen(
-            [sys.executable, "-m", "sandgate.proxy.cli", "run", "--config", str(config_file)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        log_path = self.tmpdir / "gateway.log"
+        with log_path.open("wb") as log:
+            self.gateway = subprocess.Popen(
+                [sys.executable, "-m", "sandgate.proxy.cli", "run", "--config", str(config_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             status = read_status(self.config.status_path)
@@ -110,7 +139,12 @@ class Jail:
             if self.gateway.poll() is not None:
                 break
             time.sleep(0.05)
-        raise ConfigError(f"the gateway did not start; its log: {self.tmpdir / 'gateway.log'}")
+        self._stop_gateway()
+        # The log goes with the jail's temporary folder: its last lines go into the message.
+        raise ConfigError(
+            f"the jail's gateway did not start (exit code {self.gateway.returncode}); "
+            f"the last lines of its log:\n{_tail(log_path, LOG_TAIL_LINES)}"
+        )
 
     def _network(self) -> None:
         host_addr, guest_addr = _free_pair(self.config)
@@ -268,6 +302,31 @@ def _ip(*args: str) -> None:
     result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if result.returncode != 0:
         raise ConfigError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+
+
+def _tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a text file (or a note that there is none)."""
+    try:
+        text = path.read_text(errors="replace").rstrip("\n")
+    except OSError as e:
+        return f"(no log: {e.strerror})"
+    return "\n".join(text.splitlines()[-lines:]) or "(the log is empty)"
+
+
+def _absolute_paths(config: GatewayConfig) -> dict[str, object]:
+    """The config as a dict whose paths stay right in a config file written elsewhere."""
+    cfg: dict[str, Any] = config.model_dump(exclude={"base_dir"})
+    for key in ("rules_dir", "state_dir"):
+        cfg[key] = str(config.path(cfg[key]))
+    for section, key in (
+        ("audit", "path"),
+        ("upstream", "trusted_ca"),
+        ("admin", "socket"),
+        ("rego", "bundle_store"),
+    ):
+        if cfg[section][key]:
+            cfg[section][key] = str(config.path(cfg[section][key]))
+    return cfg
 
 
 def _free_port() -> int:
