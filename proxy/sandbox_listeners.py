@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import structlog
 from mitmproxy.addons.proxyserver import Proxyserver
+from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
 from mitmproxy.proxy.mode_specs import ProxyMode
 
@@ -80,16 +81,18 @@ class SandboxListeners:
     async def ensure(self) -> tuple[int, int]:
         """(transparent port, DNS port), opening whichever is missing; raises SandboxListenersError."""
         async with self._lock:
+            opened: list[str] = []
             port = self.transparent_port()
             if port is None:
                 port = await self._open_transparent()
-                self.opened.append(f"transparent@{ANY_IPV4}:{port}")
+                opened.append(f"transparent@{ANY_IPV4}:{port}")
             if self.dns is None:
                 self.dns = await self._open_dns()
-                self.opened.append(self.dns.listener)
-            if self.opened:
-                log.info("listeners.opened_on_demand", listeners=self.opened)
-            self.changed()
+                opened.append(self.dns.listener)
+            if opened:
+                self.opened += opened
+                log.info("listeners.opened_on_demand", listeners=opened)
+                self.changed()
             return port, self.dns.port
 
     async def _open_transparent(self) -> int:
@@ -100,7 +103,10 @@ class SandboxListeners:
             before = list(options.mode)
             # Setting the option starts the server in a task; `update` waits for it under the
             # servers' lock and then finds nothing left to do.
-            options.update(mode=[*before, spec])
+            try:
+                options.update(mode=[*before, spec])
+            except OptionsError as e:
+                raise SandboxListenersError(f"could not open a transparent listener: {e}") from None
             servers = self._proxyserver.servers
             await servers.update([ProxyMode.parse(m) for m in options.mode])
             if servers[spec].is_running:
