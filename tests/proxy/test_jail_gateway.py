@@ -101,7 +101,10 @@ def no_jail_left(lab: Lab) -> Iterator[None]:
     """After the test, no jail namespace, link or host rule it created is left behind."""
     before = _jail_resources()
     yield
-    left = _jail_resources() - before
+    # Names are global: another test run's jail may be up right now. A leak stays; theirs go.
+    deadline = time.monotonic() + 30
+    while (left := _jail_resources() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert left == set(), f"left behind: {left}"
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert lab.table not in tables, "the last jail removed its host rules"

@@ -382,7 +382,10 @@ def no_jail_left() -> Iterator[None]:
     """After the test, no jail namespace, link or rule that it created is left behind."""
     before = _jail_resources()
     yield
-    left = _jail_resources() - before
+    # Names are global: another test run's jail may be up right now. A leak stays; theirs go.
+    deadline = time.monotonic() + 30
+    while (left := _jail_resources() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert left == set(), f"left behind: {left}"
     assert not any(name in _ruleset() for name in left)
 
@@ -409,17 +412,21 @@ def test_jail_returns_the_command_exit_code_and_its_denials(lab: Lab) -> None:
 
 
 @pytest.mark.usefixtures("no_jail_left")
-def test_jail_cleans_up_when_it_is_terminated(lab: Lab) -> None:
-    proc = subprocess.Popen(
-        [SANDGATE, "jail", "--config", str(lab.config), "--tenant", "t1", "--", "sleep", "60"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    before = _jail_resources()
+def test_jail_cleans_up_when_it_is_terminated(lab: Lab, tmp_path: Path) -> None:
+    before = _jail_resources()  # before the jail starts: it may create its namespace at once
+    with (tmp_path / "jail.err").open("wb") as err:
+        proc = subprocess.Popen(
+            [SANDGATE, "jail", "--config", str(lab.config), "--tenant", "t1", "--", "sleep", "60"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not _jailed_pids(_jail_resources() - before):
         time.sleep(0.1)
-    assert _jailed_pids(_jail_resources() - before), "the command ran in the jail's namespace"
+    if not _jailed_pids(_jail_resources() - before):
+        proc.terminate()  # the jail cleans up on SIGTERM
+        proc.wait(30)
+        raise AssertionError(f"the command did not run in a jail: {(tmp_path / 'jail.err').read_text()}")
     proc.send_signal(signal.SIGTERM)  # forwarded to the command, which dies of it
     assert proc.wait(30) == 128 + signal.SIGTERM
 
