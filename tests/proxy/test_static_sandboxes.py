@@ -223,3 +223,27 @@ def test_an_interface_that_does_not_exist_yet_gets_its_rules_at_start(lab: Lab) 
     ruleset = lab.ruleset()
     assert f'"{later}"' in ruleset and "10.200.250.2" in ruleset and "fd00:200::2" in ruleset
     assert lab.curl(lab.g1, "/still") == "200"
+
+
+def test_a_tenant_file_that_takes_a_registered_interface_wins_and_says_so(lab: Lab) -> None:
+    lab.start()
+    add = lab.sandgate(
+        "sandbox", "add", "--id", "dyn", "--tenant", "t1", "--interface", lab.g2.host_if,
+        "--address", lab.g2.addr,
+    )  # fmt: skip
+    assert add.returncode == 0, add.stderr
+    assert lab.curl(lab.g2, "/as-dyn") == "200"
+    assert [(r["sandbox"], r["tenant"]) for r in lab.records("/as-dyn")] == [("dyn", "t1")]
+
+    # t2's file now declares g2 itself: the file wins, the registry entry is left out.
+    (lab.tenants / "t2.yaml").write_text(
+        tenant("t2", [{"id": "vm2", "interface": lab.g2.host_if, "addresses": [lab.g2.addr]}])
+    )
+    _until(lambda: "vm2" in (lab.root / "state" / "static-sandboxes.json").read_text(), "vm2 installed")
+    _until(lambda: lab.curl(lab.g2, "/as-static") == "200", "g2 is served")
+    assert {(r["sandbox"], r["tenant"]) for r in lab.records("/as-static")} == {("vm2", "t2")}
+    # One interface, one set of rules (the registry's copy is not installed beside it).
+    assert lab.ruleset().count(f'"{lab.g2.host_if}" . {lab.g2.addr}') == 1
+    log = (lab.root / "gateway.log").read_text()
+    refused = [line for line in log.splitlines() if "registry.entries_refused" in line]
+    assert refused and "t2.yaml" in refused[-1] and "sandboxes.json" in refused[-1], refused
