@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dns.message
+import dns.query
+import dns.rcode
+import dns.rdatatype
 import pytest
 import yaml
 from conftest import REPO, SANDGATE, tenant_yaml, write_gateway_files
@@ -294,3 +298,67 @@ def test_a_jail_whose_own_gateway_fails_shows_the_end_of_its_log(lab: Lab, tmp_p
     assert "the jail's gateway did not start" in result.stderr
     assert f"admin.listen 127.0.0.1:{taken}" in result.stderr and "in use" in result.stderr
     assert "sandgate-jail-" not in result.stderr, "no path to a log that is gone"
+
+
+def test_what_an_unknown_source_gets_from_the_listeners_opened_for_jails(lab: Lab) -> None:
+    """A host that is no registered sandbox reaches the opened listeners over a real interface:
+    its connection is closed and its DNS query REFUSED, each audited as `no_identity`."""
+    out = subprocess.run(
+        [
+            "curl",
+            "-sS",
+            "-m",
+            "10",
+            "-X",
+            "POST",
+            "--unix-socket",
+            str(lab.state / "admin.sock"),
+            "http://sandgate/v1/listeners/sandbox",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    opened = json.loads(out.stdout)
+    transparent, dns_port = opened["transparent_port"], opened["dns_port"]
+    again = json.loads(
+        subprocess.run(
+            [
+                "curl",
+                "-sS",
+                "-m",
+                "10",
+                "-X",
+                "POST",
+                "--unix-socket",
+                str(lab.state / "admin.sock"),
+                "http://sandgate/v1/listeners/sandbox",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    )
+    assert again == opened, "asking again opens nothing new"
+    # The upstream namespace is no sandbox; it reaches the host over its own veth.
+    stranger = lab.up.exec(
+        "curl", "-sS", "-m", "8", "-H", "Host: api.test", f"http://{lab.up.host_addr}:{transparent}/stranger"
+    )
+    assert stranger.returncode in (52, 56), stranger  # closed without an answer
+    assert [r.target for r in lab.web.requests if r.target == "/stranger"] == []
+
+    def ask() -> dns.message.Message:
+        query = dns.message.make_query("api.test", dns.rdatatype.A)
+        return dns.query.udp(query, lab.up.host_addr, port=dns_port, timeout=5)
+
+    assert in_namespace(lab.up.name, ask).rcode() == dns.rcode.REFUSED
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        refused = [
+            r for r in lab.records() if r["reason"] == "no_identity" and r["client"].startswith(lab.up.addr)
+        ]
+        if {r["phase"] for r in refused} >= {"dns", "connect"}:
+            break
+        time.sleep(0.2)
+    assert {r["phase"] for r in refused} >= {"dns", "connect"}, refused
+    assert all(r["decision"] == "deny" for r in refused)
