@@ -450,10 +450,11 @@ class _SandboxRegistry:
                 problem = f"sandbox {sb.id!r} is already registered to tenant {owner.tenant!r}"
                 errors.append(_err(loaded.doc, ("sandboxes", i, "id"), problem))
                 continue
-            digest = None
+            digest, token_ref = None, sb.token
             if sb.token is not None:
                 if sb.token.startswith("file:"):
                     self.token_files.append(_token_path(sb.token, base_dir))
+                    token_ref = f"file:{_token_path(sb.token, base_dir)}"
                 try:
                     digest = resolve_token_reference(sb.token, base_dir)
                 except TokenFileMissingError as e:
@@ -465,7 +466,9 @@ class _SandboxRegistry:
                     errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
                     continue
             found = _addresses(loaded.doc, i, sb.addresses, errors)
-            record = SandboxRecord(sb.id, t.tenant, digest, tuple(a for _, a in found), sb.interface)
+            record = SandboxRecord(
+                sb.id, t.tenant, digest, tuple(a for _, a in found), sb.interface, token_ref=token_ref
+            )
             ids[sb.id] = record
             records.append(record)
             if sb.interface is not None:

@@ -32,6 +32,9 @@ class SandboxRecord:
     addresses: tuple[str, ...] = ()
     # The host-side interface whose host rules make `addresses` unforgeable (None: the operator's).
     interface: str | None = None
+    # Where its token comes from, as the tenant file names it ('file:' made absolute, 'env:',
+    # 'sha256:'), for telling an operator how to connect; None for a registered sandbox.
+    token_ref: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

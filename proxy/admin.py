@@ -23,9 +23,10 @@ from tornado.netutil import bind_sockets
 
 from sandgate.brokers import Secret
 
+from .bindcheck import Endpoint, failure_line
 from .config import GatewayConfig, split_listen
 from .context import GatewayContext
-from .errors import ConfigError
+from .errors import ConfigError, ListenerError
 from .placeholder_key import load_placeholder_key
 from .redis_conn import connect
 from .reload import PolicyReloader
@@ -83,11 +84,14 @@ def bind_admin_socket(path: Path) -> socket.socket:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if path.exists() or path.is_symlink():
         if not path.is_socket():
-            raise ConfigError(
+            raise ListenerError(
                 f"admin socket {path}: exists and is not a socket; remove it or set admin.socket"
             )
         if _answers(path):
-            raise ConfigError(f"admin socket {path}: another gateway answers on it (same state_dir?)")
+            raise ListenerError(
+                f"admin socket {path}: another gateway answers on it (same state_dir?): "
+                "stop it, or give this one its own state_dir"
+            )
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Created 0600 from the start: no moment where another user could connect.
@@ -96,7 +100,7 @@ def bind_admin_socket(path: Path) -> socket.socket:
         sock.bind(str(path))
     except OSError as e:
         sock.close()
-        raise ConfigError(
+        raise ListenerError(
             f"admin socket {path}: {e.strerror or e}; set admin.socket to a shorter path"
         ) from None
     finally:
@@ -129,7 +133,7 @@ class AdminServer:
         self._inode: int | None = None
 
     async def start(self) -> None:
-        """Bind the socket (and TCP); raises ConfigError with the reason when it cannot."""
+        """Bind the socket (and TCP): ListenerError for an address, ConfigError for the token."""
         from .admin_handlers import make_app
 
         admin = self.config.admin
@@ -150,7 +154,8 @@ class AdminServer:
                 socks = bind_sockets(port, host)
             except OSError as e:
                 await self.stop()
-                raise ConfigError(f"admin.listen {admin.listen}: {e.strerror or e}") from None
+                endpoint = Endpoint("admin listener", host, port, "tcp", "change admin.listen in the config")
+                raise ListenerError(failure_line(endpoint, e)) from None
             tcp = HTTPServer(make_app(self.state, token, require_token=True), max_body_size=MAX_BODY_BYTES)
             tcp.add_sockets(socks)
             self._servers.append(tcp)

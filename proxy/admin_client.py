@@ -27,6 +27,7 @@ __all__ = [
     "list_credentials",
     "list_sandboxes",
     "open_sandbox_listeners",
+    "readiness",
     "reload_policy",
     "remove_credential",
     "remove_sandbox",
@@ -63,7 +64,10 @@ class AdminApiError(ProxyError):
         self.body = body or {}
 
 
-def _call(config: GatewayConfig, method: str, path: str, **kw: Any) -> dict[str, Any]:
+def _call(
+    config: GatewayConfig, method: str, path: str, *, answers: tuple[int, ...] = (), **kw: Any
+) -> dict[str, Any]:
+    """The JSON answer; `answers`: non-2xx statuses that are answers here, not errors."""
     sock = config.admin_socket_path
     transport = httpx.HTTPTransport(uds=str(sock))
     try:
@@ -77,7 +81,7 @@ def _call(config: GatewayConfig, method: str, path: str, **kw: Any) -> dict[str,
         body = resp.json()
     except ValueError:
         body = {}
-    if not resp.is_success:
+    if not resp.is_success and resp.status_code not in answers:
         raise AdminApiError(
             resp.status_code,
             str(body.get("error") or f"HTTP {resp.status_code}"),
@@ -101,8 +105,13 @@ def gateway_running(config: GatewayConfig) -> bool:
     return True
 
 
-def status(config: GatewayConfig) -> dict[str, Any]:
-    return _call(config, "GET", "/v1/status")
+def status(config: GatewayConfig, timeout: float | None = None) -> dict[str, Any]:
+    return _call(config, "GET", "/v1/status", timeout=timeout or TIMEOUT)
+
+
+def readiness(config: GatewayConfig, timeout: float | None = None) -> dict[str, Any]:
+    """`/readyz`: `{"ready": bool, "checks": {name: bool}}` (its 503 is an answer, not an error)."""
+    return _call(config, "GET", "/readyz", answers=(503,), timeout=timeout or TIMEOUT)
 
 
 def reload_policy(config: GatewayConfig) -> dict[str, Any]:

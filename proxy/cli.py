@@ -1,6 +1,7 @@
 """The `sandgate` command.
 
-Exit codes: 0 ok, 1 policy test failure or denied explain, 2 usage or invalid input.
+Exit codes: 0 ok, 1 policy test failure or denied explain, a listener that cannot start, or
+a gateway that does not serve (`status`), 2 usage or invalid input.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from pathlib import Path
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SandgateError
 from sandgate.policy.tokens import digest_token, new_token
 
-from . import audit_cli, credentials_cli, policy_cli, sandbox_cli
+from . import audit_cli, credentials_cli, policy_cli, sandbox_cli, status_cli
 from .ca import export_ca, init_ca
-from .config import load_config
-from .errors import ConfigError
+from .config import GatewayConfig, load_config
+from .errors import ConfigError, ListenerError
 from .logsetup import configure_logging
+from .version import version_line
 
 __all__ = ["main"]
 
@@ -27,10 +29,18 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sandgate", description="Egress gateway for AI-agent code sandboxes.")
+    p.add_argument("--version", action="version", version=version_line(), help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the gateway")
     run.add_argument("--config", type=Path, help="gateway config (YAML); default: embedded defaults")
+    run.add_argument(
+        "--port",
+        type=_port,
+        metavar="N",
+        help="the explicit proxy listener's port (the config's one `mode: regular` listener); "
+        "0: any free port",
+    )
     run.add_argument(
         "--strict",
         action="store_true",
@@ -54,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     tok.add_argument("--output", type=Path, help="write the token to this file (mode 0600) instead of stdout")
 
+    status_cli.add_parser(sub)
     sandbox_cli.add_parsers(sub)
     credentials_cli.add_parsers(sub)
     audit_cli.add_parsers(sub)
@@ -71,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _ca(args)
         if args.command == "token":
             return _token(args)
+        if args.command == "status":
+            return status_cli.run_status_command(args)
         if args.command == "sandbox":
             return sandbox_cli.run_sandbox_command(args)
         if args.command == "credentials":
@@ -96,12 +109,39 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.strict:
         config = config.model_copy(update={"strict_policy": True})
+    if args.port is not None:
+        config = with_proxy_port(config, args.port, args.config)
     configure_logging(config.log.level, config.log.format)
     try:
         return asyncio.run(serve(config))
     except PolicySetError as e:
         print(f"sandgate: the policy is invalid, not starting:\n{e}", file=sys.stderr)
         return EXIT_USAGE
+    except ListenerError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    return int(text)
+
+
+def with_proxy_port(config: GatewayConfig, port: int, source: Path | None) -> GatewayConfig:
+    """The config with its explicit proxy listener on `port`; ConfigError when that is not one
+    listener (the transparent listeners keep their ports: the host's nftables redirect to them)."""
+    explicit = [i for i, lst in enumerate(config.listeners) if lst.mode == "regular"]
+    where = source or "the embedded defaults"
+    if len(explicit) != 1:
+        found = "none" if not explicit else f"{len(explicit)}"
+        raise ConfigError(
+            f"--port sets the port of the one explicit proxy listener (mode: regular); {where} "
+            f"has {found}: set the ports under listeners: instead"
+        )
+    listeners = list(config.listeners)
+    listeners[explicit[0]] = listeners[explicit[0]].model_copy(update={"port": port})
+    return config.model_copy(update={"listeners": listeners})
 
 
 def _ca(args: argparse.Namespace) -> int:

@@ -2,15 +2,16 @@
 
 SandgateError                 (sandgate.policy.errors)
  └── ProxyError
-      ├── CAError      the gateway's CA is missing, unreadable, inconsistent or not private
-      └── ConfigError  gateway options or files that cannot be turned into a running proxy
+      ├── CAError        the gateway's CA is missing, unreadable, inconsistent or not private
+      ├── ConfigError    gateway options or files that cannot be turned into a running proxy
+      └── ListenerError  an address the gateway listens on cannot be bound (port taken, ...)
 """
 
 from __future__ import annotations
 
 from sandgate.policy.errors import SandgateError
 
-__all__ = ["CAError", "ConfigError", "ProxyError", "SandgateError"]
+__all__ = ["CAError", "ConfigError", "ListenerError", "ProxyError", "SandgateError"]
 
 
 class ProxyError(SandgateError):
@@ -23,3 +24,7 @@ class CAError(ProxyError):
 
 class ConfigError(ProxyError):
     """Gateway configuration that cannot be turned into a running proxy."""
+
+
+class ListenerError(ProxyError):
+    """A listener (proxy, transparent, DNS, admin) cannot be bound; the message is one line."""

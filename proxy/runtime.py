@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import structlog
 from mitmproxy import master, options
@@ -21,7 +23,7 @@ from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
 from sandgate.brokers import Broker
 from sandgate.policy.engine import PolicyEngine, make_engine
-from sandgate.policy.errors import PolicySetError, SandgateError
+from sandgate.policy.errors import PolicyLoadError, PolicySetError, SandgateError
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.loader import load_policy_dir, policy_files
 from sandgate.policy.policyset import PolicySet
@@ -35,10 +37,12 @@ from sandgate.policy.resolver import (
     SystemResolver,
 )
 
+from . import banner
 from .admin import AdminServer, AdminState
 from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
 from .audit_redis import RedisStreamSink
 from .backpressure import install as install_backpressure
+from .bindcheck import check_endpoints, endpoints, failure_line, quiet_mitmproxy_bind_errors
 from .bindings import NameBindings
 from .broker import CredentialBroker
 from .ca import ensure_ca
@@ -53,6 +57,7 @@ from .credential_watch import CredentialWatcher
 from .credentials import configure_broker
 from .dnslistener import DnsListener
 from .drain import DrainEnd, Drainer, DrainStart
+from .errors import ListenerError
 from .fdbudget import raise_fd_limit
 from .fleet_channel import publish_reload_with
 from .fleet_sync import FleetRegistrySync, default_gateway_id
@@ -84,6 +89,7 @@ from .trailers import Trailers, patch_http1_trailers
 from .transparent import Transparent
 from .upgrades import Upgrades
 from .upstream_trust import upstream_trust_file
+from .version import version_of
 
 __all__ = ["Gateway", "build_resolver", "serve"]
 
@@ -140,11 +146,9 @@ class _Lifecycle:
     async def running(self) -> None:
         gw = self.gateway
         ps = gw.master.addons.get("proxyserver")
-        down = [s.mode.full_spec for s in ps.servers if not s.is_running]
+        down = [s for s in ps.servers if not s.is_running]
         if down or len(ps.servers) == 0:
-            log.error("listener.failed", listeners=down)
-            gw.exit_code = 1
-            gw.shutdown()
+            gw.fail_start(listener_failure(gw.config, down))
             return
         await gw.reloader.start()
         gw.credential_watch.start()
@@ -160,24 +164,19 @@ class _Lifecycle:
             try:
                 await gw.dns.start()
             except OSError as e:
-                log.error("listener.failed", listeners=[gw.dns.listener], error=e.strerror)
-                gw.exit_code = 1
-                gw.shutdown()
+                dns = next(p for p in endpoints(gw.config) if p.what == "DNS listener")
+                gw.fail_start(failure_line(dns, e))
                 return
         gw.listen_addrs = [(str(a[0]), int(a[1])) for s in ps.servers for a in s.listen_addrs]
         if not await gw.start_host_rules():
             gw.exit_code = 1
             gw.shutdown()
             return
-        log.info(
-            "gateway.ready",
-            listeners=[f"{h}:{p}" for h, p in gw.listen_addrs],
-            dns=f"{gw.dns.host}:{gw.dns.port}" if gw.dns else None,
-            policy_version=gw.ctx.policy.version,
-            tenants=len(gw.ctx.policy.tenants),
-            ca_cert=str(gw.config.ca_dir / "mitmproxy-ca-cert.pem"),
-            audit=str(gw.config.audit_path),
-        )
+        ready = gw.ready_info(ps.servers)
+        log.info("gateway.ready", **banner.event_fields(ready))
+        if banner.show_block(gw.config.log.format, sys.stderr):
+            sys.stderr.write("\n" + banner.block(ready) + "\n")
+            sys.stderr.flush()
         gw._write_status()
         gw.ready.set()
 
@@ -325,6 +324,9 @@ class Gateway:
         )
         self.ready = asyncio.Event()
         self.exit_code = 0
+        # One line saying which listener could not be bound (serve() raises it as ListenerError).
+        self.start_failure: str | None = None
+        quiet_mitmproxy_bind_errors()
         self.listen_addrs: list[tuple[str, int]] = []
         # Caps on HTTP/1 heads live inside mitmproxy's HTTP/1 layer (sandgate.proxy.heads).
         install_head_caps()
@@ -487,6 +489,31 @@ class Gateway:
             },
         )
 
+    def ready_info(self, servers: Iterable[Any]) -> banner.Ready:
+        """What the start-up banner says (mitmproxy's running servers give the bound ports)."""
+        listeners = [
+            banner.Listener(s.mode.type_name, str(a[0]), int(a[1])) for s in servers for a in s.listen_addrs
+        ]
+        if self.dns is not None:
+            listeners.append(banner.Listener("dns", self.dns.host, self.dns.port))
+        try:
+            registered = load_registry(self.config.registry_path)
+        except PolicyLoadError:
+            registered = []  # already reported when the policy loaded
+        policy = self.ctx.policy
+        return banner.Ready(
+            version=version_of("sandgate"),
+            pid=os.getpid(),
+            policy_version=policy.version,
+            listeners=listeners,
+            tenants=list(policy.tenants),
+            sandboxes=list(policy.sandboxes.values()),
+            interfaces={sb.id: sb.interface for sb in registered if sb.interface},
+            ca_cert=self.config.ca_dir / "mitmproxy-ca-cert.pem",
+            audit=self.config.audit_path,
+            admin=list(self.admin.addresses) if self.admin is not None else [],
+        )
+
     def _own_addresses_changed(self, addresses: frozenset[str]) -> None:
         """Swap in a guard with the new own-address set (one assignment: no request sees half)."""
         self.ctx.guard = self.ctx.guard.with_own_addresses(addresses)
@@ -541,6 +568,12 @@ class Gateway:
             )
         )
 
+    def fail_start(self, line: str) -> None:
+        """A listener could not be bound: stop, exit 1, and say why in one line."""
+        self.start_failure = line
+        self.exit_code = 1
+        self.shutdown()
+
     def shutdown(self) -> None:
         """Stop serving now; run() returns once connections and the audit queue are closed."""
         self.master.shutdown()
@@ -589,10 +622,13 @@ class Gateway:
         finally:
             # mitmproxy leaves its listening sockets to process exit; close them, so a gateway
             # run in process (tests, embedding) gives its ports back.
+            # (Only those that run: stopping one that never bound logs an empty error line.)
             proxyserver = self.master.addons.get("proxyserver")
             if proxyserver is not None:
-                with contextlib.suppress(Exception):
-                    await proxyserver.servers.update([])
+                for server in list(proxyserver.servers):
+                    if server.is_running:
+                        with contextlib.suppress(Exception):
+                            await server.stop()
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(sig)
@@ -605,14 +641,35 @@ class Gateway:
         return self.exit_code
 
 
+def listener_failure(config: GatewayConfig, down: list[Any]) -> str:
+    """The line for mitmproxy servers that did not start (its ServerInstance objects)."""
+    if not down:
+        return "no listener started"
+    server = down[0]
+    specs = {e.spec: e for e in endpoints(config) if e.spec is not None}
+    endpoint = specs.get(server.mode.full_spec)
+    error = server.last_exception
+    if endpoint is None or not isinstance(error, OSError):
+        return f"listener {server.mode.full_spec} did not start: {type(error).__name__}"
+    return failure_line(endpoint, error)
+
+
 async def serve(config: GatewayConfig) -> int:
-    """Run the gateway until SIGTERM/SIGINT; returns the process exit code."""
+    """Run the gateway until SIGTERM/SIGINT; returns the process exit code.
+
+    Raises ListenerError (one line) when an address to listen on cannot be bound: checked
+    before anything starts, and again when the bind itself fails.
+    """
+    check_endpoints(config)
     gateway = Gateway(config)
     # Start-up objects (mitmproxy, the policy, compiled rules) live as long as the process: out
     # of the collector's sight, a full collection with thousands of connections open costs
     # milliseconds instead of a few hundred (a pause every tenant would wait through).
     gc.freeze()
-    return await gateway.run()
+    code = await gateway.run()
+    if gateway.start_failure is not None:
+        raise ListenerError(gateway.start_failure)
+    return code
 
 
 async def _prepare_host_table(config: GatewayConfig) -> None:
