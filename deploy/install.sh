@@ -2,16 +2,26 @@
 # Set up sandgate on a fresh Debian/Ubuntu machine: system packages, then a venv in .venv.
 #   deploy/install.sh          the gateway
 #   deploy/install.sh --dev    plus what the tests need (pytest, mypy, ruff, ...)
+#   --only system|venv         one of the two phases (deploy/quickstart.sh shows each)
 # Idempotent: re-running installs only what is missing. Needs root for apt (or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dev=0
-[[ "${1:-}" == "--dev" ]] && dev=1
+dev=0 only=""
+while (( $# )); do
+    case "$1" in
+        --dev) dev=1 ;;
+        --only) [[ "${2:-}" == system || "${2:-}" == venv ]] || { echo "install.sh: --only system|venv" >&2; exit 2; }
+                only=$2; shift ;;
+        *) echo "usage: deploy/install.sh [--dev] [--only system|venv]" >&2; exit 2 ;;
+    esac
+    shift
+done
 
 packages=(curl ca-certificates iproute2 nftables)
 if (( dev )); then packages+=(redis-server wrk nginx-light); fi
 missing=()
+[[ "$only" == venv ]] && packages=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -37,6 +47,8 @@ find_python() {
     done
     return 1
 }
+
+[[ "$only" == system ]] && exit 0
 
 if [[ ! -x .venv/bin/python ]]; then
     python=$(find_python) || { echo "sandgate needs Python 3.12 or newer (python3.12/python3.13 or pyenv)" >&2; exit 1; }

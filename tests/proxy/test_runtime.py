@@ -132,5 +132,9 @@ def test_a_taken_port_is_a_start_up_failure(start_gateway: GatewayFactory, tmp_p
         [SANDGATE, "run", "--config", str(config_path)], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 1
-    assert "listener.failed" in proc.stderr
+    # Before anything starts (tests/proxy/test_bindcheck.py has every listener).
+    assert (
+        proc.stderr
+        == f"sandgate: proxy listener 127.0.0.1:{first.port}: port {first.port} is in use: pass --port\n"
+    )
     wait_for_port("127.0.0.1", first.port)
