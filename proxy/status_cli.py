@@ -36,7 +36,7 @@ ANSWER_SECONDS = 5.0
 
 @dataclass
 class Readiness:
-    """One look at the gateway: does it serve, why not, and what it said about itself."""
+    """One look at the gateway: does it serve, who it is or why not, what it said about itself."""
 
     serving: bool
     reason: str
@@ -78,14 +78,16 @@ def check(config: GatewayConfig, answer_within: float = ANSWER_SECONDS) -> Readi
     if not ready.get("ready"):
         failing = [name for name, ok in ready.get("checks", {}).items() if not ok]
         return Readiness(False, f"{who} is not ready: {', '.join(failing) or 'not ready'}", status)
-    return Readiness(True, f"{who} serves", status)
+    return Readiness(True, who, status)
 
 
 def _from_status_file(config: GatewayConfig) -> Readiness:
     status = read_status(config.status_path)
     if status is None:
         return Readiness(False, f"no live gateway wrote {config.status_path} (the admin API is off)")
-    return Readiness(True, f"gateway (pid {status['pid']}) serves (from its status file)", status)
+    return Readiness(
+        True, f"gateway (pid {status['pid']}), from its status file (the admin API is off)", status
+    )
 
 
 def run_status_command(args: argparse.Namespace) -> int:
@@ -114,7 +116,7 @@ def _print(fmt: str, result: Readiness) -> None:
         print(f"sandgate: {result.reason}", file=sys.stderr)
         return
     st = result.status
-    print(f"serving: {result.reason.removesuffix(' serves')}")
+    print(f"serving: {result.reason}")
     if "listeners" in st:
         print(f"listeners: {', '.join(st['listeners']) or '-'}")
     if "policy_version" in st and "tenants" in st:

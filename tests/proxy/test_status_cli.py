@@ -1,0 +1,128 @@
+"""`sandgate status [--wait]` against real gateways: it says "serving" exactly when the
+gateway's listeners are bound and /readyz agrees, and one line saying why when not."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SANDGATE, GatewayFactory, tenant_yaml, write_gateway_files
+from support import RedisServer
+
+pytestmark = pytest.mark.slow
+
+
+def status(config_path: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SANDGATE, "status", "--config", str(config_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_no_gateway_is_exit_1_with_one_line(tmp_path: Path) -> None:
+    config_path, _ = write_gateway_files(tmp_path, {"t1.yaml": tenant_yaml("t1", [])})
+    proc = status(config_path)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr == f"sandgate: no gateway answers on {tmp_path / 'state' / 'admin.sock'}\n"
+
+
+def test_wait_gives_up_at_the_timeout_with_the_reason(tmp_path: Path) -> None:
+    config_path, _ = write_gateway_files(tmp_path, {"t1.yaml": tenant_yaml("t1", [])})
+    started = time.monotonic()
+    proc = status(config_path, "--wait", "--timeout", "1.5")
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"sandgate: not serving after 1.5 s: no gateway answers on {tmp_path / 'state' / 'admin.sock'}\n"
+    )
+    assert 1.5 <= elapsed < 30, elapsed  # interpreter start-up included, on a loaded machine
+
+
+def test_wait_returns_once_every_listener_is_bound(tmp_path: Path) -> None:
+    """Started before the gateway: exit 0 only when the proxy and DNS listeners accept."""
+    config_path, port = write_gateway_files(tmp_path, {"t1.yaml": tenant_yaml("t1", [])})
+    dns_port = _free_udp_port()
+    cfg = yaml.safe_load(config_path.read_text())
+    cfg["dns"] = {"host": "127.0.0.1", "port": dns_port}
+    config_path.write_text(yaml.safe_dump(cfg))
+    waiter = subprocess.Popen(
+        [SANDGATE, "status", "--wait", "--timeout", "90", "--config", str(config_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)
+    assert waiter.poll() is None, "nothing serves yet"
+    gw = subprocess.Popen([SANDGATE, "run", "--config", str(config_path)], stderr=subprocess.DEVNULL)
+    try:
+        out, err = waiter.communicate(timeout=90)
+        assert waiter.returncode == 0, err
+        # The moment it said so, the listeners accept.
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        with socket.create_connection(("127.0.0.1", dns_port), timeout=2):
+            pass
+        lines = out.splitlines()
+        assert lines[0] == f"serving: gateway {socket.gethostname()} (pid {gw.pid})"
+        assert lines[1] == f"listeners: 127.0.0.1:{port}"
+        assert lines[2].startswith("policy version ") and lines[2].endswith(": 1 tenants, 1 sandboxes")
+        # Once more without --wait, as JSON.
+        proc = status(config_path, "--format", "json")
+        assert proc.returncode == 0
+        body = json.loads(proc.stdout)
+        assert body["serving"] is True and body["status"]["pid"] == gw.pid
+    finally:
+        gw.terminate()
+        assert gw.wait(30) == 0
+    gone = status(config_path)
+    assert gone.returncode == 1 and "no gateway answers" in gone.stderr
+
+
+def _free_udp_port() -> int:
+    """A port free for both UDP and TCP on loopback a moment ago."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", 0))
+            port: int = udp.getsockname()[1]
+            try:
+                with socket.create_server(("127.0.0.1", port)):
+                    return port
+            except OSError:
+                continue
+
+
+def test_a_gateway_that_lost_redis_is_not_serving(
+    start_gateway: GatewayFactory, redis_server: RedisServer
+) -> None:
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", [])}, config={"redis": {"url": redis_server.url}})
+    config_path = gw.root / "sandgate.yaml"
+    assert status(config_path, "--wait", "--timeout", "60").returncode == 0
+    redis_server.kill()
+    proc = status(config_path)
+    assert proc.returncode == 1
+    # (With redis the gateway's id is its host name and a digest of its state_dir.)
+    assert re.fullmatch(rf"sandgate: gateway \S+ \(pid {gw.proc.pid}\) is not ready: redis\n", proc.stderr)
+
+
+def test_with_the_admin_api_off_the_status_file_answers(start_gateway: GatewayFactory) -> None:
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", [])}, config={"admin": {"enabled": False}})
+    config_path = gw.root / "sandgate.yaml"
+    proc = status(config_path, "--wait", "--timeout", "60")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == (
+        f"serving: gateway (pid {gw.proc.pid}), from its status file (the admin API is off)"
+    )
+    assert gw.stop() == 0
+    proc = status(config_path)
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"sandgate: no live gateway wrote {gw.root / 'state' / 'gateway.json'} (the admin API is off)\n"
+    )
