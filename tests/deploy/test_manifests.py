@@ -200,9 +200,11 @@ def test_compose_wires_the_gateway_to_redis_opa_and_its_healthcheck() -> None:
     assert f"127.0.0.1:{redis_url.port}:6379" in service("redis")["ports"]
     opa_url = urlsplit(config.rego.opa.url)
     assert f"127.0.0.1:{opa_url.port}:8181" in service("opa")["ports"]
-    # The healthcheck asks the admin listener the config opens.
-    probe = " ".join(sandgate["healthcheck"]["test"])
-    assert f"http://{config.admin.listen}/healthz" in probe
+    # The healthcheck is `sandgate status` on the config the service mounts (its admin socket).
+    check = parse_cli(sandgate["healthcheck"]["test"][1:])
+    assert check.command == "status"
+    assert load_config(host_path(sandgate, str(check.config))) == config
+    assert config.admin.enabled
     # The push job uploads the same rules to the same OPA, with a real CLI command line.
     push = service("policy-push")
     args = parse_cli([*push["entrypoint"], *push["command"]])
@@ -326,11 +328,15 @@ def test_the_daemonset_probes_ask_the_admin_listener_its_config_opens(tmp_path: 
     host, _, port = config.admin.listen.rpartition(":")
     ctr = container(k8s("DaemonSet", "sandgate"), "sandgate")
     paths = {}
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("livenessProbe", "readinessProbe"):
         get = ctr[probe]["httpGet"]
         assert (get["host"], str(get["port"])) == (host, port), probe
         paths[probe] = get["path"]
-    assert paths == {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    assert paths == {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    # The startup probe asks `sandgate status` with the config the gateway runs.
+    startup = parse_cli(ctr["startupProbe"]["exec"]["command"])
+    assert startup.command == "status"
+    assert startup.config == parse_cli(ctr["command"]).config
 
 
 def test_the_configmap_gateway_config_and_rules_load_with_the_gateways_own_loaders(tmp_path: Path) -> None:

@@ -1,18 +1,19 @@
-"""Healthchecks and probes ask only /healthz and /readyz, carry no token, and a real gateway
-configured with the deployments' admin settings answers them (and nothing else) without one."""
+"""Healthchecks and probes: `sandgate status` (the compose healthcheck, the DaemonSet's
+startup probe) and plain GETs of /healthz and /readyz (its liveness and readiness probes).
+None carries a token; each is run, as written, against a real gateway configured with the
+deployments' admin settings, and only the probe paths answer without a token."""
 
 from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import GatewayFactory, tenant_yaml
+from conftest import SANDGATE, GatewayFactory, tenant_yaml
 from support import free_port, wait_for_port
-from support.deployfiles import DEPLOY, yaml_docs
+from support.deployfiles import DEPLOY, parse_cli, yaml_docs
 
 PROBE_PATHS = {"/healthz", "/readyz"}
 SECRET_WORDS = re.compile(r"authorization|bearer|token|SANDGATE_", re.IGNORECASE)
@@ -31,18 +32,29 @@ def daemonset_probes() -> dict[str, dict[str, Any]]:
     return {k: v for k, v in ctr.items() if k.endswith("Probe")}
 
 
-def test_the_compose_healthcheck_asks_a_probe_path_without_a_token() -> None:
+def status_command(argv: list[str]) -> Any:
+    """The parsed `sandgate status` command line of a check (it must be one, and carry no secret)."""
+    assert not SECRET_WORDS.search(" ".join(argv)), argv
+    args = parse_cli(argv)
+    assert args.command == "status" and not args.wait, argv
+    return args
+
+
+def test_the_compose_healthcheck_is_sandgate_status_on_the_mounted_config() -> None:
     test = compose_healthcheck()
     assert test[0] == "CMD"
-    text = " ".join(test[1:])
-    assert not SECRET_WORDS.search(text), text
-    urls = re.findall(r"https?://[^'\"\s]+", text)
-    assert urls and {httpx.URL(u).path for u in urls} <= PROBE_PATHS, urls
+    args = status_command(test[1:])
+    assert str(args.config) == "/etc/sandgate/gateway.yaml"
 
 
-def test_the_daemonset_probes_are_plain_gets_of_probe_paths() -> None:
+def test_the_daemonset_starts_on_sandgate_status_then_probes_plain_gets() -> None:
     probes = daemonset_probes()
     assert set(probes) == {"startupProbe", "livenessProbe", "readinessProbe"}
+    startup = probes.pop("startupProbe")
+    assert set(startup) & {"httpGet", "grpc", "tcpSocket"} == set()
+    args = status_command(startup["exec"]["command"])
+    assert str(args.config) == "/etc/sandgate/config/gateway.yaml"
+    assert startup["timeoutSeconds"] >= 5, "a Python process needs more than the 1 s default"
     for name, probe in probes.items():
         assert set(probe) & {"exec", "grpc", "tcpSocket"} == set(), name
         get = probe["httpGet"]
@@ -51,30 +63,47 @@ def test_the_daemonset_probes_are_plain_gets_of_probe_paths() -> None:
         assert get.get("scheme", "HTTP") == "HTTP", name
 
 
-def test_a_real_gateway_answers_the_probes_as_written_and_nothing_else_without_a_token(
+def run_check(argv: list[str], config: Path) -> subprocess.CompletedProcess[str]:
+    """A check's command line as written, with its --config pointed at the test gateway's."""
+    argv = list(argv)
+    argv[argv.index("--config") + 1] = str(config)
+    assert argv[0] == "sandgate"
+    return subprocess.run([SANDGATE, *argv[1:]], capture_output=True, text=True, timeout=60)
+
+
+def test_a_real_gateway_answers_the_checks_as_written_and_nothing_else_without_a_token(
     start_gateway: GatewayFactory, tmp_path: Path
 ) -> None:
     compose_admin = yaml_docs(DEPLOY / "compose" / "gateway.yaml")[0]["admin"]
-    host, _, listen_port = compose_admin["listen"].rpartition(":")
+    host = compose_admin["listen"].rpartition(":")[0]
     token = tmp_path / "admin.token"
     token.write_text("probe-test-token-0123456789abcdef")
     token.chmod(0o600)
     port = free_port()
-    start_gateway(
+    gw = start_gateway(
         {"t1.yaml": tenant_yaml("t1", [])},
         config={"admin": {"listen": f"{host}:{port}", "token": f"file:{token}"}},
     )
     wait_for_port(host, port, timeout=30)
-    # The compose healthcheck's own command line, pointed at this gateway's admin port.
-    argv = [arg.replace(f":{listen_port}/", f":{port}/") for arg in compose_healthcheck()[1:]]
-    assert argv[0] == "python"
-    check = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=30)
-    assert check.returncode == 0, check.stderr
-    # The DaemonSet's probes, as the kubelet sends them (no headers).
+    config = gw.root / "sandgate.yaml"
+    checks = {
+        "compose": compose_healthcheck()[1:],
+        "k8s startup": daemonset_probes()["startupProbe"]["exec"]["command"],
+    }
+    for name, argv in checks.items():
+        check = run_check(argv, config)
+        assert check.returncode == 0, (name, check.stderr)
+    # The DaemonSet's HTTP probes, as the kubelet sends them (no headers).
     for name, probe in daemonset_probes().items():
-        get = probe["httpGet"]
-        resp = httpx.get(f"http://{host}:{port}{get['path']}", timeout=5)
-        assert resp.status_code == 200, (name, resp.text)
+        if "httpGet" in probe:
+            resp = httpx.get(f"http://{host}:{port}{probe['httpGet']['path']}", timeout=5)
+            assert resp.status_code == 200, (name, resp.text)
     # Anything else still needs the token: the probes' freedom is exactly those two paths.
     assert httpx.get(f"http://{host}:{port}/v1/status", timeout=5).status_code == 401
     assert httpx.get(f"http://{host}:{port}/metrics", timeout=5).status_code == 401
+    # A stopped gateway fails the checks, with the reason.
+    assert gw.stop() == 0
+    for name, argv in checks.items():
+        check = run_check(argv, config)
+        assert check.returncode == 1, name
+        assert check.stderr.startswith("sandgate: no gateway answers on "), (name, check.stderr)
