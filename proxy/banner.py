@@ -10,7 +10,7 @@ a terminal. A proxy token is never shown: only where it comes from (`<token from
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -51,8 +51,6 @@ class Ready:
     listeners: Sequence[Listener]
     tenants: Sequence[str]
     sandboxes: Sequence[SandboxRecord]
-    # Registered sandboxes' interfaces by sandbox id (the registry knows them; the policy does not).
-    interfaces: Mapping[str, str]
     ca_cert: Path
     audit: Path
     admin: Sequence[str]  # "unix:/path" and, with admin.listen, "host:port"
@@ -86,8 +84,7 @@ def reach(record: SandboxRecord, ready: Ready) -> str:
         else:
             ways.append(f"proxy http://{record.sandbox}:{_token_source(record)}@{proxy.address}")
     if record.addresses:
-        interface = ready.interfaces.get(record.sandbox)
-        on = f" on {interface}" if interface else ""
+        on = f" on {record.interface}" if record.interface else ""
         ways.append(f"transparent from {', '.join(record.addresses)}{on}")
     return "; ".join(ways) or "no way in (neither a token nor an address)"
 

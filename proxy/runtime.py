@@ -23,7 +23,7 @@ from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
 from sandgate.brokers import Broker
 from sandgate.policy.engine import PolicyEngine, make_engine
-from sandgate.policy.errors import PolicyLoadError, PolicySetError, SandgateError
+from sandgate.policy.errors import PolicySetError, SandgateError
 from sandgate.policy.guard import AddressGuard
 from sandgate.policy.loader import load_policy_dir, policy_files
 from sandgate.policy.policyset import PolicySet
@@ -496,10 +496,6 @@ class Gateway:
         ]
         if self.dns is not None:
             listeners.append(banner.Listener("dns", self.dns.host, self.dns.port))
-        try:
-            registered = load_registry(self.config.registry_path)
-        except PolicyLoadError:
-            registered = []  # already reported when the policy loaded
         policy = self.ctx.policy
         return banner.Ready(
             version=version_of("sandgate"),
@@ -508,7 +504,6 @@ class Gateway:
             listeners=listeners,
             tenants=list(policy.tenants),
             sandboxes=list(policy.sandboxes.values()),
-            interfaces={sb.id: sb.interface for sb in registered if sb.interface},
             ca_cert=self.config.ca_dir / "mitmproxy-ca-cert.pem",
             audit=self.config.audit_path,
             admin=list(self.admin.addresses) if self.admin is not None else [],
