@@ -25,14 +25,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO
@@ -304,30 +306,49 @@ def test_every_readme_block_runs_in_order_on_a_fresh_machine(internet: Internet)
         for p in console_mismatches(b, internet.run_dir)
     ]
     assert not problems, "\n".join(problems)
-    assert_quick_start_milestones(internet)
+    assert_quick_start_milestones(internet, blocks)
 
 
-def assert_quick_start_milestones(world: Internet) -> None:
-    """The Quick start reached, in order: an allowed request and a denied one with its reason."""
-
+def assert_quick_start_milestones(world: Internet, blocks: list[Block]) -> None:
+    """The Quick start reached, in order: an allowed request, a denied one with its reason, and
+    a jailed command whose placeholder the gateway replaced with the stored credential."""
     audit = world.home / ".sandgate" / "audit" / "audit.jsonl"
-    records = [json.loads(x) for x in audit.read_text().splitlines()]
-    decisions = [r for r in records if r.get("event") == "decision"]
-    allowed = next(
-        (i for i, r in enumerate(decisions) if r["decision"] == "allow" and r["dest"]["host"] == "pypi.org"),
-        None,
+    decisions = [r for r in map(json.loads, audit.read_text().splitlines()) if r.get("event") == "decision"]
+
+    def first(what: str, match: Callable[[dict[str, Any]], bool]) -> int:
+        found = next((i for i, r in enumerate(decisions) if match(r)), None)
+        assert found is not None, f"no {what} in the audit trail:\n" + "\n".join(map(str, decisions))
+        return found
+
+    allowed = first(
+        "allowed request to pypi.org by demo-1",
+        lambda r: r["decision"] == "allow" and r["dest"]["host"] == "pypi.org" and r["sandbox"] == "demo-1",
     )
-    assert allowed is not None, f"no allowed request to pypi.org in the audit trail: {decisions}"
-    assert decisions[allowed]["sandbox"] == "demo-1"
-    denied = next(
-        (
-            i
-            for i, r in enumerate(decisions)
-            if r["decision"] == "deny" and r["dest"]["host"] == "example.com"
-        ),
-        None,
+    denied = first(
+        "denial of example.com", lambda r: r["decision"] == "deny" and r["dest"]["host"] == "example.com"
     )
-    assert denied is not None and denied > allowed, decisions
     assert decisions[denied]["reason"] == "host_not_allowed"
-    # The allowed request reached the "internet" (a TLS handshake for pypi.org there).
+    injected = first("request with the npm-token credential", lambda r: r["credentials"] == ["npm-token"])
+    assert allowed < denied < injected
+    jailed = decisions[injected]
+    assert jailed["tenant"] == "demo" and jailed["sandbox"].startswith("jail-"), jailed
+    assert (jailed["decision"], jailed["dest"]["host"], jailed["status"]) == (
+        "allow",
+        "registry.npmjs.org",
+        200,
+    )
+    # The "internet" saw the real value; the jail only ever held a placeholder.
+    secret = re.search(r"printf %s '([^']+)' \| sandgate credentials set", _text(blocks))
+    assert secret is not None, "the Quick start no longer stores a credential value"
+    (request,) = [r for r in world.https.requests if r.target == "/-/whoami"]
+    assert request.header("authorization") == f"Bearer {secret[1]}"
     assert any(c.sni == "pypi.org" and c.handshake_ok for c in world.https.connections)
+    jail_output = "".join(
+        p.read_text() for p in world.run_dir.glob("block-*.log") if "the jail holds" in p.read_text()
+    )
+    assert re.search(r"the jail holds sgph_[a-z2-7]+", jail_output), jail_output
+    assert secret[1] not in jail_output
+
+
+def _text(blocks: list[Block]) -> str:
+    return "".join(b.text for b in blocks if b.runnable)
