@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 from conftest import REPO
 from support import RecordingUpstream, TestPKI
+from support.leftovers import MARKER
 from support.netns import in_namespace, ip
 from support.readme_blocks import Block, console_steps, missing_output, read_blocks
 
@@ -236,6 +237,9 @@ def run_walkthrough(world: Internet, blocks: list[Block]) -> subprocess.Complete
         "LOGNAME": "root",
         "SHELL": "/bin/bash",
     }
+    # The run's marker, so that the session's leftover check would find anything that escaped.
+    if MARKER in os.environ:
+        env[MARKER] = os.environ[MARKER]
     # Its own PID namespace, so that everything a block starts (in any network namespace) ends
     # with it, and private /run/netns and /etc/netns, so that namespaces blocks create never
     # show on the host (once the machine's hosts, resolv.conf and ssl are bound in).
