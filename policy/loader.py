@@ -466,8 +466,15 @@ class _SandboxRegistry:
                     errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
                     continue
             found = _addresses(loaded.doc, i, sb.addresses, errors)
+            at = loaded.doc.locate(("sandboxes", i))
             record = SandboxRecord(
-                sb.id, t.tenant, digest, tuple(a for _, a in found), sb.interface, token_ref=token_ref
+                sb.id,
+                t.tenant,
+                digest,
+                tuple(a for _, a in found),
+                sb.interface,
+                token_ref=token_ref,
+                origin=f"{at.file}:{at.line}" if at.line is not None else at.file,
             )
             ids[sb.id] = record
             records.append(record)

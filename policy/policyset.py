@@ -33,8 +33,11 @@ class SandboxRecord:
     # The host-side interface whose host rules make `addresses` unforgeable (None: the operator's).
     interface: str | None = None
     # Where its token comes from, as the tenant file names it ('file:' made absolute, 'env:',
-    # 'sha256:'), for telling an operator how to connect; None for a registered sandbox.
+    # 'sha256:'; a registered sandbox's is its 'sha256:' digest), for telling an operator how
+    # to connect: a reference, never the token. None: no token.
     token_ref: str | None = None
+    # Where it is defined ("file:line" of a tenant file, "registry PATH", "redis"), for listings.
+    origin: str = ""
 
 
 @dataclass(frozen=True, slots=True)

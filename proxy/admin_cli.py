@@ -15,6 +15,7 @@ from typing import Any
 
 from . import admin_client, policy_reload
 from .config import load_config
+from .sandbox_listing import sandboxes_text
 
 __all__ = [
     "POLICY_COMMANDS",
@@ -23,6 +24,8 @@ __all__ = [
 ]
 
 POLICY_COMMANDS = ("reload", "status")
+# `policy status` lists this many sandboxes; `sandbox list` lists them all.
+STATUS_SANDBOXES = 20
 
 
 def add_policy_parsers(pol_sub: Any, fmt: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -49,6 +52,7 @@ def run_policy_command(args: argparse.Namespace) -> int:
     lines = [
         f"gateway {st['gateway_id']} (pid {st['pid']}), {'ready' if st['ready'] else 'NOT ready'}",
         f"policy version {st['policy_version']}: {st['tenants']} tenants, {st['sandboxes']} sandboxes",
+        f"tenants: {', '.join(st.get('tenant_names', [])) or '-'}",
         f"listeners: {', '.join(st['listeners']) or '-'}",
         f"reload failures: {st['reload_failures']}; audit queue: {st['audit_queue_depth']}",
     ]
@@ -56,6 +60,10 @@ def run_policy_command(args: argparse.Namespace) -> int:
         lines.append(policy_reload.problem_line(problem))
         lines.extend(f"  {e}" for e in problem["errors"])
     lines.extend(f"note: {n}" for n in st.get("policy_notices", []))
+    rows = list(st.get("sandbox_list", []))
+    lines.append(sandboxes_text(rows[:STATUS_SANDBOXES]))
+    if len(rows) > STATUS_SANDBOXES:
+        lines.append(f"… and {len(rows) - STATUS_SANDBOXES} more: `sandgate sandbox list`")
     if last is not None:
         when = datetime.fromtimestamp(last["time"], UTC).isoformat(timespec="seconds")
         lines.append(f"last reload: {'ok' if last['ok'] else 'FAILED'} ({last['trigger']}, {when})")

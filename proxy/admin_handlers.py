@@ -29,6 +29,7 @@ from .registry import DynamicSandbox
 from .registry_change import sandbox_changes, sandbox_update_record
 from .reload import problem_view
 from .sandbox_listeners import SandboxListenersError
+from .sandbox_listing import sandbox_rows
 from .stores import CredentialInfo, StoreError
 
 __all__ = ["ApiError", "make_app"]
@@ -178,6 +179,9 @@ def _status(state: AdminState) -> dict[str, Any]:
         "policy_version": policy.version,
         "tenants": len(policy.tenants),
         "sandboxes": len(policy.sandboxes),
+        "tenant_names": sorted(policy.tenants),
+        # Every sandbox served (tenant files and registry): tenant, token reference, addresses, origin.
+        "sandbox_list": sandbox_rows(policy),
         "listeners": state.listeners(),
         **_sandbox_listener_status(state),
         "last_reload": None

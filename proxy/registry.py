@@ -203,7 +203,15 @@ def merge_registry_lenient(
             problem = f"interface {sb.interface} carries sandbox {owner.sandbox!r} ({defined(owner)})"
             errors.append(PolicyLoadError(where, f"{i}.interface", problem))
             continue
-        record = SandboxRecord(sb.id, sb.tenant, sb.token_digest, sb.addresses, sb.interface)
+        record = SandboxRecord(
+            sb.id,
+            sb.tenant,
+            sb.token_digest,
+            sb.addresses,
+            sb.interface,
+            origin="redis" if source.startswith("redis") else f"registry {source}",
+            token_ref=sb.token,
+        )
         by_id[sb.id] = record
         by_address.update((a, record) for a in sb.addresses)
         if sb.interface is not None:

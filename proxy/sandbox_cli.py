@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandgate.policy.errors import TokenReferenceError
+from sandgate.policy.errors import PolicySetError, TokenReferenceError
 from sandgate.policy.tokens import resolve_token_reference
 
 from . import admin_client
@@ -23,6 +23,7 @@ from .jail import run_jail
 from .redis_conn import connect
 from .registry import DynamicSandbox
 from .registry_redis import RedisSandboxStore, rules_checker
+from .sandbox_listing import load_error_text, rows_from_files, sandboxes_text
 from .sandboxes import apply_host_rules, interface_exists, register, registered, unregister
 from .stores import StoreError
 
@@ -75,7 +76,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     rm = sb_sub.add_parser("remove", help="unregister a sandbox and remove its rules")
     rm.add_argument("id")
     rm.add_argument("--config", type=Path)
-    ls = sb_sub.add_parser("list", help="list registered sandboxes")
+    ls = sb_sub.add_parser(
+        "list", help="every sandbox the gateway knows (tenant files and registry), how it is identified"
+    )
     ls.add_argument("--config", type=Path)
     ls.add_argument("--format", choices=("text", "json"), default="text")
 
@@ -92,6 +95,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def run_sandbox_command(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    if args.sandbox_command == "list":
+        return _list(config, args.format)
     if admin_client.gateway_running(config):
         # The running gateway registers (and reloads) itself: its store may be redis, not the file.
         return _through_api(config, args)
@@ -115,13 +120,26 @@ def run_sandbox_command(args: argparse.Namespace) -> int:
             return 2
         print(f"removed {removed.id}")
         return 0
-    entries = _fleet_list(config) if config.redis is not None else registered(config)
-    if args.format == "json":
-        print(json.dumps([s.model_dump(exclude_none=True) for s in entries], indent=2))
+    raise AssertionError(f"unknown sandbox command {args.sandbox_command!r}")
+
+
+def _list(config: GatewayConfig, fmt: str) -> int:
+    """Every sandbox the running gateway serves (tenant files and registry alike); without a
+    gateway, what one started now would serve, from the files (and redis)."""
+    notes: list[str] = []
+    if admin_client.gateway_running(config):
+        rows = list(admin_client.status(config)["sandbox_list"])
     else:
-        for s in entries:
-            token = "token" if s.token else "-"
-            print(f"{s.id}\t{s.tenant}\t{s.interface or '-'}\t{','.join(s.addresses) or '-'}\t{token}")
+        fleet = _fleet_list(config) if config.redis is not None else None
+        try:
+            rows, notes = rows_from_files(config, fleet)
+        except PolicySetError as e:
+            print(f"sandgate: {load_error_text(e)}", file=sys.stderr)
+            return 2
+        notes.insert(0, f"no gateway is running: listed from {config.rules_path} and the registry")
+    print(json.dumps(rows, indent=2) if fmt == "json" else sandboxes_text(rows))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -151,14 +169,7 @@ def _through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
             return 2
         print(f"removed {args.id}")
         return 0
-    entries = admin_client.list_sandboxes(config)
-    if args.format == "json":
-        print(json.dumps(entries, indent=2))
-    else:
-        for s in entries:
-            addresses = ",".join(s.get("addresses") or ()) or "-"
-            print(f"{s['id']}\t{s['tenant']}\t{s.get('interface') or '-'}\t{addresses}")
-    return 0
+    raise AssertionError(f"unknown sandbox command {args.sandbox_command!r}")
 
 
 def _update_through_api(config: GatewayConfig, args: argparse.Namespace) -> int:
