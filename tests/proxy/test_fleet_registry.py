@@ -169,10 +169,14 @@ def test_losing_redis_keeps_known_sandboxes_and_refuses_unknown_ones(
         assert _status(gw, http_upstream, "dyn2", OTHER_TOKEN) == "407"
         _wait_last_reason(gw, "no_identity")
         assert gw.proc.poll() is None
-    # The CLI fails loudly while redis is down.
-    for args in (("sandbox", "list"), ("sandbox", "remove", "dyn1"), ("policy", "reload")):
+    # The CLI fails loudly while redis is down; the gateway lists what it still serves.
+    for args in (("sandbox", "remove", "dyn1"), ("policy", "reload")):
         result = _cli(a, *args)
         assert result.returncode == 2 and "unreachable" in result.stderr, (args, result.stderr)
+    listed = _cli(a, "sandbox", "list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    served = {s["id"]: s["defined_in"] for s in json.loads(listed.stdout)}
+    assert sorted(served) == ["dyn1", "sb1"] and served["dyn1"] == "redis"
 
 
 def test_past_max_staleness_redis_sandboxes_are_dropped_and_come_back_with_redis(
