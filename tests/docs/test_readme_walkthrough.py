@@ -41,7 +41,7 @@ from conftest import REPO
 from support import RecordingUpstream, TestPKI
 from support.leftovers import MARKER
 from support.netns import in_namespace, ip
-from support.readme_blocks import Block, console_steps, missing_output, read_blocks
+from support.readme_blocks import Block, ConsoleStep, console_steps, missing_output, read_blocks
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -311,6 +311,7 @@ def test_every_readme_block_runs_in_order_on_a_fresh_machine(internet: Internet)
     ]
     assert not problems, "\n".join(problems)
     assert_quick_start_milestones(internet, blocks)
+    assert_banner_as_shown(internet, blocks)
 
 
 def assert_quick_start_milestones(world: Internet, blocks: list[Block]) -> None:
@@ -356,3 +357,18 @@ def assert_quick_start_milestones(world: Internet, blocks: list[Block]) -> None:
 
 def _text(blocks: list[Block]) -> str:
     return "".join(b.text for b in blocks if b.runnable)
+
+
+def assert_banner_as_shown(world: Internet, blocks: list[Block]) -> None:
+    """The start-up banner the Quick start shows (the text block after the background one) is
+    what the gateway printed, but for its pid, policy version and home directory."""
+    background = next(i for i, b in enumerate(blocks) if b.marker == "background")
+    shown = blocks[background + 1]
+    assert shown.language == "text", f"README.md:{shown.line}: expected the banner after the quick start"
+    lines = [
+        re.sub(r" \(pid \d+, policy version [0-9a-f+]+\)", "", x).replace("/root/", f"{world.home}/")
+        for x in shown.text.splitlines()
+    ]
+    printed = (world.run_dir / f"block-{blocks[background].line}.log").read_text()
+    missing = missing_output(ConsoleStep("deploy/quickstart.sh", tuple(lines)), printed)
+    assert missing is None, f"README.md:{shown.line}: the gateway did not print {missing!r}:\n{printed}"
