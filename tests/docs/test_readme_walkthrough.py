@@ -47,8 +47,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 README = REPO / "README.md"
 # A public address, so the gateway's address guard treats it as the internet; it exists only
-# inside this test's namespaces (the machine is .1, the internet's server .2).
-INTERNET_NET = "44.44.44.0/30"
+# inside this test's namespaces (the machine is .1, the internet's server .2 of a /30).
 MACHINE_ADDR, SERVER_ADDR = "44.44.44.1", "44.44.44.2"
 # The public names README blocks use, served by the test's upstream; example.com is absent.
 PUBLIC_NAMES = ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org", "registry.yarnpkg.com")
@@ -171,6 +170,7 @@ __sg_fail() {  # a failure of the session itself; background jobs (killed at the
 trap '__sg_fail $? "$BASH_COMMAND"' ERR
 __sg_stop_all() {  # this script is PID 1 of its own PID namespace: SIGTERM the rest, wait 20 s
     local i left
+    [[ $$ == 1 ]] || return 0  # anywhere else, -1 would be every process of the machine
     kill -TERM -1 2>/dev/null || true
     for i in $(seq 200); do
         left=(/proc/[0-9]*); (( ${#left[@]} <= 1 )) && return 0; sleep 0.1
@@ -284,8 +284,43 @@ def run_walkthrough(world: Internet, blocks: list[Block]) -> subprocess.Complete
 
 
 def _block_log(run_dir: Path, line: str) -> str:
-    logs = sorted(run_dir.glob(f"*-{line}*"))
+    logs = [run_dir / f"block-{line}.log", *sorted(run_dir.glob(f"console-{line}-*.out"))]
+    logs = [p for p in logs if p.exists()]
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in logs) or "(no output)"
+
+
+def test_a_failing_block_stops_the_walkthrough_and_is_named(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "<!-- background: waits for 127.0.0.1:18931 -->\n```sh\npython3 -m http.server -b 127.0.0.1 18931\n```\n"
+        "```sh\nexport GREETING=hello\n```\n"
+        '```sh\necho "$GREETING"\nfalse\necho never\n```\n'
+        "```sh\ntouch not-run\n```\n"
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = run_dir / "walkthrough.sh"
+    script.write_text(walkthrough_script(read_blocks(readme), run_dir, tmp_path))
+    # A PID namespace of its own (as the walkthrough has), so the server ends with the script.
+    subprocess.run(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--net",
+            "bash",
+            "-c",
+            f"ip link set lo up && exec bash {script}",
+        ],
+        capture_output=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"]},
+    )
+    assert (run_dir / "failed").read_text().splitlines() == ["8", "1", "false"]
+    assert (run_dir / "block-8.log").read_text() == "hello\n"
+    assert not (tmp_path / "not-run").exists()
+    assert not (run_dir / "finished").exists()
 
 
 def test_every_readme_block_runs_in_order_on_a_fresh_machine(internet: Internet) -> None:
