@@ -41,6 +41,7 @@ from conftest import REPO
 from support import RecordingUpstream, TestPKI
 from support.leftovers import MARKER
 from support.netns import in_namespace, ip
+from support.opa_server import FakeOpaServer
 from support.readme_blocks import Block, ConsoleStep, console_steps, missing_output, read_blocks
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -65,6 +66,7 @@ class Internet:
     run_dir: Path
     https: RecordingUpstream
     http: RecordingUpstream
+    opa: FakeOpaServer
 
 
 def _copy_repository(dest: Path) -> None:
@@ -100,6 +102,7 @@ def internet(tmp_path: Path) -> Iterator[Internet]:
     m_if, w_if = f"sgdm-{tag}", f"sgdw-{tag}"
     etc = Path("/etc/netns") / machine
     upstreams: list[RecordingUpstream] = []
+    stack = contextlib.ExitStack()
     try:
         ip("netns", "add", machine)
         ip("netns", "add", world)
@@ -118,10 +121,13 @@ def internet(tmp_path: Path) -> Iterator[Internet]:
         for up in (https, http):
             in_namespace(world, up.start)
             upstreams.append(up)
+        # `policy push --url http://opa:8181`: an OPA-compatible server on the internet's address.
+        opa = in_namespace(world, lambda: FakeOpaServer(SERVER_ADDR, 8181))
+        stack.enter_context(opa)
 
         etc.mkdir(parents=True)
         names = " ".join(PUBLIC_NAMES)
-        (etc / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n{SERVER_ADDR} {names}\n")
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n{SERVER_ADDR} {names} opa\n")
         # Nothing answers DNS on the machine: a name not in its hosts file fails at once.
         (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         _trust_store(etc, pki.ca_file)
@@ -130,8 +136,9 @@ def internet(tmp_path: Path) -> Iterator[Internet]:
         for d in (clone, home, run_dir):
             d.mkdir()
         _copy_repository(clone)
-        yield Internet(machine, world, clone, home, run_dir, https, http)
+        yield Internet(machine, world, clone, home, run_dir, https, http, opa)
     finally:
+        stack.close()
         _kill_namespace(machine)
         for up in upstreams:
             up.stop()
@@ -347,6 +354,8 @@ def test_every_readme_block_runs_in_order_on_a_fresh_machine(internet: Internet)
     assert not problems, "\n".join(problems)
     assert_quick_start_milestones(internet, blocks)
     assert_banner_as_shown(internet, blocks)
+    # `policy push` reached the OPA server the README names.
+    assert "tenants" in internet.opa.data
 
 
 def assert_quick_start_milestones(world: Internet, blocks: list[Block]) -> None:

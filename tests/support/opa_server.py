@@ -45,9 +45,10 @@ __all__ = ["FakeOpaServer", "RealOpa", "start_real_opa"]
 
 
 class FakeOpaServer:
-    """OPA's Data and Policy APIs on 127.0.0.1, evaluated with regopy; a context manager."""
+    """OPA's Data and Policy APIs on 127.0.0.1 (or `host`:`port`), evaluated with regopy; a
+    context manager. The socket is bound here, in the caller's network namespace."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.policies: dict[str, str] = {}
         self.data: dict[str, Any] = {}
         self.fault: str | None = None
@@ -56,13 +57,14 @@ class FakeOpaServer:
         self.queries = 0
         self._lock = threading.Lock()
         self._bundles: dict[str, Any] = {}
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server = _Server((host, port), _Handler)
         self._server.owner = self
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-opa", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
 
     def __enter__(self) -> FakeOpaServer:
         self._thread.start()
