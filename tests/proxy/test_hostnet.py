@@ -401,3 +401,23 @@ def test_an_address_nft_cannot_take_leaves_the_rules_and_registry_as_they_were(l
     assert taken.returncode != 0 and "belongs to 'sb1'" in taken.stderr
     assert lab.nft("list", "table", "inet", lab.a.table).stdout == before_rules
     assert (lab.a.state / "sandboxes.json").read_text() == before_registry
+
+
+def test_a_table_whose_owner_no_longer_runs_is_taken_over(lab: Lab, tmp_path: Path) -> None:
+    stale = f"sghn_stale_{lab.net.tag}"
+    old = f'table inet {stale} {{\n  comment "sandgate state_dir={tmp_path}/gone"\n  set ifaces {{ type ifname; }}\n}}\n'
+    loaded = subprocess.run(["ip", "netns", "exec", lab.net.gw, "nft", "-f", "-"], input=old, text=True)
+    assert loaded.returncode == 0
+    t1 = tenant_yaml("t1", [{"id": "api", "hosts": ["api.test"], "ports": [80]}], sandbox="static-t1")
+    c = gateway_files(tmp_path / "c", lab.net, {"t1.yaml": t1}, host_rules={"table": stale})
+    g3 = lab.net.guests["g3"]
+    added = lab.sandgate(
+        c, "sandbox", "add", "--interface", g3.host_if, "--address", g3.addr4, "--tenant", "t1"
+    )
+    assert added.returncode == 0, added.stderr
+    listed = lab.nft("list", "table", "inet", stale).stdout
+    assert f'comment "sandgate state_dir={c.state.resolve()}"' in listed
+    assert _sets(lab, stale)["sources4"] == [[g3.host_if, g3.addr4]]
+    removed = lab.sandgate(c, "sandbox", "remove", g3.host_if.lower())
+    assert removed.returncode == 0, removed.stderr
+    assert lab.nft("list", "table", "inet", stale).returncode != 0
