@@ -302,7 +302,7 @@ def test_a_jail_whose_own_gateway_fails_shows_the_end_of_its_log(lab: Lab, tmp_p
 
 def test_what_an_unknown_source_gets_from_the_listeners_opened_for_jails(lab: Lab) -> None:
     """A host that is no registered sandbox reaches the opened listeners over a real interface:
-    its connection is closed and its DNS query REFUSED, each audited as `no_identity`."""
+    its connection is closed unanswered and its DNS query REFUSED (audited as `no_identity`)."""
     out = subprocess.run(
         [
             "curl",
@@ -357,8 +357,12 @@ def test_what_an_unknown_source_gets_from_the_listeners_opened_for_jails(lab: La
         refused = [
             r for r in lab.records() if r["reason"] == "no_identity" and r["client"].startswith(lab.up.addr)
         ]
-        if {r["phase"] for r in refused} >= {"dns", "connect"}:
+        if "dns" in {r["phase"] for r in refused}:
             break
         time.sleep(0.2)
-    assert {r["phase"] for r in refused} >= {"dns", "connect"}, refused
+    assert "dns" in {r["phase"] for r in refused}, refused
+    # The connection: refused at connect (no_identity) when the kernel knows its original
+    # destination; without a conntrack entry for it, mitmproxy resets it before any hook.
+    log = (lab.root / "gateway.log").read_text()
+    assert "connect" in {r["phase"] for r in refused} or "Transparent mode failure" in log, stranger
     assert all(r["decision"] == "deny" for r in refused)
