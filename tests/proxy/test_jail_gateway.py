@@ -296,7 +296,7 @@ def test_a_jail_whose_own_gateway_fails_shows_the_end_of_its_log(lab: Lab, tmp_p
         result = lab.jail("true", config=own)
     assert result.returncode == 2
     assert "the jail's gateway did not start" in result.stderr
-    assert f"admin.listen 127.0.0.1:{taken}" in result.stderr and "in use" in result.stderr
+    assert f"127.0.0.1:{taken}" in result.stderr and "in use" in result.stderr
     assert "sandgate-jail-" not in result.stderr, "no path to a log that is gone"
 
 
