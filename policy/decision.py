@@ -88,8 +88,6 @@ class Refusal:
     # The address class (sandgate.policy.addresses.AddressClass), `own` for the gateway's own
     # addresses, `deny_rule` for an address a deny network covers.
     kind: str
-    # Whether an operator range (address_guard.tenant_reachable, reachable_by_name) can open it.
-    operator_can_open: bool = False
     rule_id: str | None = None
 
     def as_dict(self) -> dict[str, object]:

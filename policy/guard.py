@@ -92,7 +92,7 @@ class AddressGuard:
         if by_name and not public_only and ip in self._reachable_by_name:
             return None
         why = f"{ip} is a {kind} address the operator does not open to this request"
-        return Refusal(str(ip), why, kind, operator_can_open=True)
+        return Refusal(str(ip), why, kind)
 
     def permits(self, ip: IPAddress, *, by_name: bool, tenant_opens: bool, public_only: bool = False) -> bool:
         """Whether the gateway may dial `ip` for this request."""

@@ -117,36 +117,33 @@ class RedisSandboxStore:
 
     async def add(self, sandbox: DynamicSandbox) -> None:
         """Register; idempotent for an identical entry, StoreError(409) for a conflicting one."""
-        if self.check is not None:
-            await asyncio.to_thread(self.check, sandbox)
-        payload = sandbox.model_dump_json(exclude_none=True)
-        try:
-            for _ in range(_CAS_ATTEMPTS):
-                try:
-                    async with self.client.pipeline(transaction=True) as pipe:
-                        await pipe.watch(self.keys.sandboxes)
-                        raw: dict[bytes, bytes] = await pipe.hgetall(self.keys.sandboxes)  # type: ignore[assignment]
-                        current, _invalid = _decode(raw)
-                        existing = current.get(sandbox.id)
-                        if existing == sandbox:
-                            return
-                        if existing is not None:
-                            raise StoreError(already_registered(existing), 409)
-                        _refuse_taken_address(sandbox, current.values())
-                        pipe.multi()  # type: ignore[no-untyped-call]
-                        pipe.hset(self.keys.sandboxes, sandbox.id, payload)
-                        bump_and_publish(pipe, self.keys, "registry")
-                        await pipe.execute()
-                        log.info("registry.added", sandbox=sandbox.id, tenant=sandbox.tenant, source="redis")
-                        return
-                except WatchError:
-                    continue
-        except RedisError as e:
-            raise _unreachable(e) from None
-        raise StoreError("the sandbox registry is busy (too many concurrent writes); try again", 503)
+
+        def choose(existing: DynamicSandbox | None) -> bool:
+            if existing is not None and existing != sandbox:
+                raise StoreError(already_registered(existing), 409)
+            return existing is None
+
+        if await self._write(sandbox, choose) is None:
+            log.info("registry.added", sandbox=sandbox.id, tenant=sandbox.tenant, source="redis")
 
     async def replace(self, sandbox: DynamicSandbox) -> DynamicSandbox | None:
         """Change a registered entry in one transaction; the entry replaced (None: not registered)."""
+        previous = await self._write(sandbox, lambda existing: existing not in (None, sandbox))
+        if previous is not None and previous != sandbox:
+            log.info(
+                "registry.replaced",
+                sandbox=sandbox.id,
+                old_tenant=previous.tenant,
+                tenant=sandbox.tenant,
+                source="redis",
+            )
+        return previous
+
+    async def _write(
+        self, sandbox: DynamicSandbox, choose: Callable[[DynamicSandbox | None], bool]
+    ) -> DynamicSandbox | None:
+        """Write `sandbox` in one optimistic transaction when `choose(the entry of its id)` says so
+        (it may raise to refuse); returns that entry as it was."""
         if self.check is not None:
             await asyncio.to_thread(self.check, sandbox)
         payload = sandbox.model_dump_json(exclude_none=True)
@@ -157,22 +154,15 @@ class RedisSandboxStore:
                         await pipe.watch(self.keys.sandboxes)
                         raw: dict[bytes, bytes] = await pipe.hgetall(self.keys.sandboxes)  # type: ignore[assignment]
                         current, _invalid = _decode(raw)
-                        previous = current.pop(sandbox.id, None)
-                        if previous is None or previous == sandbox:
-                            return previous
+                        existing = current.pop(sandbox.id, None)
+                        if not choose(existing):
+                            return existing
                         _refuse_taken_address(sandbox, current.values())
                         pipe.multi()  # type: ignore[no-untyped-call]
                         pipe.hset(self.keys.sandboxes, sandbox.id, payload)
                         bump_and_publish(pipe, self.keys, "registry")
                         await pipe.execute()
-                        log.info(
-                            "registry.replaced",
-                            sandbox=sandbox.id,
-                            old_tenant=previous.tenant,
-                            tenant=sandbox.tenant,
-                            source="redis",
-                        )
-                        return previous
+                        return existing
                 except WatchError:
                     continue
         except RedisError as e:
