@@ -33,7 +33,8 @@ log = structlog.get_logger("sandgate.hosttable")
 
 LEGACY_TABLE = "sandgate"
 _OWNER = "sandgate state_dir="
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]{0,200}$")
+# nft keeps at most 128 bytes of a comment: longer paths are named by their digest.
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]{0,108}$")
 _COMMENT = re.compile(r'^\tcomment "([^"]*)"$', re.MULTILINE)
 
 

@@ -237,11 +237,16 @@ def _apply(
     static = load_static(static_path(config)) if static is None else static
     interfaces = [SandboxInterface(s.interface, s.addresses) for s in static]
     taken = {s.interface for s in static} | {a for s in static for a in s.addresses}
-    interfaces += [
-        SandboxInterface(s.interface, s.addresses)
-        for s in sandboxes
-        if s.interface and s.addresses and s.interface not in taken and not taken.intersection(s.addresses)
-    ]
+    for s in sandboxes:
+        if not (s.interface and s.addresses) or s.interface in taken:
+            continue
+        if taken.intersection(s.addresses):
+            # A registered sandbox whose address a tenant file claims keeps no source address,
+            # but its interface stays guarded: everything from it is dropped, never routed around.
+            log.warning("host_rules.registered_sandbox_shut", sandbox=s.id, interface=s.interface)
+            interfaces.append(SandboxInterface(s.interface, ()))
+        else:
+            interfaces.append(SandboxInterface(s.interface, s.addresses))
     table = config.nft_table
     # Never write (nor delete) a table another running gateway owns.
     check_owner(table, config.state_path)

@@ -26,8 +26,14 @@ def read_status(path: Path) -> dict[str, Any] | None:
     """The status of a live gateway, or None (no file, unreadable, or its process is gone)."""
     try:
         status = json.loads(path.read_text())
-        os.kill(int(status["pid"]), 0)
+        pid = int(status["pid"])
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass  # alive, run by another user (the systemd unit's `sandgate`, say)
+    except OSError:
         return None
     return status if isinstance(status, dict) else None
 

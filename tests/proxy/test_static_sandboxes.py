@@ -247,3 +247,24 @@ def test_a_tenant_file_that_takes_a_registered_interface_wins_and_says_so(lab: L
     log = (lab.root / "gateway.log").read_text()
     refused = [line for line in log.splitlines() if "registry.entries_refused" in line]
     assert refused and "t2.yaml" in refused[-1] and "sandboxes.json" in refused[-1], refused
+
+
+def test_a_registered_sandbox_whose_address_a_tenant_file_takes_is_shut_not_opened(lab: Lab) -> None:
+    lab.start()
+    add = lab.sandgate(
+        "sandbox", "add", "--id", "dyn", "--tenant", "t1", "--interface", lab.g2.host_if,
+        "--address", lab.g2.addr,
+    )  # fmt: skip
+    assert add.returncode == 0, add.stderr
+    assert lab.curl(lab.g2, "/before") == "200"
+
+    # t2's file claims g2's address on another (not yet existing) interface: the registry entry
+    # loses its address, and its interface must stay guarded (dropped), never left unguarded.
+    (lab.tenants / "t2.yaml").write_text(
+        tenant("t2", [{"id": "vm2", "interface": "sgx-later", "addresses": [lab.g2.addr]}])
+    )
+    _until(lambda: "vm2" in (lab.root / "state" / "static-sandboxes.json").read_text(), "vm2 installed")
+    ifaces = lab.ruleset().split("set ifaces {", 1)[1].split("}", 1)[0]  # the guarded interfaces
+    assert f'"{lab.g2.host_if}"' in ifaces, ifaces
+    assert lab.curl(lab.g2, "/after") != "200"
+    assert lab.records("/after") == []
