@@ -325,20 +325,33 @@ class Sandbox(_Handler):
         if previous is None:
             raise ApiError(404, f"no registered sandbox {sandbox_id!r}; add it with `sandbox add`", "id")
         old_version = self.state.ctx.policy.version
-        body = await _reload(self.state, "admin:sandbox_update", registry_changed=True)
         changed = sandbox_changes(previous, sandbox)
+        try:
+            body = await _reload(self.state, "admin:sandbox_update", registry_changed=True)
+        except ApiError:
+            # Refused tenant files keep their rules, yet the new registry may be in force: then
+            # the change happened and is recorded, whatever the answer says about the files.
+            if self.state.ctx.policy.version != old_version:
+                await self._record_update(previous, sandbox, changed, old_version)
+            raise
+        await self._record_update(previous, sandbox, changed, old_version)
+        self.reply({"sandbox": sandbox.model_dump(exclude_none=True), "changed": changed, **body})
+
+    async def _record_update(
+        self, previous: DynamicSandbox, sandbox: DynamicSandbox, changed: list[str], old_version: str
+    ) -> None:
+        version = self.state.ctx.policy.version
         log.info(
             "admin.sandbox_updated",
             sandbox=sandbox.id,
             old_tenant=previous.tenant,
             tenant=sandbox.tenant,
             changed=changed,
-            policy_version=body["policy_version"],
+            policy_version=version,
         )
         await self.state.ctx.audit.emit(
-            sandbox_update_record(previous, sandbox, changed, old_version, body["policy_version"])
+            sandbox_update_record(previous, sandbox, changed, old_version, version)
         )
-        self.reply({"sandbox": sandbox.model_dump(exclude_none=True), "changed": changed, **body})
 
     async def delete(self, sandbox_id: str) -> None:
         store = _sandboxes(self.state)

@@ -28,7 +28,7 @@ from sandgate.policy.reasons import Reason
 
 from .audit_format import clean
 from .audit_query import AuditInputError, Record, dest_host, record_time
-from .audit_suggest_operator import InternalAddresses
+from .audit_suggest_operator import InternalAddresses, time_span
 
 __all__ = ["SUGGESTIBLE", "Evidence", "collapse_paths", "collect", "render_suggestions", "suggested_rules"]
 
@@ -188,14 +188,6 @@ def _destination(host: str) -> dict[str, list[str]]:
     return {"cidrs": [str(ipaddress.ip_network(address))]}
 
 
-def _span(group: Group) -> str:
-    """`first .. last` times of a group, to the second."""
-    if group.first is None or group.last is None:
-        return "time unknown"
-    first, last = (t.strftime("%Y-%m-%dT%H:%M:%SZ") for t in (group.first, group.last))
-    return first if first == last else f"{first} .. {last}"
-
-
 def _rule(group: Group) -> tuple[dict[str, Any], list[str]]:
     """The rule suggested by one group, and the paths it had to leave out."""
     rule: dict[str, Any] = {"id": _rule_id(group), **_destination(group.host)}
@@ -214,7 +206,7 @@ def _rule(group: Group) -> tuple[dict[str, Any], list[str]]:
         if usable:
             rule["paths"] = collapse_paths(usable)
     reasons = ", ".join(f"{r} {n}" for r, n in sorted(group.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
-    rule["comment"] = f"{group.count} denials ({reasons}), {_span(group)}"
+    rule["comment"] = f"{group.count} denials ({reasons}), {time_span(group.first, group.last)}"
     return rule, left_out
 
 

@@ -133,11 +133,12 @@ def _network(address: str) -> str:
     return str(ipaddress.ip_network(address))
 
 
-def _span(group: Refused) -> str:
-    if group.first is None or group.last is None:
+def time_span(first: datetime | None, last: datetime | None) -> str:
+    """`first .. last` times of a group of denials, to the second."""
+    if first is None or last is None:
         return "time unknown"
-    first, last = (t.strftime("%Y-%m-%dT%H:%M:%SZ") for t in (group.first, group.last))
-    return first if first == last else f"{first} .. {last}"
+    a, b = (t.strftime("%Y-%m-%dT%H:%M:%SZ") for t in (first, last))
+    return a if a == b else f"{a} .. {b}"
 
 
 def _tenant_rule(group: Refused) -> dict[str, Any] | None:
@@ -148,7 +149,9 @@ def _tenant_rule(group: Refused) -> dict[str, Any] | None:
     }
     if group.ports:
         rule["ports"] = sorted(group.ports)
-    rule["comment"] = f"{group.count} private_address denials{_names(group)}, {_span(group)}"
+    rule["comment"] = (
+        f"{group.count} private_address denials{_names(group)}, {time_span(group.first, group.last)}"
+    )
     try:
         Rule.model_validate(rule)
     except ValidationError:

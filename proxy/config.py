@@ -19,6 +19,7 @@ from sandgate.policy.errors import HostError, PolicyLoadError
 from sandgate.policy.yamlsource import load_yaml, validate
 
 from .errors import ConfigError
+from .statusfile import STATUS_FILE
 
 __all__ = [
     "AdminConfig",
@@ -524,11 +525,9 @@ class GatewayConfig(_Strict):
 
     @property
     def store_keys_ref(self) -> str:
-        ref = self.credentials.store_keys
-        if ref is None:
-            return f"file:{self.state_path / 'store.keys'}"
-        scheme, _, value = ref.partition(":")
-        return f"file:{self.path(value)}" if scheme == "file" and value else ref
+        return (
+            _anchor_reference(self, self.credentials.store_keys) or f"file:{self.state_path / 'store.keys'}"
+        )
 
     @property
     def credentials_store_path(self) -> Path:
@@ -536,7 +535,7 @@ class GatewayConfig(_Strict):
 
     @property
     def status_path(self) -> Path:
-        return self.state_path / "gateway.json"
+        return self.state_path / STATUS_FILE
 
     @property
     def admin_socket_path(self) -> Path:

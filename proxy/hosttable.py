@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 
 from .errors import ConfigError
-from .statusfile import read_status
+from .statusfile import STATUS_FILE, read_status
 
 __all__ = ["LEGACY_TABLE", "default_table", "legacy_sources", "owner_comment", "table_owner"]
 
@@ -78,7 +78,7 @@ def check_owner(table: str, state_path: Path) -> None:
     if not owner or owner == ours:
         return
     other = Path(owner.removeprefix(_OWNER)) if owner.startswith(_OWNER) else None
-    if other is not None and read_status(other / "gateway.json") is None:
+    if other is not None and read_status(other / STATUS_FILE) is None:
         log.warning("host_rules.table_taken_over", table=table, previous_owner=str(other))
         return
     where = f"state_dir {other}" if other is not None else owner

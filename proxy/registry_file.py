@@ -12,7 +12,7 @@ import builtins
 from sandgate.policy.errors import PolicyLoadError, SandgateError
 
 from .config import GatewayConfig
-from .registry import DynamicSandbox, already_registered
+from .registry import DynamicSandbox
 from .sandboxes import SandboxExists, register, registered, unregister
 from .stores import StoreError
 
@@ -45,11 +45,7 @@ class FileSandboxStore:
             raise StoreError(str(e), 500) from None
 
     def _add(self, sandbox: DynamicSandbox) -> None:
-        existing = next((s for s in self._list() if s.id == sandbox.id), None)
-        if existing == sandbox:
-            return
-        if existing is not None:
-            raise StoreError(already_registered(existing), 409)
+        # register() refuses a taken id (SandboxExists: 409) and does nothing for an identical one.
         self._register(sandbox, replace=False)
 
     def _replace(self, sandbox: DynamicSandbox) -> DynamicSandbox | None:

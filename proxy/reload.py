@@ -117,40 +117,40 @@ class PolicyReloader:
     async def reload(self, trigger: str) -> bool:
         """Load and swap; True when the new policy is in force."""
         async with self._lock:
-            if trigger == FILE_CHANGE and await asyncio.to_thread(self._current) == self._fingerprint:
-                # An explicit reload (SIGHUP, the admin API) loaded these files meanwhile.
-                return True
-            old = self.ctx.policy.version
-            try:
-                policy = await self._stable_load()
-            except RulesKeptError as e:
-                if e.policy.version != old:
-                    self.ctx.policy = e.policy
-                    log.warning("policy.registry_applied_on_kept_rules", version=e.policy.version)
-                await self._failed(trigger, old, [str(x) for x in e.errors], served=e.policy.version)
-                return False
-            except PolicyLoadError as e:
-                errors = e.errors if isinstance(e, PolicySetError) else (e,)
-                await self._failed(trigger, old, [str(x) for x in errors])
-                return False
-            except Exception as e:
-                log.exception("policy.reload_failed", trigger=trigger, kept_version=old)
-                await self._failed(trigger, old, [type(e).__name__])
-                return False
-            self.ctx.policy = policy
-            self.last = ReloadOutcome(True, trigger, time.time(), policy.version, problems=policy.problems)
-            if self.on_reload is not None:
-                self.on_reload(policy)
-            log.info(
-                "policy.reloaded",
-                trigger=trigger,
-                old_version=old,
-                version=policy.version,
-                tenants=len(policy.tenants),
-            )
-            report_problems(policy)
-            await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, [], policy.problems))
-            return True
+            return await self._reload_locked(trigger)
+
+    async def _reload_locked(self, trigger: str) -> bool:
+        old = self.ctx.policy.version
+        try:
+            policy = await self._stable_load()
+        except RulesKeptError as e:
+            if e.policy.version != old:
+                self.ctx.policy = e.policy
+                log.warning("policy.registry_applied_on_kept_rules", version=e.policy.version)
+            await self._failed(trigger, old, [str(x) for x in e.errors], served=e.policy.version)
+            return False
+        except PolicyLoadError as e:
+            errors = e.errors if isinstance(e, PolicySetError) else (e,)
+            await self._failed(trigger, old, [str(x) for x in errors])
+            return False
+        except Exception as e:
+            log.exception("policy.reload_failed", trigger=trigger, kept_version=old)
+            await self._failed(trigger, old, [type(e).__name__])
+            return False
+        self.ctx.policy = policy
+        self.last = ReloadOutcome(True, trigger, time.time(), policy.version, problems=policy.problems)
+        if self.on_reload is not None:
+            self.on_reload(policy)
+        log.info(
+            "policy.reloaded",
+            trigger=trigger,
+            old_version=old,
+            version=policy.version,
+            tenants=len(policy.tenants),
+        )
+        report_problems(policy)
+        await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, [], policy.problems))
+        return True
 
     def report(self) -> ReloadReport | None:
         """The last reload as the fleet sees it (None before the first)."""
@@ -165,9 +165,6 @@ class PolicyReloader:
         if policy.problems:
             record = self._record("start", "ok", "", policy.version, [], policy.problems)
             await self.ctx.audit.emit(record)
-
-    def _current(self) -> Fingerprint:
-        return _fingerprint(self.watched(self.ctx.policy))
 
     async def _stable_load(self) -> PolicySet:
         """Load; when a watched file moved while it was read, wait `settle` and load again.
@@ -220,7 +217,10 @@ class PolicyReloader:
                     pause = min(pause, max(self.settle, 0.05))
                     continue
                 if current != self._fingerprint and time.monotonic() - seen_since >= self.settle:
-                    await self.reload(FILE_CHANGE)
+                    async with self._lock:
+                        # Unless an explicit reload (SIGHUP, the admin API) loaded them meanwhile.
+                        if current != self._fingerprint:
+                            await self._reload_locked(FILE_CHANGE)
             except Exception:
                 log.exception("policy.watch_failed")
 

@@ -82,17 +82,20 @@ class SandboxListeners:
         """(transparent port, DNS port), opening whichever is missing; raises SandboxListenersError."""
         async with self._lock:
             opened: list[str] = []
-            port = self.transparent_port()
-            if port is None:
-                port = await self._open_transparent()
-                opened.append(f"transparent@{ANY_IPV4}:{port}")
-            if self.dns is None:
-                self.dns = await self._open_dns()
-                opened.append(self.dns.listener)
-            if opened:
-                self.opened += opened
-                log.info("listeners.opened_on_demand", listeners=opened)
-                self.changed()
+            try:
+                port = self.transparent_port()
+                if port is None:
+                    port = await self._open_transparent()
+                    opened.append(f"transparent@{ANY_IPV4}:{port}")
+                if self.dns is None:
+                    self.dns = await self._open_dns()
+                    opened.append(self.dns.listener)
+            finally:
+                # Whatever opened is shown, also when the other one then failed.
+                if opened:
+                    self.opened += opened
+                    log.info("listeners.opened_on_demand", listeners=opened)
+                    self.changed()  # once per gateway: rewrites the status file
             return port, self.dns.port
 
     async def _open_transparent(self) -> int:
@@ -132,13 +135,14 @@ class SandboxListeners:
 
 def _free_port(kind: socket.SocketKind) -> int:
     """A port free for both TCP and UDP on every IPv4 address, at the moment of asking."""
-    with socket.socket(socket.AF_INET, kind) as first:
-        first.bind((ANY_IPV4, 0))
-        port = int(first.getsockname()[1])
-        other = socket.SOCK_DGRAM if kind == socket.SOCK_STREAM else socket.SOCK_STREAM
-        with socket.socket(socket.AF_INET, other) as second:
-            try:
-                second.bind((ANY_IPV4, port))
-            except OSError:
-                return _free_port(kind)
-    return port
+    other = socket.SOCK_DGRAM if kind == socket.SOCK_STREAM else socket.SOCK_STREAM
+    while True:
+        with socket.socket(socket.AF_INET, kind) as first:
+            first.bind((ANY_IPV4, 0))
+            port = int(first.getsockname()[1])
+            with socket.socket(socket.AF_INET, other) as second:
+                try:
+                    second.bind((ANY_IPV4, port))
+                except OSError:
+                    continue
+        return port

@@ -142,11 +142,7 @@ def apply_host_rules(config: GatewayConfig, sandboxes: list[DynamicSandbox]) -> 
             _sysctls_after(s)
 
 
-def _has_ipv6(sandbox: DynamicSandbox) -> bool:
-    return any(":" in a for a in sandbox.addresses)
-
-
-def _static_ipv6(sandbox: StaticSandbox) -> bool:
+def _has_ipv6(sandbox: DynamicSandbox | StaticSandbox) -> bool:
     return any(":" in a for a in sandbox.addresses)
 
 
@@ -214,10 +210,10 @@ def sync_static_rules(
         # sysctls at the first start or reload that finds it.
         present = [s for s in wanted if interface_exists(s.interface)]
         for s in present:
-            set_interface_sysctls(s.interface, ipv6=_static_ipv6(s))
+            set_interface_sysctls(s.interface, ipv6=_has_ipv6(s))
         _apply(config, [*load_registry(config.registry_path), *extra], static=wanted, ports=ports)
         for s in present:
-            if _static_ipv6(s):
+            if _has_ipv6(s):
                 enable_ipv6(s.interface)  # only once the rules guarding it are in force
         save_static(static_path(config), wanted)
         log.info("host_rules.static_installed", sandboxes=[s.id for s in wanted])

@@ -11,7 +11,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_status", "remove_status", "write_status"]
+__all__ = ["STATUS_FILE", "read_status", "remove_status", "write_status"]
+
+# The status file's name in a gateway's state_dir.
+STATUS_FILE = "gateway.json"
 
 
 def write_status(path: Path, status: dict[str, Any]) -> None:
