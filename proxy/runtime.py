@@ -145,6 +145,9 @@ class _Lifecycle:
 
     async def running(self) -> None:
         gw = self.gateway
+        if gw.stopping:
+            # A SIGTERM while the listeners came up: its drain closes them; nothing failed.
+            return
         ps = gw.master.addons.get("proxyserver")
         down = [s for s in ps.servers if not s.is_running]
         if down or len(ps.servers) == 0:
@@ -171,6 +174,8 @@ class _Lifecycle:
         if not await gw.start_host_rules():
             gw.exit_code = 1
             gw.shutdown()
+            return
+        if gw.stopping:
             return
         ready = gw.ready_info(ps.servers)
         log.info("gateway.ready", **banner.event_fields(ready))
@@ -563,8 +568,15 @@ class Gateway:
             )
         )
 
+    @property
+    def stopping(self) -> bool:
+        """SIGTERM/SIGINT was received: the gateway drains, and a listener it closed is no fault."""
+        return self._drain_task is not None
+
     def fail_start(self, line: str) -> None:
         """A listener could not be bound: stop, exit 1, and say why in one line."""
+        if self.stopping:
+            return
         self.start_failure = line
         self.exit_code = 1
         self.shutdown()

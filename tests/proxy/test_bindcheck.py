@@ -193,3 +193,29 @@ def test_run_port_needs_exactly_one_explicit_listener(
         f"sandgate: --port sets the port of the one explicit proxy listener (mode: regular); {config_path} "
         f"{found}: set the ports under listeners: instead"
     )
+
+
+class _TerminateAsListenersOpen:
+    """Runs first in the `running` hook: SIGTERM's handler, then waits for its drain to close them."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def running(self) -> None:
+        self.gateway.terminate()
+        servers = self.gateway.master.addons.get("proxyserver").servers
+        async with asyncio.timeout(20):
+            while any(s.is_running for s in servers):
+                await asyncio.sleep(0.01)
+
+
+async def test_a_sigterm_while_the_listeners_open_is_a_clean_stop(tmp_path: Path) -> None:
+    # The drain closes listeners the start-up check would otherwise take for ones that failed.
+    config_path, _ = write_gateway_files(tmp_path, {"t1.yaml": tenant_yaml("t1", [])})
+    gateway = Gateway(load_config(config_path))
+    chain = gateway.master.addons.chain
+    gateway.master.addons.add(_TerminateAsListenersOpen(gateway))
+    chain.insert(0, chain.pop())
+    code = await asyncio.wait_for(gateway.run(signals=False), 60)
+    assert (code, gateway.start_failure) == (0, None)
+    assert not gateway.ready.is_set()
