@@ -49,11 +49,11 @@ from support import RecordingUpstream, RedisServer, wait_for_port  # noqa: E402
 
 from sandgate.policy.decision import Decision, Identity, Phase  # noqa: E402
 from sandgate.policy.reasons import Reason  # noqa: E402
-from sandgate.proxy.audit import AuditLog, AuditSink, JsonlFileSink  # noqa: E402
-from sandgate.proxy.audit_redis import RedisStreamSink  # noqa: E402
+from sandgate.proxy.audit.records import DecisionContext, decision_record  # noqa: E402
+from sandgate.proxy.audit.redis_stream import RedisStreamSink  # noqa: E402
+from sandgate.proxy.audit.trail import AuditLog, AuditSink, JsonlFileSink  # noqa: E402
 from sandgate.proxy.config import RedisConfig  # noqa: E402
-from sandgate.proxy.records import DecisionContext, decision_record  # noqa: E402
-from sandgate.proxy.redis_conn import Keys, connect_sync  # noqa: E402
+from sandgate.proxy.fleet.redis_client import Keys, connect_sync  # noqa: E402
 
 
 def record(i: int) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def replay_row(server: RedisServer, tmp: Path, n: int) -> dict[str, Any]:
 
 _MEASURE = """
 import contextlib, io, json, resource, sys, time
-from sandgate.proxy.cli import main
+from sandgate.proxy.cli.main import main
 out = io.StringIO()
 started = time.perf_counter()
 with contextlib.redirect_stdout(out):

@@ -288,7 +288,7 @@ async def run_brokers(quick: bool = False) -> list[BrokerRow]:
 async def run_stored(quick: bool = False) -> list[BrokerRow]:
     """A `stored:` credential served from memory, and the seal/open cost of one value."""
     from sandgate.brokers.sealing import Keyring, associated_data, new_key
-    from sandgate.brokers.source_stored import StoredSource
+    from sandgate.brokers.sources.stored import StoredSource
 
     class _Store:
         async def get(self, tenant: str, name: str) -> Secret | None:

@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from conftest import SANDGATE, TOKEN, UPSTREAM_IP, tenant_yaml, write_gateway_files  # noqa: E402
 from support import RecordingUpstream, RedisServer, SmallDisk, wait_for_port  # noqa: E402
 
-from sandgate.policy.loader import load_policy_dir  # noqa: E402
+from sandgate.policy.model.loader import load_policy_dir  # noqa: E402
 
 
 @dataclass

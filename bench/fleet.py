@@ -31,7 +31,7 @@ sys.path.insert(0, str(BENCH.parent / "tests"))
 from support import RedisServer, free_port, wait_for_port  # noqa: E402
 
 from sandgate.proxy.config import RedisConfig  # noqa: E402
-from sandgate.proxy.fleet_channel import publish_reload  # noqa: E402
+from sandgate.proxy.fleet.channel import publish_reload  # noqa: E402
 
 SANDGATE = str(Path(sys.executable).with_name("sandgate"))
 UPSTREAM_IP = "127.0.0.2"

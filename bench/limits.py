@@ -25,7 +25,7 @@ from conftest import SANDGATE, TOKEN, UPSTREAM_IP, tenant_yaml, write_gateway_fi
 from support import RecordingUpstream, wait_for_port  # noqa: E402
 
 from sandgate.policy.limiter import Limiter  # noqa: E402
-from sandgate.policy.models import Limits  # noqa: E402
+from sandgate.policy.model.tenant import Limits  # noqa: E402
 
 
 def decision_cost(count: int) -> dict[str, float]:

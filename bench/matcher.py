@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
-from sandgate.policy.guard import AddressGuard
-from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.policyset import PolicySet
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import CachingResolver, StaticResolver
 

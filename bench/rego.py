@@ -43,15 +43,15 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from sandgate.policy import rego_compile
+from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
-from sandgate.policy.decision_cache import CachingEngine, DecisionCache
-from sandgate.policy.engine import PolicyEngine
-from sandgate.policy.guard import AddressGuard
-from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.policyset import PolicySet
-from sandgate.policy.rego_embedded import EmbeddedEngine
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.rego import compiler as rego_compile
+from sandgate.policy.rego.cache import CachingEngine, DecisionCache
+from sandgate.policy.rego.embedded import EmbeddedEngine
+from sandgate.policy.rego.engine import PolicyEngine
 from sandgate.policy.resolver import CachingResolver, StaticResolver
 
 REPO = Path(__file__).resolve().parents[1]

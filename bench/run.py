@@ -41,8 +41,8 @@ import tenantgen  # noqa: E402
 from support.pki import TestPKI  # noqa: E402
 from support.ports import free_port  # noqa: E402
 
-from sandgate.policy.loader import load_policy_dir  # noqa: E402
-from sandgate.policy.policyset import PolicySet  # noqa: E402
+from sandgate.policy.model.loader import load_policy_dir  # noqa: E402
+from sandgate.policy.model.policyset import PolicySet  # noqa: E402
 
 BIN = Path(sys.executable).parent
 UPSTREAM_IP = "127.0.0.2"  # 127.0.0.1 is the gateway's own address: its guard refuses it

@@ -5,22 +5,24 @@ Pure Python on plain values (no mitmproxy import): the gateway's addon turns a f
 response through `Broker.scrubber(tenant, sandbox)`.
 """
 
-from .binding import TenantCredentials
-from .broker import Broker
-from .errors import (
+from sandgate.brokers.body_guard import RequestBodyGuard
+from sandgate.brokers.broker import Broker
+from sandgate.brokers.errors import (
     BrokerConfigError,
     BrokerError,
     SecretReferenceError,
     SecretUnavailable,
     TokenEndpointError,
 )
-from .guard import RequestBodyGuard
-from .httpclient import AsyncHttpClient, HttpResponse, HttpxClient
-from .models import Credential
-from .outcome import BrokerAllow, BrokerDecision, BrokerDenial, DenialCause
-from .placeholders import PLACEHOLDER_PREFIX, PlaceholderIndex, PlaceholderMinter, PlaceholderOwner
-from .refs import SecretRef, parse_ref
-from .request import (
+from sandgate.brokers.httpclient import AsyncHttpClient, HttpResponse, HttpxClient
+from sandgate.brokers.outcome import BrokerAllow, BrokerDecision, BrokerDenial, DenialCause
+from sandgate.brokers.placeholders import (
+    PLACEHOLDER_PREFIX,
+    PlaceholderIndex,
+    PlaceholderMinter,
+    PlaceholderOwner,
+)
+from sandgate.brokers.request import (
     AppliedRequest,
     BrokerRequest,
     Mutation,
@@ -30,9 +32,12 @@ from .request import (
     SetQuery,
     apply_mutations,
 )
-from .scrub import Scrubber, StreamScrubber
-from .secret import Secret
-from .sources import SecretRegistry, SecretSource, default_registry
+from sandgate.brokers.scrub import Scrubber, StreamScrubber
+from sandgate.brokers.secret import Secret
+from sandgate.brokers.sources.registry import SecretRegistry, SecretSource, default_registry
+from sandgate.brokers.tenant_credentials import TenantCredentials
+from sandgate.policy.model.credentials import Credential
+from sandgate.policy.model.secret_refs import SecretRef, parse_ref
 
 __all__ = [
     "PLACEHOLDER_PREFIX",

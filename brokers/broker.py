@@ -34,22 +34,27 @@ from datetime import UTC, datetime
 
 import structlog
 
-from .binding import CompiledCredential, CompiledTenant, TenantCredentials, compile_tenant
-from .errors import BrokerConfigError, BrokerError, SecretUnavailable
-from .github_app import GitHubAppProvider
-from .guard import RequestBodyGuard
-from .httpclient import AsyncHttpClient, HttpxClient
-from .injectors import build_mutations
-from .material import Material
-from .models import AwsSigV4Inject, BasicInject, GitHubAppInject, OAuth2Inject
-from .oauth2 import OAuth2Provider
-from .outcome import BrokerAllow, BrokerDecision, BrokerDenial, DenialCause
-from .placeholders import PlaceholderIndex, PlaceholderMinter, PlaceholderOwner
-from .planner import Plan, plan_request
-from .request import BrokerRequest
-from .scrub import MIN_SCRUB_BYTES, Scrubber
-from .secret import Secret
-from .sources import SecretRegistry, default_registry
+from sandgate.brokers.body_guard import RequestBodyGuard
+from sandgate.brokers.errors import BrokerConfigError, BrokerError, SecretUnavailable
+from sandgate.brokers.httpclient import AsyncHttpClient, HttpxClient
+from sandgate.brokers.injectors import build_mutations
+from sandgate.brokers.material import Material
+from sandgate.brokers.outcome import BrokerAllow, BrokerDecision, BrokerDenial, DenialCause
+from sandgate.brokers.placeholders import PlaceholderIndex, PlaceholderMinter, PlaceholderOwner
+from sandgate.brokers.planner import Plan, plan_request
+from sandgate.brokers.providers.github_app import GitHubAppProvider
+from sandgate.brokers.providers.oauth2 import OAuth2Provider
+from sandgate.brokers.request import BrokerRequest
+from sandgate.brokers.scrub import MIN_SCRUB_BYTES, Scrubber
+from sandgate.brokers.secret import Secret
+from sandgate.brokers.sources.registry import SecretRegistry, default_registry
+from sandgate.brokers.tenant_credentials import (
+    CompiledCredential,
+    CompiledTenant,
+    TenantCredentials,
+    compile_tenant,
+)
+from sandgate.policy.model.credentials import AwsSigV4Inject, BasicInject, GitHubAppInject, OAuth2Inject
 
 __all__ = ["Broker"]
 

@@ -3,18 +3,21 @@
 SandgateError
  └── BrokerError
       ├── BrokerConfigError        credentials that cannot be put in force (conflict, unknown source)
-      │    ├── SecretReferenceError a secret reference that cannot be parsed (`env:`, `file:`, `cmd:` ...)
       │    └── KeyringError        store keys that cannot be read (bad line, short key, duplicate id)
       └── SecretUnavailable        a secret cannot be had right now (missing, unreadable, command failed)
            ├── TokenEndpointError  an OAuth2 or GitHub token endpoint failed or refused
            └── SealingError        a stored value that does not open (unknown key id, tampered, moved)
+
+A secret reference with bad syntax (`env:`, `file:`, `cmd:` ...) is a policy fault,
+`sandgate.policy.errors.SecretReferenceError`: tenant files declare references, and
+policy checks them; it is re-exported here for the broker's callers.
 
 No message ever contains a secret value, a token, or the output of a secret command.
 """
 
 from __future__ import annotations
 
-from sandgate.policy.errors import SandgateError
+from sandgate.policy.errors import SandgateError, SecretReferenceError
 
 __all__ = [
     "BrokerConfigError",
@@ -34,10 +37,6 @@ class BrokerError(SandgateError):
 
 class BrokerConfigError(BrokerError):
     """Credentials that cannot be put in force as written."""
-
-
-class SecretReferenceError(BrokerConfigError, ValueError):
-    """A secret reference that cannot be parsed or whose scheme no source handles."""
 
 
 class SecretUnavailable(BrokerError):

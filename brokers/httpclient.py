@@ -8,7 +8,7 @@ from typing import Protocol
 
 import httpx
 
-from .errors import TokenEndpointError
+from sandgate.brokers.errors import TokenEndpointError
 
 __all__ = ["AsyncHttpClient", "HttpResponse", "HttpxClient"]
 

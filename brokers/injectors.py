@@ -10,20 +10,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from urllib.parse import quote, quote_plus, unquote_to_bytes
 
-from .binding import CompiledCredential
-from .material import Material
-from .models import (
-    AwsSigV4Inject,
-    BasicInject,
-    BodyInject,
-    GitHubAppInject,
-    HeaderInject,
-    OAuth2Inject,
-    QueryInject,
-)
-from .outcome import BrokerDenial, DenialCause
-from .planner import Plan
-from .request import (
+from sandgate.brokers.material import Material
+from sandgate.brokers.outcome import BrokerDenial, DenialCause
+from sandgate.brokers.planner import Plan
+from sandgate.brokers.providers.sigv4 import amz_date, parse_authorization, sign
+from sandgate.brokers.request import (
     BrokerRequest,
     Mutation,
     RemoveHeader,
@@ -33,8 +24,17 @@ from .request import (
     apply_mutations,
     header_values,
 )
-from .secret import Secret
-from .sigv4 import amz_date, parse_authorization, sign
+from sandgate.brokers.secret import Secret
+from sandgate.brokers.tenant_credentials import CompiledCredential
+from sandgate.policy.model.credentials import (
+    AwsSigV4Inject,
+    BasicInject,
+    BodyInject,
+    GitHubAppInject,
+    HeaderInject,
+    OAuth2Inject,
+    QueryInject,
+)
 
 __all__ = ["build_mutations"]
 

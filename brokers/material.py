@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .secret import Secret
+from sandgate.brokers.secret import Secret
 
 __all__ = ["Material"]
 

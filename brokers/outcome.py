@@ -6,12 +6,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
+from sandgate.brokers.request import Mutation
 from sandgate.policy.reasons import Reason
 
-from .request import Mutation
-
 if TYPE_CHECKING:
-    from .guard import RequestBodyGuard
+    from sandgate.brokers.body_guard import RequestBodyGuard
 
 __all__ = ["BrokerAllow", "BrokerDecision", "BrokerDenial", "DenialCause"]
 

@@ -22,8 +22,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .errors import BrokerConfigError
-from .secret import Secret
+from sandgate.brokers.errors import BrokerConfigError
+from sandgate.brokers.secret import Secret
 
 __all__ = [
     "MIN_KEY_BYTES",

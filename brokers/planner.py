@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .binding import CompiledCredential, CompiledTenant, request_path
-from .models import AwsSigV4Inject, BodyInject, QueryInject
-from .outcome import BrokerDenial, DenialCause
-from .placeholders import PlaceholderIndex, PlaceholderOwner
-from .request import BrokerRequest
-from .scan import Hit, Where, scan_request
+from sandgate.brokers.outcome import BrokerDenial, DenialCause
+from sandgate.brokers.placeholders import PlaceholderIndex, PlaceholderOwner
+from sandgate.brokers.request import BrokerRequest
+from sandgate.brokers.scan import Hit, Where, scan_request
+from sandgate.brokers.tenant_credentials import CompiledCredential, CompiledTenant, request_path
+from sandgate.policy.model.credentials import AwsSigV4Inject, BodyInject, QueryInject
 
 __all__ = ["Plan", "classify", "plan_request"]
 

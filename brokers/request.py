@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .secret import Secret
+from sandgate.brokers.secret import Secret
 
 __all__ = [
     "AppliedRequest",

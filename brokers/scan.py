@@ -31,8 +31,13 @@ from urllib.parse import unquote_to_bytes
 
 import ahocorasick_rs
 
-from .placeholders import MIN_SHAPE_CHARS, PLACEHOLDER_LENGTH, PLACEHOLDER_PATTERN, PLACEHOLDER_PREFIX
-from .request import BrokerRequest
+from sandgate.brokers.placeholders import (
+    MIN_SHAPE_CHARS,
+    PLACEHOLDER_LENGTH,
+    PLACEHOLDER_PATTERN,
+    PLACEHOLDER_PREFIX,
+)
+from sandgate.brokers.request import BrokerRequest
 
 __all__ = [
     "BodyScan",

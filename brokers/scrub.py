@@ -20,7 +20,7 @@ from urllib.parse import quote, quote_plus
 
 import ahocorasick_rs
 
-from .secret import Secret
+from sandgate.brokers.secret import Secret
 
 __all__ = ["MIN_SCRUB_BYTES", "Scrubber", "StreamScrubber", "secret_forms"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .errors import KeyringError, SealingError
+from sandgate.brokers.errors import KeyringError, SealingError
 
 __all__ = [
     "KEY_BYTES",

@@ -62,6 +62,6 @@ current() { [[ -f "$1" && ! pyproject.toml -nt "$1" ]]; }
 # A dev install holds everything the gateway needs: after one, the plain install has nothing to do.
 if ! current "$stamp" && ! current ".venv/.sandgate-installed[dev]"; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras" 2>&1 | grep -v "^WARNING: Location" >&2 || true
-    .venv/bin/python -c "import sandgate.proxy.cli" || { echo "sandgate failed to install" >&2; exit 1; }
+    .venv/bin/python -c "import sandgate.proxy.cli.main" || { echo "sandgate failed to install" >&2; exit 1; }
     touch "$stamp"
 fi

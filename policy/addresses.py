@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_network
 
-from .errors import HostError
+from sandgate.policy.errors import HostError
 
 __all__ = [
     "GUARDED_RANGES",

@@ -6,13 +6,20 @@ import functools
 import ipaddress
 from dataclasses import dataclass, replace
 
-from .decision import RELAXABLE_IN_REPORT_MODE, Decision, EgressRequest, Identity, Mode, Refusal
-from .engine import PolicyEngine, RegoQuery, RegoVerdict, fault, make_engine
-from .errors import ResolveError
-from .guard import AddressGuard, IPAddress
-from .policyset import PolicySet, TenantPolicy
-from .reasons import Reason
-from .resolver import Resolver
+from sandgate.policy.address_guard import AddressGuard, IPAddress
+from sandgate.policy.decision import (
+    RELAXABLE_IN_REPORT_MODE,
+    Decision,
+    EgressRequest,
+    Identity,
+    Mode,
+    Refusal,
+)
+from sandgate.policy.errors import ResolveError
+from sandgate.policy.model.policyset import PolicySet, TenantPolicy
+from sandgate.policy.reasons import Reason
+from sandgate.policy.rego.engine import PolicyEngine, RegoQuery, RegoVerdict, fault, make_engine
+from sandgate.policy.resolver import Resolver
 
 __all__ = ["AddressChoice", "decide", "default_engine", "guard_answers", "literal_ip", "pick_address"]
 
@@ -63,7 +70,7 @@ async def decide(
     recorded as would-deny; the operator's base rules, deny networks, the address guard and
     policy_error always hold.
 
-    The address guard (steps 2 and 5, policy/guard.py) is the operator's: the gateway's own
+    The address guard (steps 2 and 5, policy/address_guard.py) is the operator's: the gateway's own
     addresses, unspecified, multicast, broadcast and metadata addresses are never dialled;
     other non-public addresses only inside ranges the operator opens (`tenant_reachable`
     when an internal-only tenant cidr rule covers the address too; `reachable_by_name` for

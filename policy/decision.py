@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .reasons import Reason
+from sandgate.policy.reasons import Reason
 
 __all__ = ["RELAXABLE_IN_REPORT_MODE", "Decision", "EgressRequest", "Identity", "Mode", "Phase", "Refusal"]
 

@@ -7,6 +7,7 @@ SandgateError
       ├── HostError            a host, address or path that cannot be normalised
       ├── TokenReferenceError  a sandbox token reference that cannot be resolved
       │    └── TokenFileMissingError  its token file does not exist (yet)
+      ├── SecretReferenceError a credential's secret reference that cannot be parsed (`env:`, `cmd:` ...)
       └── ResolveError         the gateway's resolver failed (DNS failure, timeout)
 """
 
@@ -22,6 +23,7 @@ __all__ = [
     "PolicySetError",
     "ResolveError",
     "SandgateError",
+    "SecretReferenceError",
     "SourceLocation",
     "TokenFileMissingError",
     "TokenReferenceError",
@@ -87,6 +89,10 @@ class TokenReferenceError(PolicyError):
 
 class TokenFileMissingError(TokenReferenceError):
     """A `file:` token reference whose file does not exist yet: the sandbox cannot log in."""
+
+
+class SecretReferenceError(PolicyError, ValueError):
+    """A secret reference whose syntax is wrong, or whose scheme no secret source handles."""
 
 
 class ResolveError(PolicyError):

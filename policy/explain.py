@@ -11,17 +11,17 @@ import ipaddress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .decide import decide, literal_ip, pick_address
-from .decision import Decision, EgressRequest, Identity, Refusal
-from .engine import PolicyEngine, RegoQuery, RegoVerdict
-from .errors import ResolveError
-from .guard import AddressGuard
-from .matcher import CompiledRule
-from .overrides import decide_readings
-from .policyset import PolicySet, TenantPolicy
-from .reasons import Reason
-from .rego_input import input_document
-from .resolver import Resolver
+from sandgate.policy.address_guard import AddressGuard
+from sandgate.policy.decide import decide, literal_ip, pick_address
+from sandgate.policy.decision import Decision, EgressRequest, Identity, Refusal
+from sandgate.policy.errors import ResolveError
+from sandgate.policy.matcher import CompiledRule
+from sandgate.policy.model.policyset import PolicySet, TenantPolicy
+from sandgate.policy.overrides import decide_readings
+from sandgate.policy.reasons import Reason
+from sandgate.policy.rego.engine import PolicyEngine, RegoQuery, RegoVerdict
+from sandgate.policy.rego.input_document import input_document
+from sandgate.policy.resolver import Resolver
 
 __all__ = ["AddressCheck", "Explanation", "Step", "explain"]
 

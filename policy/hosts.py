@@ -15,8 +15,8 @@ from ipaddress import IPv4Address, IPv6Address
 
 import idna
 
-from .errors import HostError
-from .paths import normalise_path  # re-exported: paths lived here first
+from sandgate.policy.errors import HostError
+from sandgate.policy.paths import normalise_path  # re-exported: paths lived here first
 
 __all__ = [
     "normalise_host",

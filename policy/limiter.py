@@ -4,7 +4,7 @@ Each counter keeps whole counts for fixed windows (a minute, an hour) aligned on
 time, so every gateway of a fleet agrees on which window a moment belongs to, and estimates
 the sliding window as `previous * (1 - elapsed fraction) + current` (O(1), no timestamps).
 A counter holds this gateway's counts and the last known total of the rest of the fleet;
-a sync task (sandgate.proxy.limits_sync) pushes the gateway's unsynced counts and merges the
+a sync task (sandgate.proxy.fleet.limits_sync) pushes the gateway's unsynced counts and merges the
 fleet totals back. Deciding never does I/O.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .models import Limits
-from .reasons import Reason
+from sandgate.policy.model.tenant import Limits
+from sandgate.policy.reasons import Reason
 
 __all__ = ["CounterKey", "Kind", "LimitExceeded", "Limiter", "SyncItem", "WindowCounter"]
 

@@ -13,9 +13,9 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .addresses import CidrSet, internal_only, parse_network
-from .reasons import Reason
-from .upgrade import WEBSOCKET
+from sandgate.policy.addresses import CidrSet, internal_only, parse_network
+from sandgate.policy.reasons import Reason
+from sandgate.policy.upgrade import WEBSOCKET
 
 __all__ = [
     "ANY_HOST",

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from urllib.parse import parse_qsl
 
-from .decision import Decision, EgressRequest, Identity
-from .reasons import Reason
+from sandgate.policy.decision import Decision, EgressRequest, Identity
+from sandgate.policy.reasons import Reason
 
 __all__ = [
     "MAX_READINGS",

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import HostError
-from .matcher import UNPARSEABLE_PATH
+from sandgate.policy.errors import HostError
+from sandgate.policy.matcher import UNPARSEABLE_PATH
 
 __all__ = ["Target", "glob_problem", "normalise_path", "read_target"]
 

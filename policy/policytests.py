@@ -19,7 +19,7 @@ A case file (rules/tests/*.yaml):
         expect: {decision: deny, reason: policy_denied}
 
 Cases are decided by `decide` with the embedded engine and no cache, exactly as the gateway
-would, except for the resolver. Rego tests run in a compiler process (`rego_compile`).
+would, except for the resolver. Rego tests run in a compiler process (`rego.compiler`).
 """
 
 from __future__ import annotations
@@ -34,25 +34,25 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .decide import decide
-from .decision import Decision, EgressRequest, Identity, Phase
-from .engine import PolicyEngine, make_engine
-from .errors import HostError, PolicyLoadError, SourceLocation
-from .guard import AddressGuard
-from .hosts import normalise_host
-from .loader import load_policy_dir
-from .matcher import UNPARSEABLE_PATH
-from .models import NAME_PATTERN
-from .overrides import decide_readings
-from .paths import normalise_path
-from .policyset import PolicySet
-from .reasons import Reason
-from .rego_compile import RegoTestResult, run_rego_tests
-from .rego_program import RegoModule
-from .rego_source import module_facts, ref_text
-from .resolver import Resolution, StaticResolver
-from .upgrade import requested_upgrade
-from .yamlsource import load_yaml, validate
+from sandgate.policy.address_guard import AddressGuard
+from sandgate.policy.decide import decide
+from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
+from sandgate.policy.errors import HostError, PolicyLoadError, SourceLocation
+from sandgate.policy.hosts import normalise_host
+from sandgate.policy.matcher import UNPARSEABLE_PATH
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.model.tenant import NAME_PATTERN
+from sandgate.policy.model.yamlsource import load_yaml, validate
+from sandgate.policy.overrides import decide_readings
+from sandgate.policy.paths import normalise_path
+from sandgate.policy.reasons import Reason
+from sandgate.policy.rego.compiler import RegoTestResult, run_rego_tests
+from sandgate.policy.rego.engine import PolicyEngine, make_engine
+from sandgate.policy.rego.program import RegoModule
+from sandgate.policy.rego.source import module_facts, ref_text
+from sandgate.policy.resolver import Resolution, StaticResolver
+from sandgate.policy.upgrade import requested_upgrade
 
 __all__ = [
     "UNLISTED_ADDRESS",

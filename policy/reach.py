@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 
-from .addresses import GUARDED_RANGES, CidrSet, internal_only, parse_network
-from .guard import NEVER_OPENED
-from .matcher import ANY_HOST, CompiledRule
-from .policyset import PolicySet
+from sandgate.policy.address_guard import NEVER_OPENED
+from sandgate.policy.addresses import GUARDED_RANGES, CidrSet, internal_only, parse_network
+from sandgate.policy.matcher import ANY_HOST, CompiledRule
+from sandgate.policy.model.policyset import PolicySet
 
 __all__ = ["Note", "reach_notes"]
 

@@ -19,7 +19,7 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
-from .errors import ResolveError
+from sandgate.policy.errors import ResolveError
 
 __all__ = [
     "CachingResolver",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from sandgate.policy.policyset import SandboxRecord
+from sandgate.policy.model.policyset import SandboxRecord
 
 __all__ = ["BLOCK_ITEMS", "EVENT_ITEMS", "Listener", "Ready", "block", "event_fields", "reach", "show_block"]
 

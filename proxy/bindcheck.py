@@ -16,8 +16,8 @@ import socket
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import GatewayConfig, split_listen
-from .errors import ListenerError
+from sandgate.proxy.config import GatewayConfig, split_listen
+from sandgate.proxy.errors import ListenerError
 
 __all__ = [
     "Endpoint",

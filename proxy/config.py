@@ -16,10 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sandgate.policy.addresses import parse_network
 from sandgate.policy.errors import HostError, PolicyLoadError
-from sandgate.policy.yamlsource import load_yaml, validate
-
-from .errors import ConfigError
-from .statusfile import STATUS_FILE
+from sandgate.policy.model.yamlsource import load_yaml, validate
+from sandgate.proxy.errors import ConfigError
+from sandgate.proxy.statusfile import STATUS_FILE
 
 __all__ = [
     "AdminConfig",
@@ -75,7 +74,7 @@ class ResolverConfig(_Strict):
 
 
 class AddressGuardConfig(_Strict):
-    """The operator's address guard (policy/guard.py). What it never opens: the gateway's own
+    """The operator's address guard (policy/address_guard.py). What it never opens: the gateway's own
     addresses, unspecified, multicast, broadcast and metadata addresses. Every other
     non-public address (private, CGNAT, ULA, loopback, link-local, reserved) only inside
     these ranges."""
@@ -288,7 +287,7 @@ class RedisConfig(_Strict):
         description="how long sandboxes registered in redis are still served after redis is lost",
     )
     audit_stream_maxlen: Annotated[int, Field(ge=1000)] = 1_000_000
-    # The fleet registry and reload channel (proxy/fleet_sync.py).
+    # The fleet registry and reload channel (proxy/fleet/registry_sync.py).
     gateway_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = Field(
         default=None,
         description="this gateway's name in `policy status` (default: host name + a digest of state_dir)",
@@ -313,7 +312,7 @@ class LimitsConfig(_Strict):
 class ConnectionsConfig(_Strict):
     """Hardening: how many guest connections one source or sandbox may hold, and for how long idle.
 
-    See proxy/connlimits.py; refusals at connect are audited per source and second, not one
+    See proxy/addons/connection_limits.py; refusals at connect are audited per source and second, not one
     record per connection (a flood must not become an audit flood).
     """
 
@@ -346,7 +345,7 @@ class ConnectionsConfig(_Strict):
         default=1024 * 1024,
         description=(
             "bytes of one connection the gateway holds while a hook decides (a name lookup, an "
-            "OPA query, a TLS decision); past it, reading that connection pauses (proxy/backpressure.py)"
+            "OPA query, a TLS decision); past it, reading that connection pauses (proxy/mitm/backpressure.py)"
         ),
     )
     listen_backlog: Annotated[int, Field(ge=16, le=65535)] = Field(
@@ -386,7 +385,7 @@ class HeadsConfig(_Strict):
 
 
 class Http2Config(_Strict):
-    """Hardening of intercepted HTTP/2 connections from guests (proxy/h2guard.py)."""
+    """Hardening of intercepted HTTP/2 connections from guests (proxy/addons/h2_guard.py)."""
 
     max_concurrent_streams: Annotated[int, Field(ge=1, le=1000)] = Field(
         default=100,
@@ -511,7 +510,7 @@ class GatewayConfig(_Strict):
     @property
     def nft_table(self) -> str:
         """The host rules' nftables table: `host_rules.table`, else one derived from the state_dir."""
-        from .hosttable import default_table
+        from sandgate.proxy.net.host_table import default_table
 
         return self.host_rules.table or default_table(self.state_path)
 

@@ -7,19 +7,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from sandgate.brokers import Broker
+from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity
-from sandgate.policy.engine import PolicyEngine
-from sandgate.policy.guard import AddressGuard
 from sandgate.policy.limiter import Limiter
-from sandgate.policy.models import Limits
-from sandgate.policy.policyset import PolicySet
+from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
+from sandgate.policy.rego.engine import PolicyEngine
 from sandgate.policy.resolver import Resolver
-
-from .audit import AuditLog
-from .bindings import NameBindings
-from .metrics import METRICS
+from sandgate.proxy.audit.trail import AuditLog
+from sandgate.proxy.metrics import METRICS
+from sandgate.proxy.net.name_bindings import NameBindings
 
 __all__ = ["ConnectionState", "GatewayContext"]
 

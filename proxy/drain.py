@@ -28,11 +28,10 @@ from mitmproxy import http, master
 
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
-
-from .context import ConnectionState, GatewayContext
-from .identify import IDENTITY_KEY
-from .records import DecisionContext, decision_record
-from .respond import DECISION_HEADER, REASON_HEADER
+from sandgate.proxy.addons.identify import IDENTITY_KEY
+from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
 
 __all__ = ["DrainEnd", "DrainStart", "Drainer"]
 

@@ -35,7 +35,7 @@ class GatewayGauges:
     spooled: Callable[[], int] = lambda: 0
     # Decisions denied without an audit record (no place in the audit queue).
     audit_unrecorded: Callable[[], int] = lambda: 0
-    # Connection limits (proxy/connlimits.py, proxy/h2guard.py).
+    # Connection limits (proxy/addons/connection_limits.py, proxy/addons/h2_guard.py).
     connections_refused: Callable[[], int] = lambda: 0
     connections_idle_closed: Callable[[], int] = lambda: 0
     http2_abusive: Callable[[], int] = lambda: 0

@@ -22,12 +22,12 @@ from mitmproxy import master, options
 from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 
 from sandgate.brokers import Broker
-from sandgate.policy.engine import PolicyEngine, make_engine
+from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.errors import PolicySetError, SandgateError
-from sandgate.policy.guard import AddressGuard
-from sandgate.policy.loader import load_policy_dir, policy_files
-from sandgate.policy.policyset import PolicySet
-from sandgate.policy.rego_compile import use_store
+from sandgate.policy.model.loader import load_policy_dir, policy_files
+from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.rego.compiler import use_store
+from sandgate.policy.rego.engine import PolicyEngine, make_engine
 from sandgate.policy.resolver import (
     CachingResolver,
     ChainResolver,
@@ -36,60 +36,64 @@ from sandgate.policy.resolver import (
     StaticResolver,
     SystemResolver,
 )
-
-from . import banner
-from .admin import AdminServer, AdminState
-from .audit import AuditLog, AuditSink, JsonlFileSink, StdoutSink
-from .audit_redis import RedisStreamSink
-from .backpressure import install as install_backpressure
-from .bindcheck import check_endpoints, endpoints, failure_line, quiet_mitmproxy_bind_errors
-from .bindings import NameBindings
-from .broker import CredentialBroker
-from .ca import ensure_ca
-from .closefix import install as install_close_fix
-from .closer import ConnectionCloser
-from .config import DnsListenerConfig, GatewayConfig, RedisConfig, ResolverConfig
-from .connlimits import ConnectionLimits, SandboxConnectionCap
-from .connlimits import check_seams as check_connection_seams
-from .context import GatewayContext
-from .credential_store import stored_secrets
-from .credential_watch import CredentialWatcher
-from .credentials import configure_broker
-from .dnslistener import DnsListener
-from .drain import DrainEnd, Drainer, DrainStart
-from .errors import ListenerError
-from .fdbudget import raise_fd_limit
-from .fleet_channel import publish_reload_with
-from .fleet_sync import FleetRegistrySync, default_gateway_id
-from .gate import Gate
-from .h2guard import H2Guard
-from .h2guard import check_seam as check_h2_seam
-from .head_guard import HeadGuard
-from .heads import install as install_head_caps
-from .heads import self_test as head_caps_self_test
-from .hopbyhop import HopByHop
-from .hostaddrs import OwnAddressWatcher, own_addresses
-from .http_seam import HttpErrorSeam, check_seam
-from .identify import Identify
-from .limits_sync import LimitSync
-from .metrics import METRICS, GatewayGauges
-from .metrics_addon import UpstreamTiming
-from .placeholder_key import load_placeholder_key
-from .redis_conn import Keys, connect, connect_sync
-from .registry import load_registry, merge_registry, merge_registry_lenient, registry_digest
-from .registry_file import FileSandboxStore
-from .registry_redis import RedisSandboxStore, rules_checker
-from .reload import PolicyReloader, RulesKeptError, problem_view, report_problems
-from .sandbox_listeners import SandboxListeners
-from .sandboxes import interface_exists, sync_static_rules
-from .secret_refresh import SecretRefresher
-from .statusfile import remove_status, write_status
-from .stores import SandboxStore
-from .trailers import Trailers, patch_http1_trailers
-from .transparent import Transparent
-from .upgrades import Upgrades
-from .upstream_trust import upstream_trust_file
-from .version import version_of
+from sandgate.proxy import banner
+from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
+from sandgate.proxy.addons.connection_limits import check_seams as check_connection_seams
+from sandgate.proxy.addons.credentials import CredentialBroker
+from sandgate.proxy.addons.gate import Gate
+from sandgate.proxy.addons.h2_guard import H2Guard
+from sandgate.proxy.addons.h2_guard import check_seam as check_h2_seam
+from sandgate.proxy.addons.head_caps import HeadGuard
+from sandgate.proxy.addons.hop_by_hop import HopByHop
+from sandgate.proxy.addons.http_seam import HttpErrorSeam, check_seam
+from sandgate.proxy.addons.identify import Identify
+from sandgate.proxy.addons.latency import UpstreamTiming
+from sandgate.proxy.addons.transparent import Transparent
+from sandgate.proxy.addons.upgrades import Upgrades
+from sandgate.proxy.admin.server import AdminServer, AdminState
+from sandgate.proxy.audit.redis_stream import RedisStreamSink
+from sandgate.proxy.audit.trail import AuditLog, AuditSink, JsonlFileSink, StdoutSink
+from sandgate.proxy.bindcheck import check_endpoints, endpoints, failure_line, quiet_mitmproxy_bind_errors
+from sandgate.proxy.broker_setup import configure_broker
+from sandgate.proxy.ca import ensure_ca
+from sandgate.proxy.config import DnsListenerConfig, GatewayConfig, RedisConfig, ResolverConfig
+from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.drain import DrainEnd, Drainer, DrainStart
+from sandgate.proxy.errors import ListenerError
+from sandgate.proxy.fd_budget import raise_fd_limit
+from sandgate.proxy.fleet.channel import publish_reload_with
+from sandgate.proxy.fleet.limits_sync import LimitSync
+from sandgate.proxy.fleet.redis_client import Keys, connect, connect_sync
+from sandgate.proxy.fleet.registry_sync import FleetRegistrySync, default_gateway_id
+from sandgate.proxy.metrics import METRICS, GatewayGauges
+from sandgate.proxy.mitm.backpressure import install as install_backpressure
+from sandgate.proxy.mitm.close_fix import install as install_close_fix
+from sandgate.proxy.mitm.closer import ConnectionCloser
+from sandgate.proxy.mitm.head_caps import install as install_head_caps
+from sandgate.proxy.mitm.head_caps import self_test as head_caps_self_test
+from sandgate.proxy.mitm.trailers import Trailers, patch_http1_trailers
+from sandgate.proxy.net.dns_listener import DnsListener
+from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
+from sandgate.proxy.net.name_bindings import NameBindings
+from sandgate.proxy.net.sandbox_listeners import SandboxListeners
+from sandgate.proxy.registration import interface_exists, sync_static_rules
+from sandgate.proxy.reloader import PolicyReloader, RulesKeptError, problem_view, report_problems
+from sandgate.proxy.secret_refresh import SecretRefresher
+from sandgate.proxy.statusfile import remove_status, write_status
+from sandgate.proxy.stores.credentials import stored_secrets
+from sandgate.proxy.stores.credentials_watch import CredentialWatcher
+from sandgate.proxy.stores.placeholder_key import load_placeholder_key
+from sandgate.proxy.stores.protocols import SandboxStore
+from sandgate.proxy.stores.registry import (
+    load_registry,
+    merge_registry,
+    merge_registry_lenient,
+    registry_digest,
+)
+from sandgate.proxy.stores.registry_file import FileSandboxStore
+from sandgate.proxy.stores.registry_redis import RedisSandboxStore, rules_checker
+from sandgate.proxy.upstream_trust import upstream_trust_file
+from sandgate.proxy.version import version_of
 
 __all__ = ["Gateway", "build_resolver", "serve"]
 
@@ -145,7 +149,7 @@ class _Lifecycle:
 
     async def running(self) -> None:
         gw = self.gateway
-        if gw.stopping:
+        if gw.stopping():
             # A SIGTERM while the listeners came up: its drain closes them; nothing failed.
             return
         ps = gw.master.addons.get("proxyserver")
@@ -175,7 +179,7 @@ class _Lifecycle:
             gw.exit_code = 1
             gw.shutdown()
             return
-        if gw.stopping:
+        if gw.stopping():
             return
         ready = gw.ready_info(ps.servers)
         log.info("gateway.ready", **banner.event_fields(ready))
@@ -333,7 +337,7 @@ class Gateway:
         self.start_failure: str | None = None
         quiet_mitmproxy_bind_errors()
         self.listen_addrs: list[tuple[str, int]] = []
-        # Caps on HTTP/1 heads live inside mitmproxy's HTTP/1 layer (sandgate.proxy.heads).
+        # Caps on HTTP/1 heads live inside mitmproxy's HTTP/1 layer (sandgate.proxy.mitm.head_caps).
         install_head_caps()
         install_close_fix()
         # mitmproxy's HTTP internals the error seam builds on: refuse to serve if they moved.
@@ -397,7 +401,7 @@ class Gateway:
         # mitmproxy internals the idle sweep and the HTTP/2 guard rely on: fail start-up if moved.
         check_connection_seams()
         check_h2_seam(self.master.options)
-        # The same for the caps on HTTP/1 heads (sandgate.proxy.heads).
+        # The same for the caps on HTTP/1 heads (sandgate.proxy.mitm.head_caps).
         head_caps_self_test(self.master.options)
 
     def _load_policy(self, previous: PolicySet | None = None) -> PolicySet:
@@ -568,14 +572,13 @@ class Gateway:
             )
         )
 
-    @property
     def stopping(self) -> bool:
         """SIGTERM/SIGINT was received: the gateway drains, and a listener it closed is no fault."""
         return self._drain_task is not None
 
     def fail_start(self, line: str) -> None:
         """A listener could not be bound: stop, exit 1, and say why in one line."""
-        if self.stopping:
+        if self.stopping():
             return
         self.start_failure = line
         self.exit_code = 1
@@ -683,7 +686,7 @@ async def _prepare_host_table(config: GatewayConfig) -> None:
     """Refuse to start on another running gateway's nftables table (ConfigError); move this
     state_dir's rules out of an older sandgate's shared table. Without nft (no host rules
     on this host) there is nothing to check."""
-    from .sandboxes import prepare_host_table
+    from sandgate.proxy.registration import prepare_host_table
 
     try:
         await asyncio.to_thread(prepare_host_table, config)

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from sandgate.policy.errors import PolicySetError
-from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.policyset import PolicySet
-
-from .config import GatewayConfig
-from .registry import DynamicSandbox, load_registry, merge_registry_lenient
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
+from sandgate.proxy.config import GatewayConfig
+from sandgate.proxy.stores.registry import DynamicSandbox, load_registry, merge_registry_lenient
 
 __all__ = ["load_error_text", "rows_from_files", "sandbox_rows", "sandboxes_text"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from .config import GatewayConfig
+from sandgate.proxy.config import GatewayConfig
 
 __all__ = ["upstream_trust_file"]
 

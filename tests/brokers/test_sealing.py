@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from sandgate.brokers import Secret, SecretReferenceError, SecretRegistry, SecretUnavailable, parse_ref
-from sandgate.brokers.binding import TenantCredentials, compile_tenant
 from sandgate.brokers.errors import KeyringError, SealingError
 from sandgate.brokers.sealing import (
     KEY_BYTES,
@@ -19,7 +18,8 @@ from sandgate.brokers.sealing import (
     next_key_id,
     parse_keyring,
 )
-from sandgate.brokers.source_stored import StoredSource
+from sandgate.brokers.sources.stored import StoredSource
+from sandgate.brokers.tenant_credentials import TenantCredentials, compile_tenant
 
 from .conftest import Clock, credential
 

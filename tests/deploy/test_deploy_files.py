@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import REPO
 
 from sandgate.proxy.config import load_config
-from sandgate.proxy.nft import SandboxInterface, render_ruleset
+from sandgate.proxy.net.nft import SandboxInterface, render_ruleset
 
 
 def test_the_sandbox_host_config_loads_with_transparent_and_dns_listeners() -> None:

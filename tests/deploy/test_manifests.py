@@ -33,10 +33,10 @@ from support.deployfiles import (
     yaml_docs,
 )
 
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
 from sandgate.proxy.config import GatewayConfig, load_config
-from sandgate.proxy.placeholder_key import load_placeholder_key
-from sandgate.proxy.store_keys import StoreKeys
+from sandgate.proxy.stores.placeholder_key import load_placeholder_key
+from sandgate.proxy.stores.sealing_keys import StoreKeys
 
 COMPOSE = DEPLOY / "compose"
 K8S = DEPLOY / "k8s"

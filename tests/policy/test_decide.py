@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide, literal_ip
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Mode, Phase
 from sandgate.policy.errors import ResolveError
-from sandgate.policy.guard import AddressGuard
-from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.policyset import PolicySet
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import Resolution, StaticResolver
 

@@ -21,15 +21,15 @@ from support import free_port
 from support.opa_server import FakeOpaServer, RealOpa, start_real_opa
 
 from sandgate.policy.decision import EgressRequest, Identity, Phase
-from sandgate.policy.engine import PolicyEngine, RegoQuery, RegoVerdict
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.reasons import Reason
-from sandgate.policy.rego_compile import compile_programs
-from sandgate.policy.rego_embedded import EmbeddedEngine
-from sandgate.policy.rego_input import input_document
-from sandgate.policy.rego_opa import OpaEngine
-from sandgate.policy.rego_program import RegoModule, RegoProgram
-from sandgate.policy.rego_source import module_facts
+from sandgate.policy.rego.compiler import compile_programs
+from sandgate.policy.rego.embedded import EmbeddedEngine
+from sandgate.policy.rego.engine import PolicyEngine, RegoQuery, RegoVerdict
+from sandgate.policy.rego.input_document import input_document
+from sandgate.policy.rego.opa import OpaEngine
+from sandgate.policy.rego.program import RegoModule, RegoProgram
+from sandgate.policy.rego.source import module_facts
 
 GOOD = Path(__file__).parents[1] / "data" / "rego" / "good"
 ACME = Identity("acme", "acme-1")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.policy.errors import PolicySetError
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
 
 
 def rules(root: Path, files: dict[str, str]) -> Path:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from sandgate.policy.limiter import CounterKey, Kind, Limiter, WindowCounter
-from sandgate.policy.models import Limits
+from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from sandgate.policy.decision import Identity
 from sandgate.policy.errors import PolicySetError
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.reasons import Reason
 
 TOKEN_A = "token-of-sandbox-a-0123456789"

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decision import Identity
-from sandgate.policy.engine import make_engine
 from sandgate.policy.explain import explain
-from sandgate.policy.guard import AddressGuard
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.overrides import MAX_READINGS, TooManyReadings, method_readings
-from sandgate.policy.policyset import PolicySet
 from sandgate.policy.policytests import parse_request, run_case_file
 from sandgate.policy.reasons import Reason
+from sandgate.policy.rego.engine import make_engine
 from sandgate.policy.resolver import StaticResolver
 
 READINGS = [

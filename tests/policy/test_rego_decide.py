@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
+from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Mode, Phase
-from sandgate.policy.decision_cache import CachingEngine, DecisionCache
-from sandgate.policy.engine import RegoQuery, RegoVerdict, fault, make_engine
-from sandgate.policy.guard import AddressGuard
-from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.policyset import PolicySet
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.reasons import Reason
-from sandgate.policy.rego_embedded import EmbeddedEngine
+from sandgate.policy.rego.cache import CachingEngine, DecisionCache
+from sandgate.policy.rego.embedded import EmbeddedEngine
+from sandgate.policy.rego.engine import RegoQuery, RegoVerdict, fault, make_engine
 from sandgate.policy.resolver import StaticResolver
 
 GOOD = Path(__file__).parents[1] / "data" / "rego" / "good"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.policy.errors import PolicySetError
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
 
 
 def test_a_missing_decision_module_is_reported_at_the_tenants_rego_key(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
 from sandgate.policy.decision import EgressRequest, Identity, Phase
-from sandgate.policy.guard import AddressGuard
-from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.models import BaseFile, TenantFile
-from sandgate.policy.policyset import PolicySet
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.model.tenant import BaseFile, TenantFile
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import StaticResolver
 from sandgate.policy.upgrade import requested_upgrade

@@ -16,10 +16,10 @@ import yaml
 from support import RedisServer, free_port
 from support.audit_trail import DECISIONS, TRAIL, line
 
-from sandgate.proxy.audit_redis import RedisStreamSink
-from sandgate.proxy.cli import main
+from sandgate.proxy.audit.redis_stream import RedisStreamSink
+from sandgate.proxy.cli.main import main
 from sandgate.proxy.config import RedisConfig
-from sandgate.proxy.redis_conn import Keys, connect_sync
+from sandgate.proxy.fleet.redis_client import Keys, connect_sync
 
 PREFIX = "fleet1:"
 
@@ -138,7 +138,7 @@ def test_tail_follow_waits_on_the_stream_for_new_records(
         [
             sys.executable,
             "-m",
-            "sandgate.proxy.cli",
+            "sandgate.proxy.cli.main",
             "audit",
             "tail",
             "--follow",

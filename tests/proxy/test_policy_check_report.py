@@ -13,7 +13,7 @@ import pytest
 from conftest import SANDGATE
 
 from sandgate.policy.decision import Identity
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
 
 
 def sha(token: str) -> str:

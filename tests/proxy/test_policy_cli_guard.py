@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandgate.proxy.cli import main
+from sandgate.proxy.cli.main import main
 
 BROAD = {
     "tenant": "t",

@@ -27,7 +27,7 @@ from conftest import (
 )
 from support import RecordingUpstream
 
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
 
 BROKEN = "tenant: a\nsandboxes:\n  - id: sb1\n    token: sha256:00\nallow: []\n"  # bad digest
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sandgate.policy.sources import MAX_SOURCE_ADDRESSES
-from sandgate.proxy.registry import DynamicSandbox, load_registry, save_registry
+from sandgate.policy.model.source_addresses import MAX_SOURCE_ADDRESSES
+from sandgate.proxy.stores.registry import DynamicSandbox, load_registry, save_registry
 
 
 def test_several_addresses_of_both_families_are_kept_in_canonical_form() -> None:

@@ -14,14 +14,14 @@ from conftest import TOKEN, tenant_yaml, write_gateway_files
 from support import RedisServer
 
 from sandgate.policy.errors import PolicySetError
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model.loader import load_policy_dir
 from sandgate.proxy.config import RedisConfig, load_config
-from sandgate.proxy.fleet_channel import FleetKeys, gateway_versions, publish_reload, record_gateway
-from sandgate.proxy.redis_conn import connect
-from sandgate.proxy.registry import DynamicSandbox, merge_registry, merge_registry_lenient
-from sandgate.proxy.registry_file import FileSandboxStore
-from sandgate.proxy.registry_redis import RedisSandboxStore, rules_checker
-from sandgate.proxy.stores import StoreError
+from sandgate.proxy.fleet.channel import FleetKeys, gateway_versions, publish_reload, record_gateway
+from sandgate.proxy.fleet.redis_client import connect
+from sandgate.proxy.stores.protocols import StoreError
+from sandgate.proxy.stores.registry import DynamicSandbox, merge_registry, merge_registry_lenient
+from sandgate.proxy.stores.registry_file import FileSandboxStore
+from sandgate.proxy.stores.registry_redis import RedisSandboxStore, rules_checker
 
 DIGEST = "sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.proxy import sandbox_cli
+from sandgate.proxy.cli import sandbox as sandbox_cli
 from sandgate.proxy.config import GatewayConfig
-from sandgate.proxy.registry import DynamicSandbox
+from sandgate.proxy.stores.registry import DynamicSandbox
 
 OLD = DynamicSandbox(id="old", tenant="t1", interface="tap-old", addresses=("10.213.0.2",))
 NEW = DynamicSandbox(id="new", tenant="t1", interface="tap-new", addresses=("10.213.0.6",))

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sandgate.proxy.hosttable import owner_comment
+from sandgate.proxy.net.host_table import owner_comment
 
 NFT_COMMENT_MAX = 128
 

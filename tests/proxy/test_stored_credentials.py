@@ -22,7 +22,7 @@ from conftest import SANDGATE, TOKEN_REF, UPSTREAM_IP, GatewayFactory, RunningGa
 from support import RecordingUpstream, RedisServer
 from support.pki import TestPKI
 
-from .test_broker import client, placeholders
+from .addons.test_credentials import client, placeholders
 
 pytestmark = pytest.mark.slow
 

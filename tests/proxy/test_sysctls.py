@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.nft import ensure_sysctl
+from sandgate.proxy.net.nft import ensure_sysctl
 
 
 def sysctls(root: Path, **values: str) -> Path:

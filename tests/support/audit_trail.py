@@ -12,7 +12,7 @@ from typing import Any
 
 from sandgate.policy.decision import Decision, Identity, Mode, Phase
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.records import DecisionContext, decision_record, format_time
+from sandgate.proxy.audit.records import DecisionContext, decision_record, format_time
 
 __all__ = ["BASE", "DECISIONS", "TRAIL", "at", "decision", "line", "reload_record"]
 
@@ -73,7 +73,7 @@ def decision(
 
 
 def reload_record(name: str, when: float) -> dict[str, Any]:
-    """A policy_reload record as `proxy/reload.py` writes it."""
+    """A policy_reload record as `proxy/reloader.py` writes it."""
     return {
         "event": "policy_reload",
         "v": 1,

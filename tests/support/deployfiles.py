@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from conftest import REPO
 
-from sandgate.proxy.cli import _parser
+from sandgate.proxy.cli.main import _parser
 
 DEPLOY = REPO / "deploy"
 ENV_REF = re.compile(r"^env:([A-Za-z_][A-Za-z0-9_]*)$")

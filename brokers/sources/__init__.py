@@ -1,0 +1,3 @@
+"""Secret sources behind one protocol, chosen by a reference's scheme: `env:`, `file:`,
+`cmd:` and `stored:`.
+"""

@@ -1,0 +1,571 @@
+"""Load a rules directory into a PolicySet, reporting every problem as file:line: field: problem.
+
+Layout: `base.yaml` (the operator's deny rules for every tenant), `presets/*.yaml` (allow
+rules tenants include), `tenants/*.yaml` (one tenant per file). Strict: either the whole
+directory loads, or PolicySetError lists what is wrong and the caller keeps what it had.
+Isolated (the gateway): a broken tenant file takes only its own tenant (see load_policy_dir).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sandgate.policy.decision import Mode
+from sandgate.policy.errors import (
+    PolicyLoadError,
+    PolicySetError,
+    SourceLocation,
+    TokenFileMissingError,
+    TokenReferenceError,
+)
+from sandgate.policy.matcher import ANY_HOST, ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
+from sandgate.policy.model.claims import Claim, conflicts
+from sandgate.policy.model.policyset import LoadNotice, PolicySet, SandboxRecord, TenantPolicy, TenantProblem
+from sandgate.policy.model.salvage import salvage
+from sandgate.policy.model.sandbox_tokens import resolve_token_reference
+from sandgate.policy.model.tenant import BaseFile, PresetFile, Rule, TenantFile
+from sandgate.policy.model.yamlsource import YamlDocument, load_yaml, validate
+from sandgate.policy.rego.compiler import keep_only
+from sandgate.policy.rego.loader import RegoLoad, load_rego, rego_watch_files
+from sandgate.policy.rego.program import RegoProgram
+
+__all__ = ["load_policy_dir", "policy_files"]
+
+DEFAULT_ALLOW_PORTS = frozenset({443})
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded[M]:
+    doc: YamlDocument
+    model: M
+    # What was left of a file that did not validate (sandgate.policy.model.salvage): checked, so
+    # every problem is reported, never served.
+    salvaged: bool = False
+
+
+def policy_files(rules_dir: Path) -> list[Path]:
+    """Every policy file, in load order (token files are listed by the PolicySet)."""
+    files = [rules_dir / "base.yaml"] if (rules_dir / "base.yaml").is_file() else []
+    for sub in ("presets", "tenants"):
+        folder = rules_dir / sub
+        if folder.is_dir():
+            files += sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    return files + rego_watch_files(rules_dir)
+
+
+def load_policy_dir(
+    rules_dir: Path, *, previous: PolicySet | None = None, isolate: bool = False
+) -> PolicySet:
+    """Load and compile the whole rules directory.
+
+    Strict (the default; `policy check`, `sandgate run --strict`): any problem raises
+    PolicySetError listing every one, and the caller keeps what it had.
+    Isolated (`isolate=True`, the running gateway): a problem in the operator's files (the
+    rules directory, base.yaml, the operator's Rego modules) still raises, since no tenant may
+    be decided without the operator's deny rules; a broken tenant file (or a preset it
+    includes) takes only its own tenant, which keeps its version from `previous` when it had
+    one and otherwise has no policy (its sandboxes get no_identity). Each is in `problems`.
+    """
+    if not rules_dir.is_dir():
+        raise PolicySetError(
+            [PolicyLoadError(SourceLocation(str(rules_dir)), "", "rules directory not found")]
+        )
+    files = policy_files(rules_dir)
+    operator_errors: list[PolicyLoadError] = []
+    preset_errors: dict[str, list[PolicyLoadError]] = {}
+    tenant_errors: dict[str, list[PolicyLoadError]] = {}
+    base: _Loaded[BaseFile] | None = None
+    presets: dict[str, _Loaded[PresetFile]] = {}
+    tenant_files: list[_Loaded[TenantFile]] = []
+    unloadable_presets: set[str] = set()
+    for p in files:
+        if p.suffix == ".rego":
+            continue
+        if p.parent == rules_dir:
+            base = _load_one(p, BaseFile, operator_errors)
+        elif p.parent.name == "presets":
+            errors = preset_errors.setdefault(str(p), [])
+            preset = _load_one(p, PresetFile, errors)
+            if preset is None or preset.salvaged:
+                if preset is not None:  # checked for its other problems; it claims no name
+                    _compile_rules(preset, "allow", f"preset:{preset.model.preset}", errors)
+                if (name := _declared_name(p, "preset")) is not None:
+                    unloadable_presets.add(name)
+                continue
+            if preset.model.preset in presets:
+                where = presets[preset.model.preset].doc.file
+                problem = f"preset {preset.model.preset!r} is also defined in {where}"
+                errors.append(_err(preset.doc, ("preset",), problem))
+                continue
+            presets[preset.model.preset] = preset
+        elif p.parent.name == "tenants":
+            tenant_file = _load_one(p, TenantFile, tenant_errors.setdefault(str(p), []))
+            if tenant_file is not None:
+                tenant_files.append(tenant_file)
+
+    base_deny = RuleIndex(_compile_rules(base, "deny", "base", operator_errors) if base else [])
+    preset_rules: dict[str, list[CompiledRule]] = {}
+    for name, preset in presets.items():
+        errors = preset_errors[preset.doc.file]
+        rules = _compile_rules(preset, "allow", f"preset:{name}", errors)
+        if not errors or not isolate:  # strict: reported once, at the preset
+            preset_rules[name] = rules
+    broken_presets = (frozenset(presets) | unloadable_presets) - frozenset(preset_rules)
+
+    compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]] = []
+    defined: dict[str, str] = {}
+    for loaded in tenant_files:
+        errors = tenant_errors[loaded.doc.file]
+        tenant = _compile_tenant(loaded, preset_rules, broken_presets, base_deny, errors)
+        if tenant.name in defined:
+            problem = f"tenant {tenant.name!r} is defined twice (also in {defined[tenant.name]})"
+            errors.append(_err(loaded.doc, ("tenant",), problem))
+            continue
+        if loaded.salvaged:
+            # Its sandbox entries are checked, never registered.
+            _SandboxRegistry().declare(loaded, errors)
+            continue
+        defined[tenant.name] = tenant.source
+        if not errors:
+            compiled.append((loaded, tenant))
+    rego = _load_rego(rules_dir, compiled, tenant_errors, operator_errors, isolate=isolate)
+
+    _blame_shared_sandboxes(tenant_files, tenant_errors, previous)
+    registry = _SandboxRegistry()
+    tenants: dict[str, TenantPolicy] = {}
+    for loaded, tenant in compiled:
+        errors = tenant_errors[loaded.doc.file]
+        if errors:
+            continue  # its Rego failed
+        records = registry.declare(loaded, errors)
+        if errors:
+            continue
+        program = rego.programs.get(tenant.name)
+        tenants[tenant.name] = replace(
+            tenant,
+            rego=program,
+            sandboxes=records,
+            digest=_tenant_digest(loaded.doc, rules_dir, records, program),
+        )
+    all_errors = [*operator_errors, *_flatten(preset_errors), *_flatten(tenant_errors)]
+    if operator_errors or (all_errors and not isolate):
+        raise PolicySetError(all_errors)
+
+    problems = _isolate(tenant_files, preset_errors, tenant_errors, tenants, previous, base_deny, registry)
+    registry.notices += _name_notices(tenant_files)
+    keep_only(t.rego for t in tenants.values() if t.rego is not None)
+    docs = [x.doc for x in (base, *presets.values()) if x is not None]
+    return PolicySet(
+        version=_version(docs, rules_dir, [t.digest for t in tenants.values()]),
+        tenants=tenants,
+        sandboxes=registry.by_id,
+        by_address=registry.by_address,
+        files=(*(str(p) for p in files if p.suffix != ".rego"), *rego.files),
+        token_files=tuple(str(p) for p in registry.token_files),
+        rego_files=rego.files,
+        problems=problems,
+        notices=tuple(registry.notices),
+    )
+
+
+def _flatten(by_file: dict[str, list[PolicyLoadError]]) -> list[PolicyLoadError]:
+    """Every file's errors, each file's in line order."""
+    return [e for errors in by_file.values() for e in sorted(errors, key=_line_order)]
+
+
+def _line_order(e: PolicyLoadError) -> tuple[bool, int, int]:
+    where = e.location
+    return (where.line is None, where.line or 0, where.column or 0)
+
+
+def _load_rego(
+    rules_dir: Path,
+    compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]],
+    tenant_errors: dict[str, list[PolicyLoadError]],
+    operator_errors: list[PolicyLoadError],
+    *,
+    isolate: bool,
+) -> RegoLoad:
+    """The tenants' Rego; an error in a tenant's own file or module goes to that tenant (and,
+    isolated, the rest are loaded again without it), any other to the operator's errors."""
+    pending = compiled
+    while True:
+        errors: list[PolicyLoadError] = []
+        rego = load_rego(rules_dir, [(x.doc, x.model) for x, _ in pending], errors)
+        if not errors:
+            return rego
+        owners = _rego_owners(pending)
+        blamed: set[str] = set()
+        for e in errors:
+            files = owners.get(os.path.normpath(e.location.file))
+            if files is None:
+                operator_errors.append(e)
+                continue
+            for file in files:
+                tenant_errors[file].append(e)
+                blamed.add(file)
+        if operator_errors or not isolate or not blamed:
+            return rego
+        pending = [x for x in pending if x[0].doc.file not in blamed]
+
+
+def _rego_owners(compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]]) -> dict[str, list[str]]:
+    """Tenant files by the files their Rego problems can be reported in (theirs, their modules)."""
+    owners: dict[str, list[str]] = {}
+    for loaded, _ in compiled:
+        file = loaded.doc.file
+        owners.setdefault(os.path.normpath(file), []).append(file)
+        base_dir = Path(file).parent
+        for entry in loaded.model.rego:
+            owners.setdefault(os.path.normpath(base_dir / entry), []).append(file)
+    return owners
+
+
+def _isolate(
+    tenant_files: list[_Loaded[TenantFile]],
+    preset_errors: dict[str, list[PolicyLoadError]],
+    tenant_errors: dict[str, list[PolicyLoadError]],
+    tenants: dict[str, TenantPolicy],
+    previous: PolicySet | None,
+    base_deny: RuleIndex,
+    registry: _SandboxRegistry,
+) -> tuple[TenantProblem, ...]:
+    """A problem for each file that did not load; a broken tenant file's last good version
+    (from `previous`, with today's base deny rules) is served again when it had one."""
+    problems = [
+        TenantProblem(file, None, tuple(str(e) for e in errors), kept_last_good=False)
+        for file, errors in preset_errors.items()
+        if errors
+    ]
+    names: dict[str, str | None] = {x.doc.file: x.model.tenant for x in tenant_files}
+    for file, errors in tenant_errors.items():
+        if not errors:
+            continue
+        if file not in names:
+            names[file] = _declared_name(Path(file), "tenant")
+        old = _last_good(previous, file, names.get(file))
+        kept = False
+        if old is not None and old.name not in tenants and registry.restore(old.sandboxes):
+            tenants[old.name] = replace(old, base_deny=base_deny)
+            kept = True
+        name = names.get(file) or (old.name if old else None)
+        problems.append(TenantProblem(file, name, tuple(str(e) for e in errors), kept_last_good=kept))
+    return tuple(problems)
+
+
+def _declared_name(path: Path, key: str) -> str | None:
+    """The `tenant:` or `preset:` a file that did not validate still names, if it parses."""
+    try:
+        data = load_yaml(path).data
+    except PolicyLoadError:
+        return None
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _last_good(previous: PolicySet | None, file: str, name: str | None) -> TenantPolicy | None:
+    """The tenant `file` defined in the previous policy (by file, else by the name it declares)."""
+    if previous is None:
+        return None
+    for tenant in previous.tenants.values():
+        if tenant.source == file:
+            return tenant
+    return previous.tenants.get(name) if name else None
+
+
+def _load_one[M: (BaseFile, PresetFile, TenantFile)](
+    path: Path, model: type[M], errors: list[PolicyLoadError]
+) -> _Loaded[M] | None:
+    """The file's model; with a schema error, what is left of it (salvaged), or None."""
+    try:
+        doc = load_yaml(path)
+    except PolicyLoadError as e:
+        errors.append(e)  # YAML syntax: nothing of this file can be read
+        return None
+    try:
+        return _Loaded(doc, validate(model, doc))
+    except PolicySetError as e:
+        found = list(e.errors)
+    except PolicyLoadError as e:
+        found = [e]
+    errors.extend(found)
+    rest = salvage(model, doc, found)
+    if rest is None:
+        return None
+    errors.extend(rest[2])
+    return _Loaded(rest[0], rest[1], salvaged=True)
+
+
+def _blame_shared_sandboxes(
+    tenant_files: list[_Loaded[TenantFile]],
+    tenant_errors: dict[str, list[PolicyLoadError]],
+    previous: PolicySet | None,
+) -> None:
+    """A sandbox id two tenant files define: an error in the newcomer's (sandgate.policy.model.claims)."""
+    claims: list[Claim] = []
+    for loaded in tenant_files:
+        file = loaded.doc.file
+        loads = not tenant_errors[file]
+        mtime = _mtime_ns(file)
+        for i, sb in enumerate(loaded.model.sandboxes):
+            where = loaded.doc.locate(("sandboxes", i, "id"))
+            claims.append(Claim(sb.id, loaded.model.tenant, file, where, i, loads, mtime))
+    owners = {k: r.tenant for k, r in previous.sandboxes.items()} if previous is not None else {}
+    docs = {x.doc.file: x.doc for x in tenant_files}
+    for conflict in conflicts(claims, owners):
+        claim = conflict.claim
+        error = _err(docs[claim.file], ("sandboxes", claim.index, "id"), conflict.problem)
+        tenant_errors[claim.file].append(error)
+
+
+def _mtime_ns(file: str) -> int:
+    try:
+        return os.stat(file).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _name_notices(tenant_files: list[_Loaded[TenantFile]]) -> list[LoadNotice]:
+    """A note for each tenant whose name is not its file's: `acme.yaml` defining `acmee` is
+    most likely a typo. A note, not an error: existing files named otherwise keep loading."""
+    notices = []
+    for loaded in tenant_files:
+        stem = Path(loaded.doc.file).stem
+        name = loaded.model.tenant
+        if loaded.salvaged or stem == name:
+            continue
+        where = str(loaded.doc.locate(("tenant",)))
+        text = f"tenant {name!r} is defined in a file named {stem!r}: rename one of them so they agree"
+        notices.append(LoadNotice(where, "tenant", text))
+    return notices
+
+
+def _compile_tenant(
+    loaded: _Loaded[TenantFile],
+    preset_rules: dict[str, list[CompiledRule]],
+    broken_presets: frozenset[str],
+    base_deny: RuleIndex,
+    errors: list[PolicyLoadError],
+) -> TenantPolicy:
+    t = loaded.model
+    allow = _compile_rules(loaded, "allow", t.tenant, errors)
+    for i, name in enumerate(t.include):
+        rules = preset_rules.get(name)
+        if name in broken_presets:
+            errors.append(_err(loaded.doc, ("include", i), f"preset {name!r} did not load (see its file)"))
+            continue
+        if rules is None:
+            known = ", ".join(sorted(preset_rules)) or "none"
+            errors.append(_err(loaded.doc, ("include", i), f"unknown preset {name!r} (known: {known})"))
+            continue
+        allow += rules
+    return TenantPolicy(
+        name=t.tenant,
+        mode=Mode(t.mode),
+        allow=RuleIndex(allow),
+        deny=RuleIndex(_compile_rules(loaded, "deny", t.tenant, errors)),
+        base_deny=base_deny,
+        source=loaded.doc.file,
+        credentials=tuple(t.credentials),
+        limits=t.limits,
+    )
+
+
+def _compile_rules(
+    loaded: _Loaded[TenantFile] | _Loaded[PresetFile] | _Loaded[BaseFile],
+    kind: str,
+    owner: str,
+    errors: list[PolicyLoadError],
+) -> list[CompiledRule]:
+    rules: Sequence[Rule] = getattr(loaded.model, kind)
+    out = []
+    for i, rule in enumerate(rules):
+        where = loaded.doc.locate((kind, i))
+        for j, host in enumerate(rule.hosts):
+            if kind == "allow" and host.startswith("*.") and "." not in host[2:]:
+                problem = f"{host!r} would allow a whole top-level domain; name the domains instead"
+                errors.append(_err(loaded.doc, (kind, i, "hosts", j), problem))
+            if kind != "allow" and host == ANY_HOST:
+                # It would not cover IP literals; deny by network for that.
+                problem = "'*' is for allow rules; to deny everywhere use cidrs: [0.0.0.0/0, ::/0]"
+                errors.append(_err(loaded.doc, (kind, i, "hosts", j), problem))
+        ports = (
+            frozenset(rule.ports) if rule.ports else (DEFAULT_ALLOW_PORTS if kind == "allow" else ANY_PORT)
+        )
+        out.append(
+            CompiledRule(
+                rule_id=f"{owner}/{kind}/{rule.id or i}",
+                ports=ports,
+                methods=frozenset(rule.methods) if rule.methods is not None else None,
+                # Deny globs fold case: "/ADMIN" must not slip past "/admin/**" to a server that folds it.
+                paths=(
+                    compile_path_globs(rule.paths, fold_case=kind == "deny")
+                    if rule.paths is not None
+                    else None
+                ),
+                inspect=rule.needs_inspection,
+                hosts=tuple(rule.hosts),
+                cidrs=tuple(rule.cidrs),
+                origin=f"{where.file}:{where.line}",
+                raw_tcp=rule.protocol == "tcp",
+                websocket=rule.websocket,
+            )
+        )
+    return out
+
+
+class _SandboxRegistry:
+    """The sandboxes of the tenants loaded so far, by id and by address, and their token files."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, SandboxRecord] = {}
+        self.by_address: dict[str, SandboxRecord] = {}
+        self.by_interface: dict[str, SandboxRecord] = {}
+        self.token_files: list[Path] = []
+        self.notices: list[LoadNotice] = []
+
+    def declare(
+        self, loaded: _Loaded[TenantFile], errors: list[PolicyLoadError]
+    ) -> tuple[SandboxRecord, ...]:
+        """A tenant file's sandboxes, registered only when all of them are valid and free.
+
+        A `file:` token that does not exist yet is no error: that sandbox is left out (nobody
+        can log in as it) with a notice, and the file is watched, so creating it loads it.
+        """
+        t = loaded.model
+        base_dir = Path(loaded.doc.file).parent
+        records: list[SandboxRecord] = []
+        ids: dict[str, SandboxRecord] = {}
+        addresses: dict[str, SandboxRecord] = {}
+        interfaces: dict[str, SandboxRecord] = {}
+        for i, sb in enumerate(t.sandboxes):
+            owner = self.by_id.get(sb.id) or ids.get(sb.id)
+            if owner is not None:
+                problem = f"sandbox {sb.id!r} is already registered to tenant {owner.tenant!r}"
+                errors.append(_err(loaded.doc, ("sandboxes", i, "id"), problem))
+                continue
+            digest, token_ref = None, sb.token
+            if sb.token is not None:
+                if sb.token.startswith("file:"):
+                    self.token_files.append(_token_path(sb.token, base_dir))
+                    token_ref = f"file:{_token_path(sb.token, base_dir)}"
+                try:
+                    digest = resolve_token_reference(sb.token, base_dir)
+                except TokenFileMissingError as e:
+                    where = str(loaded.doc.locate(("sandboxes", i, "token")))
+                    text = f"{e}; sandbox {sb.id!r} is off until it does"
+                    self.notices.append(LoadNotice(where, f"sandboxes.{i}.token", text))
+                    continue
+                except TokenReferenceError as e:
+                    errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
+                    continue
+            found = _addresses(loaded.doc, i, sb.addresses, errors)
+            at = loaded.doc.locate(("sandboxes", i))
+            record = SandboxRecord(
+                sb.id,
+                t.tenant,
+                digest,
+                tuple(a for _, a in found),
+                sb.interface,
+                token_ref=token_ref,
+                origin=f"{at.file}:{at.line}" if at.line is not None else at.file,
+            )
+            ids[sb.id] = record
+            records.append(record)
+            if sb.interface is not None:
+                owner = self.by_interface.get(sb.interface) or interfaces.get(sb.interface)
+                if owner is not None:
+                    taken = f"sandbox {owner.sandbox!r} of tenant {owner.tenant!r}"
+                    problem = f"interface {sb.interface} already carries {taken}"
+                    errors.append(_err(loaded.doc, ("sandboxes", i, "interface"), problem))
+                interfaces[sb.interface] = record
+            for j, addr in found:
+                owner = self.by_address.get(addr) or addresses.get(addr)
+                if owner is not None:
+                    problem = f"address {addr} already belongs to sandbox {owner.sandbox!r}"
+                    errors.append(_err(loaded.doc, ("sandboxes", i, "addresses", j), problem))
+                addresses[addr] = record
+        if errors:
+            return ()
+        self.by_id.update(ids)
+        self.by_address.update(addresses)
+        self.by_interface.update(interfaces)
+        return tuple(records)
+
+    def restore(self, records: Sequence[SandboxRecord]) -> bool:
+        """Register a kept tenant's sandboxes again; False (nothing registered) when one is taken."""
+        if any(
+            r.sandbox in self.by_id
+            or any(a in self.by_address for a in r.addresses)
+            or (r.interface is not None and r.interface in self.by_interface)
+            for r in records
+        ):
+            return False
+        for r in records:
+            self.by_id[r.sandbox] = r
+            self.by_address.update((a, r) for a in r.addresses)
+            if r.interface is not None:
+                self.by_interface[r.interface] = r
+        return True
+
+
+def _token_path(reference: str, base_dir: Path) -> Path:
+    path = Path(reference.removeprefix("file:")).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
+def _addresses(
+    doc: YamlDocument, i: int, raw: Iterable[str], errors: list[PolicyLoadError]
+) -> list[tuple[int, str]]:
+    """(index in the file, canonical address) for each valid entry."""
+    out = []
+    for j, text in enumerate(raw):
+        try:
+            out.append((j, str(ipaddress.ip_address(text))))
+        except ValueError:
+            errors.append(_err(doc, ("sandboxes", i, "addresses", j), f"{text!r} is not an IP address"))
+    return out
+
+
+def _err(doc: YamlDocument, loc: tuple[str | int, ...], problem: str) -> PolicyLoadError:
+    return PolicyLoadError(doc.locate(loc), doc.field_name(loc), problem)
+
+
+def _tenant_digest(
+    doc: YamlDocument, rules_dir: Path, records: Iterable[SandboxRecord], program: RegoProgram | None
+) -> str:
+    """What one tenant was loaded from: its file, its sandboxes' token digests, its Rego."""
+    h = hashlib.sha256()
+    h.update(f"{_relative(doc.file, rules_dir)}\0{doc.digest}\0".encode())
+    for record in records:
+        h.update(record.token_digest or b"-")
+    if program is not None:
+        for m in program.modules:
+            h.update(f"{_relative(m.path, rules_dir)}\0{m.digest}\0".encode())
+        h.update(json.dumps(program.data, sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def _version(docs: Iterable[YamlDocument], rules_dir: Path, tenant_digests: Iterable[str]) -> str:
+    """A short hash of what was loaded (the operator's files and every tenant served),
+    independent of where the rules live."""
+    h = hashlib.sha256()
+    for doc in sorted(docs, key=lambda d: d.file):
+        h.update(f"{_relative(doc.file, rules_dir)}\0{doc.digest}\0".encode())
+    for digest in sorted(tenant_digests):
+        h.update(digest.encode())
+    return h.hexdigest()[:12]
+
+
+def _relative(file: str, rules_dir: Path) -> str:
+    """`file` relative to the rules directory (a module outside it: as given)."""
+    try:
+        return Path(os.path.abspath(file)).relative_to(os.path.abspath(rules_dir)).as_posix()
+    except ValueError:
+        return file

@@ -1,0 +1,321 @@
+"""Addon: credential brokering on requests the policy allowed, scrubbing on their responses.
+
+The guest holds placeholders. On an allowed, intercepted (or plain HTTP) request the broker
+swaps a placeholder for the real credential where the credential is bound (host, port,
+scheme, method, path), replaces any guest-supplied copy of the header it manages, and denies
+(`credential_host_mismatch`) a placeholder seen anywhere else, its own or another sandbox's;
+the placeholder is never forwarded. Responses are scrubbed: a real secret value coming back
+(echo endpoints, error messages) is replaced by its placeholder before the guest sees it.
+Every hook is guarded: a fault denies with `internal_error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from mitmproxy import http
+
+from sandgate.brokers import (
+    BrokerAllow,
+    BrokerDenial,
+    BrokerRequest,
+    apply_mutations,
+)
+from sandgate.policy.decision import Decision
+from sandgate.policy.reasons import Reason
+from sandgate.proxy.addons.gate import CREDENTIALS_KEY, PENDING_KEY
+from sandgate.proxy.addons.limits import body_length_unknown, declared_length
+from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.metrics import METRICS
+from sandgate.proxy.respond import denied_response
+
+__all__ = ["CREDENTIALS_KEY", "CredentialBroker", "broker_request"]
+
+log = structlog.get_logger("sandgate.broker")
+
+_DECIDED_KEY = "sandgate.brokered"
+_SCRUB_KEY = "sandgate.scrub"
+_WS_SCRUB_KEY = "sandgate.scrub.websocket"
+# Trailers (HTTP/2: gRPC's grpc-message echoes errors) are sent after the response hook, streamed or not.
+_TRAILERS_KEY = "sandgate.scrub.trailers"
+# Request bodies up to this size are read whole and scanned; larger ones stream past the guard.
+MAX_BUFFERED_BODY = 1024 * 1024
+
+
+class StreamDenied(Exception):
+    """Raised from a request body stream to abort it: a placeholder was found on its way."""
+
+
+def refuse(flow: http.HTTPFlow, reason: Reason, dctx: DecisionContext) -> None:
+    """Answer 403 (the HTTP error seam sends it at once when the body is streamed)."""
+    flow.response = denied_response(reason, dctx.host, dctx.decision_id)
+
+
+class CredentialBroker:
+    """Applies the broker to allowed requests and scrubs their responses."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None or PENDING_KEY not in flow.metadata:
+            return
+        if _request_streamed(flow.request):
+            # Too large (or of unknown size) to buffer: decide now, guard every chunk on its way.
+            await self._broker(flow, body=None)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None or PENDING_KEY not in flow.metadata:
+            return
+        if _DECIDED_KEY not in flow.metadata:
+            if flow.request.stream:
+                # The body already went upstream unseen: never let that pass silently.
+                log.error("broker.unguarded_stream", decision_id=flow.metadata[PENDING_KEY][0].decision_id)
+                flow.kill()
+                return
+            await self._broker(flow, body=flow.request.raw_content or b"")
+
+    async def _broker(self, flow: http.HTTPFlow, body: bytes | None) -> None:
+        flow.metadata[_DECIDED_KEY] = True
+        dctx, decision = flow.metadata[PENDING_KEY]
+        broker = self.ctx.broker
+        try:
+            if broker is None:
+                return  # no broker, no credentials: nothing to inject or guard
+            if dctx.identity is None:
+                raise RuntimeError("an allowed request without an identity")
+            request = broker_request(flow, dctx, body)
+            outcome = await broker.decide(dctx.identity.tenant, dctx.identity.sandbox, request)
+            if isinstance(outcome, BrokerDenial):
+                await self._deny(flow, dctx, decision, outcome)
+                return
+            self._apply(flow, request, outcome)
+            if outcome.credentials:
+                flow.metadata[CREDENTIALS_KEY] = (outcome.credentials, outcome.injectors)
+                METRICS.injected(dctx.identity.tenant, outcome.credentials)
+            if not broker.scrubber(dctx.identity.tenant, dctx.identity.sandbox).empty:
+                flow.metadata[_SCRUB_KEY] = (dctx.identity.tenant, dctx.identity.sandbox)
+                flow.metadata[_TRAILERS_KEY] = flow.metadata[_SCRUB_KEY]
+                # Kept for the connection's life: a WebSocket on it is scrubbed message by message.
+                flow.metadata[_WS_SCRUB_KEY] = flow.metadata[_SCRUB_KEY]
+        except Exception:
+            log.exception("hook_failed", hook="broker", decision_id=dctx.decision_id)
+            fault = Decision(
+                reason=Reason.INTERNAL_ERROR, policy_version=decision.policy_version, mode=decision.mode
+            )
+            await self._record_and_refuse(flow, dctx, fault, extra={})
+
+    def _apply(self, flow: http.HTTPFlow, request: BrokerRequest, outcome: BrokerAllow) -> None:
+        if outcome.mutations:
+            applied = apply_mutations(request, outcome.mutations)
+            headers = http.Headers(
+                [(k.encode(), v.encode()) for k, v in applied.headers if k.lower() != "host"]
+            )
+            if flow.request.host_header is not None:
+                headers["Host"] = flow.request.host_header
+            flow.request.headers = headers
+            if applied.query != request.query:
+                path = flow.request.path.partition("?")[0]
+                flow.request.path = f"{path}?{applied.query}" if applied.query else path
+            if applied.body is not None and applied.body != request.body:
+                _replace_body(flow.request, applied.body)
+        guard = outcome.body_guard
+        if guard is not None:
+            dctx, decision = flow.metadata[PENDING_KEY]
+            # The Gate's limit meter, when it set one, sees every chunk first.
+            metered = flow.request.stream if callable(flow.request.stream) else None
+
+            def check(chunk: bytes) -> bytes:
+                if metered is not None:
+                    out = metered(chunk)
+                    chunk = out if isinstance(out, bytes) else b"".join(out)
+                denial = guard.feed(chunk)
+                if denial is not None:
+                    denied = Decision(
+                        reason=denial.reason,
+                        policy_version=decision.policy_version,
+                        detail="in a streamed body",
+                    )
+                    self.ctx.audit.emit_nowait(decision_record(dctx, denied, credentials=denial.credentials))
+                    flow.metadata.pop(PENDING_KEY, None)
+                    # The HTTP error seam cuts the upstream and sends this answer.
+                    flow.response = denied_response(denial.reason, dctx.host, dctx.decision_id)
+                    # Raising aborts the message: returning would let mitmproxy complete it upstream.
+                    raise StreamDenied(denial.reason.value)
+                return chunk
+
+            flow.request.stream = check
+
+    async def _deny(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, outcome: BrokerDenial
+    ) -> None:
+        if outcome.foreign:
+            log.warning(
+                "broker.unknown_placeholder",
+                decision_id=dctx.decision_id,
+                cause=outcome.cause.value,
+                owners=list(outcome.foreign_owners),
+            )
+        denial = Decision(
+            reason=outcome.reason,
+            rule_id=decision.rule_id,
+            policy_version=decision.policy_version,
+            mode=decision.mode,
+            address=decision.address,
+            detail=outcome.cause.value,
+        )
+        extra = {
+            "credentials": list(outcome.credentials),
+            "where": list(outcome.where),
+            "foreign": outcome.foreign,
+        }
+        await self._record_and_refuse(flow, dctx, denial, extra=extra)
+
+    async def _record_and_refuse(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, *, extra: dict[str, Any]
+    ) -> None:
+        flow.metadata.pop(PENDING_KEY, None)
+        # Refuse first, record second: a fault while recording must not leave the request going.
+        refuse(flow, decision.reason, dctx)
+        record = decision_record(dctx, decision, credentials=tuple(extra.pop("credentials", ())))
+        if extra:
+            record["broker"] = extra
+        await self.ctx.audit.emit(record)
+
+    # -- responses ---------------------------------------------------------------------------
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        owner = flow.metadata.get(_SCRUB_KEY)
+        if owner is None or flow.response is None or self.ctx.broker is None:
+            return
+        try:
+            scrubber = self.ctx.broker.scrubber(*owner)
+            response = flow.response
+            response.headers = http.Headers(
+                [
+                    (k.encode(), v.encode())
+                    for k, v in scrubber.scrub_headers(list(response.headers.items(multi=True)))
+                ]
+            )
+            bodiless = (
+                response.status_code < 200
+                or response.status_code in (204, 304)
+                or flow.request.method == "HEAD"
+            )
+            if not bodiless and not _response_buffered(response):
+                if "content-encoding" in response.headers:
+                    # A compressed body we cannot buffer cannot be scrubbed: it does not pass.
+                    log.warning("broker.unscrubbable_response", host=flow.request.pretty_host)
+                    flow.kill()
+                    return
+                # Every other body streams through the scrubber (its length changes).
+                response.headers.pop("content-length", None)
+                if response.http_version == "HTTP/1.1":
+                    response.headers["transfer-encoding"] = "chunked"
+                response.stream = scrubber.stream()
+                flow.metadata.pop(_SCRUB_KEY, None)
+        except Exception:
+            log.exception("hook_failed", hook="broker.responseheaders")
+            flow.kill()
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        owner = flow.metadata.get(_WS_SCRUB_KEY)
+        if owner is None or flow.websocket is None or self.ctx.broker is None:
+            return
+        message = flow.websocket.messages[-1]
+        if message.from_client:
+            return
+        try:
+            message.content = self.ctx.broker.scrubber(*owner).scrub(message.content)
+        except Exception:
+            log.exception("hook_failed", hook="broker.websocket_message")
+            message.drop()
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._scrub_trailers(flow)
+        owner = flow.metadata.pop(_SCRUB_KEY, None)
+        if owner is None or flow.response is None or self.ctx.broker is None:
+            return
+        try:
+            scrubber = self.ctx.broker.scrubber(*owner)
+            response = flow.response
+            if "content-encoding" in response.headers:
+                # Decoded, scrubbed, encoded again: a compressed echo must not slip past. Strictly:
+                # an encoding mitmproxy cannot undo ("gzip, gzip", "compress", a corrupt stream)
+                # would otherwise be scanned still encoded and reach the guest with its header gone.
+                try:
+                    content = response.get_content(strict=True) or b""
+                except ValueError:
+                    log.warning("broker.unscrubbable_response", host=flow.request.pretty_host)
+                    flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
+                    return
+                response.set_content(scrubber.scrub(content))
+            elif response.raw_content:
+                scrubbed = scrubber.scrub(response.raw_content)
+                if scrubbed != response.raw_content:
+                    _replace_body(response, scrubbed)
+        except Exception:
+            log.exception("hook_failed", hook="broker.response")
+            flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
+
+    def _scrub_trailers(self, flow: http.HTTPFlow) -> None:
+        owner = flow.metadata.pop(_TRAILERS_KEY, None)
+        response = flow.response
+        if owner is None or response is None or not response.trailers or self.ctx.broker is None:
+            return
+        try:
+            scrubber = self.ctx.broker.scrubber(*owner)
+            pairs = scrubber.scrub_headers(list(response.trailers.items(multi=True)))
+            response.trailers = http.Headers([(k.encode(), v.encode()) for k, v in pairs])
+        except Exception:
+            log.exception("hook_failed", hook="broker.trailers")
+            response.trailers = None
+            flow.kill()
+
+
+def _replace_body(message: http.Message, body: bytes) -> None:
+    """Set a raw body and its Content-Length (a placeholder and its secret differ in length)."""
+    message.raw_content = body
+    if "content-length" in message.headers:
+        message.headers["content-length"] = str(len(body))
+
+
+def _request_streamed(request: http.Request) -> bool:
+    """Whether a request body is too large, or of unknown size, to buffer and scan first.
+
+    HTTP/2 and chunked bodies without a length count as unknown: mitmproxy would start
+    streaming them upstream past 1 MiB, before the broker saw them.
+    """
+    length = declared_length(request)
+    return length > MAX_BUFFERED_BODY if length is not None else body_length_unknown(request)
+
+
+def _response_buffered(response: http.Response) -> bool:
+    """Whether mitmproxy will hand the `response` hook the whole body (a known, small length)."""
+    length = declared_length(response)
+    return length is not None and length <= MAX_BUFFERED_BODY
+
+
+def broker_request(flow: http.HTTPFlow, dctx: DecisionContext, body: bytes | None) -> BrokerRequest:
+    """The broker's view of an allowed request (`body` None: too large to buffer, or none to see)."""
+    req = flow.request
+    headers = [(k, v) for k, v in req.headers.items(multi=True)]
+    if not any(k.lower() == "host" for k, _ in headers):
+        headers.append(("host", req.host_header or dctx.host or ""))
+    path, _, query = req.path.partition("?")
+    assert dctx.host is not None and dctx.port is not None
+    return BrokerRequest(
+        method=req.method,
+        scheme=req.scheme,
+        host=dctx.host,
+        port=dctx.port,
+        path=path,
+        query=query,
+        headers=tuple(headers),
+        body=body,
+        body_too_large=body is None,
+    )

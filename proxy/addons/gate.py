@@ -1,0 +1,542 @@
+"""Addon: decide at every layer, pin the checked address, and let nothing else out.
+
+- CONNECT: decide on the target; a denied host gets 403 and no upstream connection; an
+  allowed one is pinned to the address the gateway resolved and checked.
+- TLS ClientHello: the SNI must name the approved host (`sni_mismatch`); hosts that need no
+  inspection are passed through untouched, the rest intercepted with the gateway's CA.
+- Every HTTP request: Host must name the connection's approved host (`host_mismatch`), then
+  method and path; absolute-form proxy requests are decided (and resolved) one by one.
+- server_connect is the chokepoint: an upstream connection opens only to an address this
+  client connection was approved for, and never after a later layer denied.
+- Tenant limits (sandgate.policy.limiter), after the policy allowed, in report mode too:
+  each HTTP request and each new passthrough/raw tunnel counts as a request (429
+  `rate_limited` with Retry-After); a declared body over `request_body_bytes` is 413
+  `body_too_large`; a body of unknown length is metered and cut at the body or byte limit.
+Every hook is guarded: an exception denies with `internal_error`, never lets traffic through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import structlog
+from mitmproxy import http, tcp
+from mitmproxy.proxy import server_hooks
+from mitmproxy.tls import ClientHelloData
+
+from sandgate.policy.decide import literal_ip
+from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
+from sandgate.policy.errors import HostError
+from sandgate.policy.hosts import normalise_host, split_authority
+from sandgate.policy.limiter import LimitExceeded
+from sandgate.policy.overrides import decide_readings
+from sandgate.policy.paths import read_target
+from sandgate.policy.reasons import Reason
+from sandgate.policy.upgrade import requested_upgrade
+from sandgate.proxy.addons.hop_by_hop import strip_hop_by_hop
+from sandgate.proxy.addons.identify import IDENTITY_KEY
+from sandgate.proxy.addons.limits import (
+    body_length_unknown,
+    body_meter,
+    declared_length,
+    head_bytes,
+    tenant_limits,
+)
+from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.mitm.closer import ConnectionCloser
+from sandgate.proxy.mitm.wire_errors import Failure, failure_of_text
+from sandgate.proxy.respond import denied_response, limited_response
+
+__all__ = ["Gate"]
+
+log = structlog.get_logger("sandgate.gate")
+
+PENDING_KEY = "sandgate.pending"
+# Set by the broker addon: (credential names, injector kinds) used on this request.
+CREDENTIALS_KEY = "sandgate.credentials"
+# The request line and headers as the guest sent them, in bytes (audit `bytes.up`, byte limits).
+HEAD_BYTES_KEY = "sandgate.head_bytes"
+# Set by an addon that refused what the upstream answered: the record's `error`.
+FAILURE_KEY = "sandgate.failure"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class Gate:
+    """Decides at CONNECT, ClientHello and per request; guards every upstream connection."""
+
+    def __init__(
+        self, ctx: GatewayContext, *, require_sni: bool = True, closer: ConnectionCloser | None = None
+    ) -> None:
+        self.ctx = ctx
+        # Closes both sides of a connection whose upstream is already open (after a 101).
+        self.closer = closer
+        # Passthrough tunnels to hosts allowed by name need an SNI naming the host.
+        self.require_sni = require_sni
+
+    # -- CONNECT -----------------------------------------------------------------------------
+
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None:
+            return
+        dctx = self._context(flow, Phase.CONNECT)
+        try:
+            state = self._state(flow)
+            if state.transparent:
+                # A guest behind the transparent listener does not get an explicit proxy too.
+                await self._deny_flow(
+                    flow, dctx, self._fault(Reason.PROTOCOL_NOT_ALLOWED, "CONNECT in transparent mode")
+                )
+                return
+            try:
+                host = normalise_host(flow.request.host)
+            except HostError as e:
+                await self._deny_flow(flow, dctx, self._fault(Reason.INVALID_REQUEST, str(e)))
+                return
+            dctx.host, dctx.port = host, flow.request.port
+            request = EgressRequest(Phase.CONNECT, host, flow.request.port, client=_client_ip(flow))
+            decision = await self.ctx.decide(dctx.identity, request)
+            decision = self.ctx.with_credentials(decision, dctx.identity, host, flow.request.port)
+            if not decision.allowed or decision.address is None:
+                await self._deny_flow(flow, dctx, decision)
+                return
+            if not await self._record(dctx, decision):
+                await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
+                return
+            state.tunnel_host, state.tunnel_port = host, flow.request.port
+            state.tunnel_decision = decision
+            state.approved[(decision.address, flow.request.port)] = host
+            # Dial exactly the address that was checked: mitmproxy never resolves the name.
+            flow.request.data.host = decision.address
+        except Exception:
+            log.exception("hook_failed", hook="http_connect")
+            await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "hook failed"))
+
+    # -- TLS ClientHello ---------------------------------------------------------------------
+
+    async def tls_clienthello(self, data: ClientHelloData) -> None:
+        client = data.context.client
+        state = self.ctx.connections.get(client.id)
+        if state is not None and state.transparent:
+            return  # the Transparent addon decides ClientHellos on transparent connections
+        try:
+            if state is None or not state.in_tunnel or state.tunnel_decision is None:
+                # TLS straight at the proxy port, or a connection we know nothing about.
+                self._block(state, Reason.PROTOCOL_NOT_ALLOWED)
+                data.ignore_connection = True
+                return
+            raw_sni = data.client_hello.sni
+            dctx = DecisionContext(
+                phase=Phase.TLS,
+                listener=state.listener,
+                client=state.client,
+                host=state.tunnel_host,
+                port=state.tunnel_port,
+                sni=raw_sni,
+                identity=state.identity,
+            )
+            decision = state.tunnel_decision
+            problem = _sni_problem(raw_sni, state.tunnel_host, decision, require_sni=self.require_sni)
+            if problem is not None:
+                decision = Decision(
+                    reason=Reason.SNI_MISMATCH,
+                    policy_version=decision.policy_version,
+                    mode=decision.mode,
+                    address=decision.address,
+                    detail=problem,
+                )
+            queued = await self._record(dctx, decision)
+            if not decision.allowed or not queued:
+                self._block(state, decision.reason if queued else Reason.INTERNAL_ERROR)
+                data.ignore_connection = True
+                return
+            state.sni = raw_sni
+            state.passthrough = not decision.inspect
+            data.ignore_connection = state.passthrough
+        except Exception:
+            log.exception("hook_failed", hook="tls_clienthello")
+            self._block(state, Reason.INTERNAL_ERROR)
+            data.ignore_connection = True
+
+    # -- raw TCP in a tunnel -----------------------------------------------------------------
+
+    async def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        # Passed-through TLS never gets here; raw bytes pass only where a `protocol: tcp` rule
+        # approved this connection (at connect in transparent mode, or the CONNECT target).
+        state = self.ctx.connections.get(flow.client_conn.id)
+        if (
+            state is not None
+            and state.denied is None
+            and (state.raw or (state.tunnel_decision is not None and state.tunnel_decision.raw_tcp))
+        ):
+            return
+        try:
+            dctx = DecisionContext(
+                phase=Phase.CONNECT,
+                listener=state.listener if state else "-",
+                client=state.client if state else "-",
+                host=state.tunnel_host if state else None,
+                port=state.tunnel_port if state else None,
+                identity=state.identity if state else None,
+            )
+            version = self.ctx.policy.version
+            await self._record(dctx, Decision(reason=Reason.PROTOCOL_NOT_ALLOWED, policy_version=version))
+        except Exception:
+            log.exception("hook_failed", hook="tcp_start")
+        finally:
+            self._block(state, Reason.PROTOCOL_NOT_ALLOWED)
+            flow.kill()
+            # The TCP layer ignores kill, and an upstream opened before (a 101) stays open:
+            # a denied stream is closed on both sides, never left flowing after its record.
+            if self.closer is not None:
+                self.closer.close(flow.client_conn, flow.server_conn)
+
+    # -- HTTP requests -----------------------------------------------------------------------
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or flow.error is not None:
+            return
+        dctx = self._context(flow, Phase.REQUEST)
+        try:
+            state = self._state(flow)
+            strip_hop_by_hop(flow.request)
+            # What the rules match is what the upstream gets: the normalised path, no fragment.
+            reading = read_target(flow.request.path)
+            flow.request.path = reading.forward
+            dctx.method = flow.request.method
+            dctx.path = flow.request.path
+            flow.metadata[HEAD_BYTES_KEY] = head_bytes(flow.request)
+            target = self._request_target(flow, state)
+            if isinstance(target, Decision):
+                await self._deny_flow(flow, dctx, target)
+                return
+            host, port, address = target
+            dctx.host, dctx.port, dctx.sni = host, port, state.sni
+            headers = tuple(flow.request.headers.items(multi=True))
+            request = EgressRequest(
+                Phase.REQUEST,
+                host,
+                port,
+                scheme=flow.request.scheme,
+                method=flow.request.method,
+                path=reading.path,
+                sni=state.sni,
+                query=reading.query,
+                headers=headers,
+                body_size=declared_length(flow.request),
+                client=_client_ip(flow),
+                upgrade=requested_upgrade(headers),
+            )
+            decision = await self.ctx.decide(dctx.identity, request, address=address)
+            if decision.allowed:
+                decision = await decide_readings(
+                    self.ctx.decide, dctx.identity, request, decision, address=address
+                )
+            if not decision.allowed or decision.address is None:
+                if reading.problem and not decision.detail:
+                    decision = replace(decision, detail=reading.problem)
+                await self._deny_flow(flow, dctx, decision)
+                return
+            # Nothing goes upstream without a place for its record (completed when it ends).
+            if not await self.ctx.audit.reserve(dctx.decision_id):
+                await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
+                return
+            await self._learn_fleet_counts(dctx.identity)
+            exceeded = self._admit(flow, dctx, decision)
+            if exceeded is not None:
+                await self._refuse_limited(flow, dctx, decision, exceeded)
+                return
+            if not state.in_tunnel:
+                state.approved[(decision.address, port)] = host
+                flow.request.data.host = decision.address
+            flow.metadata[PENDING_KEY] = (dctx, decision)
+        except Exception:
+            log.exception("hook_failed", hook="requestheaders")
+            await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "hook failed"))
+
+    def _request_target(
+        self, flow: http.HTTPFlow, state: ConnectionState
+    ) -> tuple[str, int, str | None] | Decision:
+        """(host, port, pinned address) the request goes to, or the denial when Host lies."""
+        default_port = DEFAULT_PORTS.get(flow.request.scheme, 80)
+        host_header = flow.request.host_header
+        if state.in_tunnel:
+            assert state.tunnel_host is not None and state.tunnel_port is not None
+            host, port = state.tunnel_host, state.tunnel_port
+            address = state.tunnel_decision.address if state.tunnel_decision else None
+        else:
+            try:
+                host, port = normalise_host(flow.request.host), flow.request.port
+            except HostError as e:
+                return self._fault(Reason.INVALID_REQUEST, str(e))
+            address = None
+        if host_header is None:
+            return self._fault(Reason.HOST_MISMATCH, "no Host header")
+        try:
+            claimed_host, claimed_port = split_authority(host_header, default_port)
+        except HostError as e:
+            return self._fault(Reason.HOST_MISMATCH, str(e))
+        port_ok = claimed_port == port or (":" not in host_header.rsplit("]", 1)[-1])
+        if claimed_host != host or not port_ok:
+            return self._fault(Reason.HOST_MISMATCH, "Host does not name the approved destination")
+        authority = flow.request.authority
+        if authority and flow.request.http_version.startswith("HTTP/1"):
+            # An absolute-form target is forwarded as is, and servers obey it over Host
+            # (RFC 9112 3.2.2): it must name the approved destination too, then go.
+            try:
+                target_host, target_port = split_authority(authority, default_port)
+            except HostError as e:
+                return self._fault(Reason.HOST_MISMATCH, str(e))
+            if target_host != host or target_port != port:
+                return self._fault(
+                    Reason.HOST_MISMATCH, "the request target does not name the approved destination"
+                )
+            flow.request.authority = ""
+        return host, port, address
+
+    async def _learn_fleet_counts(self, identity: Identity | None) -> None:
+        """Fleet mode: decisions on a sandbox new to this gateway wait for one sync, so the
+        fleet's count decides them too (later ones use the background task's totals)."""
+        learn = self.ctx.limit_learn
+        if learn is not None and identity is not None:
+            await learn(identity.tenant, identity.sandbox, tenant_limits(self.ctx.policy, identity))
+
+    def _admit(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> LimitExceeded | None:
+        """Count an allowed request against its tenant's limits; the refusal when over one."""
+        identity = dctx.identity
+        limits = tenant_limits(self.ctx.policy, identity)
+        if identity is None or limits is None:
+            return None
+        declared = declared_length(flow.request)
+        exceeded = self.ctx.limiter.admit(
+            identity.tenant,
+            identity.sandbox,
+            limits,
+            body_bytes=declared,
+            egress_bytes=flow.metadata.get(HEAD_BYTES_KEY, 0) + (declared or 0),
+        )
+        metered = (
+            limits.request_body_bytes is not None
+            or limits.egress_bytes_per_hour is not None
+            or limits.tenant_egress_bytes_per_hour is not None
+        )
+        if exceeded is None and metered and body_length_unknown(flow.request) and not flow.request.stream:
+            # A body of unknown length is counted as it goes and cut at the limit.
+            def cut(ex: LimitExceeded) -> None:
+                self._cut_stream(flow, dctx, decision, ex)
+
+            flow.request.stream = body_meter(self.ctx.limiter, identity, limits, cut)
+        return exceeded
+
+    async def _refuse_limited(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
+    ) -> None:
+        # Refuse first, record second, as in _deny_flow.
+        _refuse(
+            flow,
+            lambda: limited_response(
+                exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
+            ),
+        )
+        await self._record(dctx, _limit_decision(decision, exceeded))
+
+    def _cut_stream(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
+    ) -> None:
+        # The meter raises next; the HTTP error seam cuts the upstream and sends this answer.
+        flow.metadata.pop(PENDING_KEY, None)
+        flow.response = limited_response(
+            exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
+        )
+        self.ctx.audit.emit_nowait(decision_record(dctx, _limit_decision(decision, exceeded, streamed=True)))
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        await self._complete(flow, _flagged(flow))
+
+    async def error(self, flow: http.HTTPFlow) -> None:
+        # Only a fixed category, never mitmproxy's message: it can quote wire bytes.
+        await self._complete(flow, _flagged(flow) or failure_of_text(flow.error.msg if flow.error else ""))
+
+    async def _complete(self, flow: http.HTTPFlow, failure: Failure | None) -> None:
+        pending = flow.metadata.pop(PENDING_KEY, None)
+        if pending is None:
+            return
+        dctx, decision = pending
+        credentials, injectors = flow.metadata.get(CREDENTIALS_KEY, ((), ()))
+        try:
+            status = flow.response.status_code if flow.response else None
+            if failure is not None and failure.reason is not None:
+                # Allowed, then the upstream failed: the reason, and the status the guest got
+                # (the upstream's when its head was already streamed to the guest).
+                decision = replace(decision, reason=failure.reason)
+                if flow.response is None or not flow.response.stream:
+                    status = failure.status
+            record = decision_record(
+                dctx,
+                decision,
+                credentials=credentials,
+                status=status,
+                bytes_up=flow.metadata.get(HEAD_BYTES_KEY, 0) + len(flow.request.raw_content or b""),
+                bytes_down=len(flow.response.raw_content or b"") if flow.response else None,
+                error=failure.text if failure is not None else None,
+            )
+            if injectors:
+                record["injectors"] = list(injectors)
+            await self.ctx.audit.emit(record)
+        except Exception:
+            log.exception("hook_failed", hook="response", decision_id=dctx.decision_id)
+
+    # -- the chokepoint ----------------------------------------------------------------------
+
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        try:
+            state = self.ctx.connections.get(data.client.id)
+            address = data.server.address
+            if state is None or address is None:
+                data.server.error = "sandgate: no approved destination"
+                return
+            if state.denied is not None:
+                data.server.error = f"sandgate: {state.denied.value}"
+                return
+            approved_host = state.approved.get((str(address[0]), int(address[1])))
+            if approved_host is None:
+                data.server.error = "sandgate: destination not approved"
+                return
+            if _is_tunnel(state) and not await self._admit_tunnel(state, data):
+                return
+            if data.server.sni is None or data.server.sni == address[0]:
+                data.server.sni = approved_host
+        except Exception:
+            log.exception("hook_failed", hook="server_connect")
+            data.server.error = "sandgate: internal error"
+
+    async def _admit_tunnel(
+        self, state: ConnectionState, data: server_hooks.ServerConnectionHookData
+    ) -> bool:
+        """A passthrough or raw tunnel counts as one request; False (refused, audited) when over a limit."""
+        limits = tenant_limits(self.ctx.policy, state.identity)
+        if state.identity is None or limits is None:
+            return True
+        await self._learn_fleet_counts(state.identity)
+        exceeded = self.ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
+        if exceeded is None:
+            return True
+        state.denied = exceeded.reason
+        data.server.error = f"sandgate: {exceeded.reason.value}"
+        dctx = DecisionContext(
+            phase=Phase.CONNECT,
+            listener=state.listener,
+            client=state.client,
+            host=state.tunnel_host or (state.original_dst[0] if state.original_dst else None),
+            port=state.tunnel_port or (state.original_dst[1] if state.original_dst else None),
+            sni=state.sni,
+            identity=state.identity,
+        )
+        base = state.tunnel_decision or Decision(policy_version=self.ctx.policy.version)
+        await self._record(dctx, _limit_decision(base, exceeded))
+        return False
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _state(self, flow: http.HTTPFlow) -> ConnectionState:
+        state = self.ctx.connections.get(flow.client_conn.id)
+        if state is None:
+            raise RuntimeError("no state for client connection")
+        return state
+
+    def _context(self, flow: http.HTTPFlow, phase: Phase) -> DecisionContext:
+        state = self.ctx.connections.get(flow.client_conn.id)
+        identity = flow.metadata.get(IDENTITY_KEY)
+        return DecisionContext(
+            phase=phase,
+            listener=state.listener if state else "-",
+            client=state.client if state else "-",
+            host=state.tunnel_host if state and state.in_tunnel else flow.request.host,
+            port=state.tunnel_port if state and state.in_tunnel else flow.request.port,
+            identity=identity if isinstance(identity, Identity) else None,
+        )
+
+    def _fault(self, reason: Reason, detail: str) -> Decision:
+        return Decision(allowed=False, reason=reason, policy_version=self.ctx.policy.version, detail=detail)
+
+    async def _record(self, dctx: DecisionContext, decision: Decision) -> bool:
+        return await self.ctx.audit.emit(decision_record(dctx, decision))
+
+    async def _deny_flow(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> None:
+        # Refuse first, record second: a fault while recording must not leave the request going.
+        reason = decision.reason
+        state = self.ctx.connections.get(flow.client_conn.id)
+        if flow.request.method == "CONNECT" and state is not None:
+            state.denied = reason
+        # Only a Rego author's message reaches the guest; other details stay in the audit trail,
+        # except the addresses the guard refused (no secret), so an agent can say what to open.
+        message = decision.detail if reason is Reason.POLICY_DENIED else None
+        refused = decision.refused if reason is Reason.PRIVATE_ADDRESS else ()
+        _refuse(flow, lambda: denied_response(reason, dctx.host, dctx.decision_id, message, refused=refused))
+        await self._record(dctx, decision)
+
+    def _block(self, state: ConnectionState | None, reason: Reason) -> None:
+        if state is not None:
+            state.denied = reason
+
+
+def _flagged(flow: http.HTTPFlow) -> Failure | None:
+    """A failure another addon noted on the flow (a fixed text, e.g. trailers refused)."""
+    text = flow.metadata.get(FAILURE_KEY)
+    return Failure(str(text)) if text else None
+
+
+def _refuse(flow: http.HTTPFlow, response: Callable[[], http.Response]) -> None:
+    """Answer with `response`; for a body mitmproxy already streams, the HTTP error seam
+    sends it at once and reads nothing more of the request."""
+    flow.response = response()
+
+
+def _is_tunnel(state: ConnectionState) -> bool:
+    """Whether the connection's bytes pass without HTTP requests to count (passthrough or raw TCP)."""
+    return (
+        state.passthrough
+        or state.raw
+        or (state.tunnel_decision is not None and state.tunnel_decision.raw_tcp)
+    )
+
+
+def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, streamed: bool = False) -> Decision:
+    """The denial recorded for a limit, keeping the allowing decision's rule and version."""
+    return Decision(
+        reason=exceeded.reason,
+        rule_id=decision.rule_id,
+        policy_version=decision.policy_version,
+        mode=decision.mode,
+        address=decision.address,
+        detail=exceeded.limit + (" (in a streamed body)" if streamed else ""),
+    )
+
+
+def _sni_problem(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> str | None:
+    """Why a ClientHello's SNI does not fit the tunnel, or None.
+
+    A present SNI must name the CONNECT host (compared normalised: case, trailing dot). An
+    absent one is accepted where the gateway sees every request anyway (intercepted), where
+    a network rule allowed the address (a tunnel to an IP literal, any SNI will do), and on
+    `protocol: tcp` tunnels (any bytes may pass). A passthrough tunnel to a name needs one:
+    without it the server picks a default site and routes by the inner Host, which the
+    gateway cannot see (domain fronting), unless the operator admits such clients.
+    """
+    if host is None:
+        return "no tunnel host"
+    if literal_ip(host) is not None:
+        return None
+    if sni is None:
+        passthrough = not decision.inspect and not decision.raw_tcp
+        return "no SNI on a passthrough tunnel" if passthrough and require_sni else None
+    try:
+        return None if normalise_host(sni) == host else "SNI does not name the CONNECT host"
+    except HostError:
+        return "SNI is not a host name"
+
+
+def _client_ip(flow: http.HTTPFlow) -> str | None:
+    peer = flow.client_conn.peername
+    return str(peer[0]) if peer else None

@@ -1,0 +1,3 @@
+"""The admin API: a unix socket (and optional TCP with a bearer token), its routes, and the
+CLI's client.
+"""

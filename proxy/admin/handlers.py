@@ -1,0 +1,451 @@
+"""Routes of the admin API: JSON in and out, errors as `{"error": ..., "field": ...}`.
+
+Request bodies are validated with pydantic; an error names the field but never echoes the
+input (a credential value must not come back in a 422). Credential values are write-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import re
+import time
+from types import TracebackType
+from typing import Annotated, Any
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tornado.web import Application, HTTPError, RequestHandler
+
+from sandgate.brokers import Secret
+from sandgate.policy.model.tenant import NAME_PATTERN
+from sandgate.proxy.admin.server import AdminState
+from sandgate.proxy.metrics import METRICS
+from sandgate.proxy.net.sandbox_listeners import SandboxListenersError
+from sandgate.proxy.reloader import problem_view
+from sandgate.proxy.sandbox_listing import sandbox_rows
+from sandgate.proxy.stores.protocols import CredentialInfo, StoreError
+from sandgate.proxy.stores.registry import DynamicSandbox
+from sandgate.proxy.stores.registry_change import sandbox_changes, sandbox_update_record
+
+__all__ = ["ApiError", "make_app"]
+
+log = structlog.get_logger("sandgate.admin")
+
+_NAME = re.compile(NAME_PATTERN)
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, with the field it is about."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.extra = extra
+
+
+class CredentialValue(BaseModel):
+    """`PUT /v1/credentials/{tenant}/{name}` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
+
+
+class _Handler(RequestHandler):
+    """Auth, JSON answers and JSON errors for every route."""
+
+    def initialize(self, state: AdminState, token: Secret | None, require_token: bool) -> None:
+        self.state = state
+        self.token = token
+        self.require_token = require_token
+        self.trusted = False
+
+    def set_default_headers(self) -> None:
+        self.clear_header("Server")
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+
+    # Health and readiness answer without a token: orchestrators' probes carry none.
+    probe = False
+
+    def prepare(self) -> None:
+        header = self.request.headers.get("Authorization")
+        if self.token is None or (header is None and not self.require_token):
+            self.trusted = True  # the unix socket: its file mode is the guard
+            return
+        if self.probe and header is None:
+            return
+        expected = b"Bearer " + self.token.reveal().encode()
+        if not hmac.compare_digest((header or "").encode(), expected):
+            raise ApiError(401, "missing or wrong bearer token")
+        self.trusted = True
+
+    def reply(self, body: dict[str, Any], status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(body) + "\n")
+
+    def parse[M: BaseModel](self, model: type[M]) -> M:
+        """The body as `model`; 400 for unreadable JSON, 422 naming the first bad field."""
+        try:
+            return model.model_validate_json(self.request.body or b"")
+        except ValidationError as e:
+            err = e.errors(include_url=False, include_input=False)[0]
+            if err["type"] == "json_invalid":
+                raise ApiError(400, "the body is not valid JSON") from None
+            field = ".".join(str(p) for p in err["loc"]) or None
+            message = "required field is missing" if err["type"] == "missing" else str(err["msg"])
+            message = message.removeprefix("Value error, ")
+            raise ApiError(422, message, field) from None
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        # Tornado answers any exception with 500 first; ours carry the status they mean.
+        if isinstance(exc, ApiError):
+            self.set_status(exc.status)
+            body = {"error": exc.message, "field": exc.field, **exc.extra}
+        elif isinstance(exc, StoreError):
+            self.set_status(exc.status)
+            body = {"error": str(exc), "field": None}
+        else:
+            body = {"error": self._reason.lower(), "field": None}
+        if self.get_status() == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="sandgate"')
+        self.finish(json.dumps(body) + "\n")
+
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Only the type: a store's exception text is not ours to print.
+        if not isinstance(value, ApiError | StoreError | HTTPError):
+            log.error("admin.handler_failed", path=self.request.path, error=type(value).__name__)
+
+
+def _name(value: str, field: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ApiError(422, "lowercase letters, digits, '.', '_' or '-', up to 63 characters", field)
+    return value
+
+
+class NotFound(_Handler):
+    def prepare(self) -> None:
+        super().prepare()
+        raise ApiError(404, "no such endpoint")
+
+
+class Health(_Handler):
+    probe = True
+
+    def get(self) -> None:
+        self.reply({"status": "alive", "pid": os.getpid()} if self.trusted else {"status": "alive"})
+
+
+class Ready(_Handler):
+    probe = True
+
+    async def get(self) -> None:
+        checks: dict[str, bool] = {
+            "policy_loaded": self.state.ctx.policy is not None,
+            "listeners_bound": self.state.ready(),
+        }
+        if self.state.redis is not None:
+            try:
+                checks["redis"] = bool(
+                    await asyncio.wait_for(self.state.redis.ping(), self.state.redis_timeout)
+                )
+            except Exception:
+                checks["redis"] = False
+        ready = all(checks.values())
+        self.reply({"ready": ready, "checks": checks}, 200 if ready else 503)
+
+
+def _status(state: AdminState) -> dict[str, Any]:
+    policy = state.ctx.policy
+    last = state.reloader.last
+    return {
+        "gateway_id": state.gateway_id,
+        "pid": os.getpid(),
+        "ready": state.ready(),
+        "uptime_seconds": round(time.time() - state.started, 3),
+        "policy_version": policy.version,
+        "tenants": len(policy.tenants),
+        "sandboxes": len(policy.sandboxes),
+        "tenant_names": sorted(policy.tenants),
+        # Every sandbox served (tenant files and registry): tenant, token reference, addresses, origin.
+        "sandbox_list": sandbox_rows(policy),
+        "listeners": state.listeners(),
+        **_sandbox_listener_status(state),
+        "last_reload": None
+        if last is None
+        else {
+            "ok": last.ok,
+            "trigger": last.trigger,
+            "time": last.time,
+            "policy_version": last.policy_version,
+            "errors": list(last.errors),
+            "broken_files": [p.file for p in last.problems],
+        },
+        "reload_failures": state.reloader.failures,
+        "policy_problems": [problem_view(p) for p in policy.problems],
+        "policy_notices": [str(n) for n in policy.notices],
+        "audit_queue_depth": state.ctx.audit.depth,
+        "active_connections": len(state.ctx.connections),
+        "fleet_publish": state.publish_reload is not None,
+    }
+
+
+def _sandbox_listener_status(state: AdminState) -> dict[str, Any]:
+    listeners = state.sandbox_listeners
+    if listeners is None:
+        return {}
+    return {
+        "transparent_port": listeners.transparent_port(),
+        "dns_port": listeners.dns.port if listeners.dns else None,
+        "opened_on_demand": list(listeners.opened),
+    }
+
+
+class Status(_Handler):
+    def get(self) -> None:
+        self.reply(_status(self.state))
+
+
+async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = False) -> dict[str, Any]:
+    """Reload this gateway; the errors of a failed reload in an ApiError (the old policy stays)."""
+    previous = state.ctx.policy.version
+    if registry_changed and state.refresh is not None:
+        if not await state.refresh(trigger):
+            raise ApiError(503, "the registry changed, but redis could not be read back; retry")
+        last = state.reloader.last
+        ok = last is None or last.ok
+    else:
+        ok = await state.reloader.reload(trigger)
+    last = state.reloader.last
+    if not ok:
+        errors = list(last.errors) if last else []
+        raise ApiError(
+            422,
+            "policy reload failed; the previous policy stays in force",
+            errors=errors,
+            policy_version=state.ctx.policy.version,
+        )
+    policy = state.ctx.policy
+    return {
+        "ok": True,
+        "policy_version": policy.version,
+        "previous_policy_version": previous,
+        "tenants": sorted(policy.tenants),
+        "sandboxes": len(policy.sandboxes),
+        # Tenant files that did not load while the rest did (each keeps its last good version or has none).
+        "policy_problems": [problem_view(p) for p in policy.problems],
+    }
+
+
+async def _publish(state: AdminState, policy_version: str) -> dict[str, Any]:
+    """Fleet mode: tell every gateway to reload; the fleet version to wait for, or published false."""
+    assert state.publish_reload is not None
+    try:
+        return {"fleet_version": await state.publish_reload(policy_version), "published": True}
+    except Exception as e:
+        log.error("admin.publish_reload_failed", error=type(e).__name__)
+        return {"published": False}
+
+
+class PolicyReload(_Handler):
+    async def post(self) -> None:
+        try:
+            body = await _reload(self.state, "admin")
+        except ApiError as e:
+            # The fleet reloads even when this gateway's copy of the files does not load:
+            # the others may load theirs, and each answers for itself.
+            if e.status == 422 and self.state.publish_reload is not None:
+                e.extra.update(await _publish(self.state, self.state.ctx.policy.version))
+            raise
+        if self.state.publish_reload is not None:
+            body.update(await _publish(self.state, body["policy_version"]))
+        self.reply(body)
+
+
+class SandboxListenersRoute(_Handler):
+    async def post(self) -> None:
+        """Open the transparent and DNS listeners sandboxes (jails) need, unless open already."""
+        listeners = self.state.sandbox_listeners
+        if listeners is None:
+            raise ApiError(501, "this gateway cannot open listeners at run time")
+        try:
+            transparent, dns = await listeners.ensure()
+        except SandboxListenersError as e:
+            raise ApiError(503, str(e)) from None
+        self.reply(
+            {"transparent_port": transparent, "dns_port": dns, "opened_on_demand": list(listeners.opened)}
+        )
+
+
+def _sandboxes(state: AdminState) -> Any:
+    if state.sandboxes is None:
+        raise ApiError(501, "no sandbox store configured")
+    return state.sandboxes
+
+
+class Sandboxes(_Handler):
+    async def get(self) -> None:
+        entries = await _sandboxes(self.state).list()
+        self.reply({"sandboxes": [s.model_dump(exclude_none=True) for s in entries]})
+
+    async def post(self) -> None:
+        store = _sandboxes(self.state)
+        sandbox = self.parse(DynamicSandbox)
+        if sandbox.tenant not in self.state.ctx.policy.tenants:
+            raise ApiError(422, f"unknown tenant {sandbox.tenant!r}", "tenant")
+        await store.add(sandbox)
+        body = await _reload(self.state, "admin:sandbox_add", registry_changed=True)
+        self.reply({"sandbox": sandbox.model_dump(exclude_none=True), **body}, 201)
+
+
+class Sandbox(_Handler):
+    async def put(self, sandbox_id: str) -> None:
+        """Change a registered sandbox in place: one registry write, then one policy swap, so
+        its traffic is decided for the old tenant until the swap and the new one after it."""
+        store = _sandboxes(self.state)
+        sandbox = self.parse(DynamicSandbox)
+        if sandbox.id != _name(sandbox_id, "id"):
+            raise ApiError(422, "the body's id differs from the path's; ids cannot be renamed", "id")
+        if sandbox.tenant not in self.state.ctx.policy.tenants:
+            raise ApiError(422, f"unknown tenant {sandbox.tenant!r}", "tenant")
+        previous = await store.replace(sandbox)
+        if previous is None:
+            raise ApiError(404, f"no registered sandbox {sandbox_id!r}; add it with `sandbox add`", "id")
+        old_version = self.state.ctx.policy.version
+        changed = sandbox_changes(previous, sandbox)
+        try:
+            body = await _reload(self.state, "admin:sandbox_update", registry_changed=True)
+        except ApiError:
+            # Refused tenant files keep their rules, yet the new registry may be in force: then
+            # the change happened and is recorded, whatever the answer says about the files.
+            if self.state.ctx.policy.version != old_version:
+                await self._record_update(previous, sandbox, changed, old_version)
+            raise
+        await self._record_update(previous, sandbox, changed, old_version)
+        self.reply({"sandbox": sandbox.model_dump(exclude_none=True), "changed": changed, **body})
+
+    async def _record_update(
+        self, previous: DynamicSandbox, sandbox: DynamicSandbox, changed: list[str], old_version: str
+    ) -> None:
+        version = self.state.ctx.policy.version
+        log.info(
+            "admin.sandbox_updated",
+            sandbox=sandbox.id,
+            old_tenant=previous.tenant,
+            tenant=sandbox.tenant,
+            changed=changed,
+            policy_version=version,
+        )
+        await self.state.ctx.audit.emit(
+            sandbox_update_record(previous, sandbox, changed, old_version, version)
+        )
+
+    async def delete(self, sandbox_id: str) -> None:
+        store = _sandboxes(self.state)
+        if not await store.remove(_name(sandbox_id, "id")):
+            raise ApiError(404, f"no registered sandbox {sandbox_id!r}", "id")
+        body = await _reload(self.state, "admin:sandbox_remove", registry_changed=True)
+        self.reply({"removed": sandbox_id, **body})
+
+
+def _credentials(state: AdminState) -> Any:
+    if state.credentials is None:
+        raise ApiError(501, "no credential store configured")
+    return state.credentials
+
+
+def _info(info: CredentialInfo) -> dict[str, Any]:
+    return {"tenant": info.tenant, "name": info.name, "version": info.version, "updated": info.updated}
+
+
+class Credentials(_Handler):
+    async def get(self) -> None:
+        store = _credentials(self.state)
+        tenant = self.get_query_argument("tenant", None)
+        if tenant is not None:
+            _name(tenant, "tenant")
+        self.reply({"credentials": [_info(i) for i in await store.list(tenant)]})
+
+
+class Credential(_Handler):
+    def _target(self, tenant: str, name: str) -> tuple[str, str]:
+        _name(tenant, "tenant")
+        _name(name, "name")
+        if tenant not in self.state.ctx.policy.tenants:
+            raise ApiError(404, f"unknown tenant {tenant!r}", "tenant")
+        return tenant, name
+
+    def _changed(self) -> None:
+        """This gateway stops using the old value now, not at its watcher's next look."""
+        if self.state.credentials_changed is not None:
+            self.state.credentials_changed()
+
+    async def put(self, tenant: str, name: str) -> None:
+        store = _credentials(self.state)
+        tenant, name = self._target(tenant, name)
+        value = Secret(self.parse(CredentialValue).value)
+        info = await store.put(tenant, name, value)
+        self._changed()
+        log.info("admin.credential_set", tenant=tenant, name=name, version=info.version)
+        self.reply({"credential": _info(info)})
+
+    async def delete(self, tenant: str, name: str) -> None:
+        store = _credentials(self.state)
+        tenant, name = self._target(tenant, name)
+        if not await store.remove(tenant, name):
+            raise ApiError(404, f"no credential {name!r} for tenant {tenant!r}", "name")
+        self._changed()
+        log.info("admin.credential_removed", tenant=tenant, name=name)
+        self.reply({"removed": {"tenant": tenant, "name": name}})
+
+
+class Metrics(_Handler):
+    def get(self) -> None:
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(METRICS.exposition())
+
+
+def make_app(state: AdminState, token: Secret | None, *, require_token: bool) -> Application:
+    """The admin API for one transport (TCP requires the token; the unix socket accepts it)."""
+    kw = {"state": state, "token": token, "require_token": require_token}
+    segment = r"([^/]+)"
+    return Application(
+        [
+            (r"/healthz", Health, kw),
+            (r"/readyz", Ready, kw),
+            (r"/metrics", Metrics, kw),
+            (r"/v1/status", Status, kw),
+            (r"/v1/policy/reload", PolicyReload, kw),
+            (r"/v1/listeners/sandbox", SandboxListenersRoute, kw),
+            (r"/v1/sandboxes", Sandboxes, kw),
+            (rf"/v1/sandboxes/{segment}", Sandbox, kw),
+            (r"/v1/credentials", Credentials, kw),
+            (rf"/v1/credentials/{segment}/{segment}", Credential, kw),
+        ],
+        default_handler_class=NotFound,
+        default_handler_args=kw,
+        log_function=_log_request,
+    )
+
+
+def _log_request(handler: RequestHandler) -> None:
+    # Method, path and status only: no query, no headers, no body.
+    log.debug(
+        "admin.request",
+        method=handler.request.method,
+        path=handler.request.path,
+        status=handler.get_status(),
+        ms=round(1000 * handler.request.request_time(), 2),
+    )

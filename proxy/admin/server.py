@@ -1,0 +1,177 @@
+"""The admin API server: a unix socket (mode 0600) always, TCP with a bearer token when asked.
+
+It runs on the gateway's event loop (tornado over asyncio) and is never one of the
+guest-facing listeners. Start-up refuses a socket path another live gateway answers on and
+replaces a stale one; the socket is removed on exit when it is still this process's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis.asyncio as aioredis
+import structlog
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from sandgate.brokers import Secret
+from sandgate.proxy.bindcheck import Endpoint, failure_line
+from sandgate.proxy.config import GatewayConfig, split_listen
+from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.errors import ConfigError, ListenerError
+from sandgate.proxy.fleet.redis_client import connect
+from sandgate.proxy.net.sandbox_listeners import SandboxListeners
+from sandgate.proxy.reloader import PolicyReloader
+from sandgate.proxy.stores.placeholder_key import load_placeholder_key
+from sandgate.proxy.stores.protocols import CredentialStore, SandboxStore
+
+__all__ = ["AdminServer", "AdminState", "PublishReload"]
+
+log = structlog.get_logger("sandgate.admin")
+
+MAX_BODY_BYTES = 1024 * 1024
+MIN_TOKEN_BYTES = 16
+
+# Fleet mode: tell every gateway to reload (the registry's publish_reload); gets the new version.
+PublishReload = Callable[[str], Awaitable[int]]
+
+
+@dataclass
+class AdminState:
+    """What the admin API reads and acts on in the running gateway."""
+
+    gateway_id: str
+    ctx: GatewayContext
+    reloader: PolicyReloader
+    listeners: Callable[[], list[str]]
+    ready: Callable[[], bool]
+    sandboxes: SandboxStore | None = None
+    credentials: CredentialStore | None = None
+    # Drops the broker's cached stored values after a change through the API.
+    credentials_changed: Callable[[], None] | None = None
+    redis: aioredis.Redis | None = None
+    redis_timeout: float = 0.5
+    # Wired by fleet mode; None: `POST /v1/policy/reload` reloads this gateway only.
+    publish_reload: PublishReload | None = None
+    # Fleet mode: re-read the shared registry and reload (after a sandbox change); False when redis failed.
+    refresh: Callable[[str], Awaitable[bool]] | None = None
+    # The transparent and DNS listeners jails need, opened on demand (`POST /v1/listeners/sandbox`).
+    sandbox_listeners: SandboxListeners | None = None
+    started: float = field(default_factory=time.time)
+
+
+def _answers(path: Path) -> bool:
+    """Whether a process accepts connections on this unix socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def bind_admin_socket(path: Path) -> socket.socket:
+    """A listening unix socket at `path`, mode 0600; a stale socket file is replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.exists() or path.is_symlink():
+        if not path.is_socket():
+            raise ListenerError(
+                f"admin socket {path}: exists and is not a socket; remove it or set admin.socket"
+            )
+        if _answers(path):
+            raise ListenerError(
+                f"admin socket {path}: another gateway answers on it (same state_dir?): "
+                "stop it, or give this one its own state_dir"
+            )
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Created 0600 from the start: no moment where another user could connect.
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except OSError as e:
+        sock.close()
+        raise ListenerError(
+            f"admin socket {path}: {e.strerror or e}; set admin.socket to a shorter path"
+        ) from None
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.setblocking(False)
+    sock.listen(128)
+    return sock
+
+
+def load_admin_token(reference: str | None) -> Secret | None:
+    """The bearer token from its reference (env:VAR or file:PATH), at least 16 bytes."""
+    if reference is None:
+        return None
+    try:
+        return load_placeholder_key(reference, create=False, min_bytes=MIN_TOKEN_BYTES)
+    except ConfigError as e:
+        raise ConfigError(f"admin.token: {str(e).replace('placeholder key', 'token')}") from None
+
+
+class AdminServer:
+    """Serves the admin API for one gateway; `start` binds, `stop` closes and cleans up."""
+
+    def __init__(self, config: GatewayConfig, state: AdminState) -> None:
+        self.config = config
+        self.state = state
+        self.socket_path = config.admin_socket_path
+        self.addresses: list[str] = []
+        self._servers: list[HTTPServer] = []
+        self._inode: int | None = None
+
+    async def start(self) -> None:
+        """Bind the socket (and TCP): ListenerError for an address, ConfigError for the token."""
+        from sandgate.proxy.admin.handlers import make_app
+
+        admin = self.config.admin
+        token = load_admin_token(admin.token)
+        if self.config.redis is not None and self.state.redis is None:
+            self.state.redis = connect(self.config.redis)
+            self.state.redis_timeout = self.config.redis.timeout_seconds
+        sock = await asyncio.to_thread(bind_admin_socket, self.socket_path)
+        self._inode = os.stat(self.socket_path).st_ino
+        unix = HTTPServer(make_app(self.state, token, require_token=False), max_body_size=MAX_BODY_BYTES)
+        unix.add_socket(sock)
+        self._servers.append(unix)
+        self.addresses.append(f"unix:{self.socket_path}")
+        if admin.listen is not None:
+            assert token is not None  # the config refuses listen without a token
+            host, port = split_listen(admin.listen)
+            try:
+                socks = bind_sockets(port, host)
+            except OSError as e:
+                await self.stop()
+                endpoint = Endpoint("admin listener", host, port, "tcp", "change admin.listen in the config")
+                raise ListenerError(failure_line(endpoint, e)) from None
+            tcp = HTTPServer(make_app(self.state, token, require_token=True), max_body_size=MAX_BODY_BYTES)
+            tcp.add_sockets(socks)
+            self._servers.append(tcp)
+            self.addresses.append(admin.listen)
+        log.info("admin.listening", addresses=self.addresses)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.close_all_connections(), 5)
+        self._servers.clear()
+        if self.state.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.state.redis.aclose()
+        try:
+            if self._inode is not None and os.stat(self.socket_path).st_ino == self._inode:
+                self.socket_path.unlink()
+        except OSError:
+            pass

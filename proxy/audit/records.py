@@ -1,0 +1,98 @@
+"""Audit records: one canonical dict per decision, with fixed field names and no secrets."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl
+
+from sandgate.policy.decision import Decision, Identity, Phase
+from sandgate.proxy.metrics import METRICS
+
+__all__ = ["DecisionContext", "decision_record", "format_time", "new_decision_id", "redact_query"]
+
+RECORD_VERSION = 1
+
+
+def new_decision_id() -> str:
+    """A unique id that sorts by time: milliseconds since the epoch, then 64 random bits."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(8).hex()}"
+
+
+def format_time(epoch: float) -> str:
+    """RFC 3339 UTC with milliseconds, as written to the audit trail."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def redact_query(path: str) -> str:
+    """The path with every query value replaced by `REDACTED` (keys are kept)."""
+    base, sep, query = path.partition("?")
+    if not sep:
+        return base
+    keys = [k for k, _ in parse_qsl(query, keep_blank_values=True)]
+    return base + "?" + "&".join(f"{k}=REDACTED" for k in keys) if keys else base + "?REDACTED"
+
+
+@dataclass(slots=True)
+class DecisionContext:
+    """What is known about the connection or request a decision is about."""
+
+    phase: Phase
+    listener: str
+    client: str
+    host: str | None = None
+    port: int | None = None
+    sni: str | None = None
+    method: str | None = None
+    path: str | None = None
+    identity: Identity | None = None
+    decision_id: str = field(default_factory=new_decision_id)
+    started: float = field(default_factory=time.monotonic)
+
+
+def decision_record(
+    ctx: DecisionContext,
+    decision: Decision,
+    *,
+    status: int | None = None,
+    bytes_up: int | None = None,
+    bytes_down: int | None = None,
+    error: str | None = None,
+    credentials: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The audit record of one decision (and its count in the metrics)."""
+    tenant = ctx.identity.tenant if ctx.identity else None
+    METRICS.decision(tenant, decision.reason.value, ctx.phase.value, decision.verdict)
+    record = {
+        "event": "decision",
+        "v": RECORD_VERSION,
+        # Epoch seconds here; the audit writer thread renders it as RFC 3339 (off the hot path).
+        "time": time.time(),
+        "decision_id": ctx.decision_id,
+        "tenant": tenant,
+        "sandbox": ctx.identity.sandbox if ctx.identity else None,
+        "phase": ctx.phase.value,
+        "listener": ctx.listener,
+        "client": ctx.client,
+        "dest": {"host": ctx.host, "ip": decision.address, "port": ctx.port, "sni": ctx.sni},
+        "method": ctx.method,
+        "path": redact_query(ctx.path) if ctx.path is not None else None,
+        "decision": decision.verdict,
+        "reason": decision.reason.value,
+        "rule_id": decision.rule_id,
+        "policy_version": decision.policy_version,
+        "mode": decision.mode.value,
+        "credentials": list(credentials),
+        "status": status,
+        "bytes": {"up": bytes_up, "down": bytes_down},
+        "duration_ms": round((time.monotonic() - ctx.started) * 1000, 3),
+        "error": error,
+        "detail": decision.detail or None,
+    }
+    if decision.refused:
+        # The addresses the guard or a deny network refused, in the order they were checked.
+        record["refused"] = [r.as_dict() for r in decision.refused]
+    return record

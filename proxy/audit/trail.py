@@ -1,0 +1,395 @@
+"""The audit trail: a bounded queue in front of a writer thread that never drops a record.
+
+Hooks only build a dict and queue it; JSON encoding, file writes, rotation, retries and the
+structlog `egress.decision` event all happen on the writer thread.
+
+Every record needs a place in the queue (`queue_size` places; the batch the writer holds is
+out of it). `emit` waits for one up to `max_wait`; past that it returns False and the caller
+denies with `internal_error`. `reserve(decision_id)` takes a place ahead for a record that is
+written later (an allowed request's record, completed with status and bytes when it ends):
+nothing goes upstream without a place for its record, and that record never waits. A record
+that finds no place is counted in `unrecorded` (its request is denied all the same) and
+logged as `audit.unrecorded`, at most once a second.
+
+With `acknowledge` (`audit.fsync: per_batch`), `emit` returns only once the writer has written
+and fsynced the batch holding the record (group commit: one fsync per batch), so a response
+released after its record's `emit` is on disk. A failing disk is retried with backoff while
+records stay queued; a retry writes each record exactly once (see JsonlFileSink.write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from sandgate.proxy.audit.records import format_time, new_decision_id
+from sandgate.proxy.audit.redis_stream import RedisStreamSink
+
+__all__ = ["AuditLog", "AuditSink", "JsonlFileSink", "StdoutSink"]
+
+log = structlog.get_logger("sandgate.audit")
+
+Record = Mapping[str, Any]
+
+_BATCH = 512
+_POLL = 0.005  # how often a decision waiting for a place looks again
+_LOG_EVERY = 1.0  # seconds between two `audit.unrecorded` lines
+_FAILED_IDS = 4096  # decision ids remembered as unrecordable (so a denial does not wait twice)
+
+
+class AuditSink(Protocol):
+    """Where encoded records go. `write` raises OSError to have the batch retried; a retry
+    must not repeat what an earlier failed attempt already wrote."""
+
+    def write(self, lines: list[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlFileSink:
+    """A JSON-lines file, rotated by size (`audit.jsonl.1` is the newest rotated file).
+
+    Written with `os.write` on a raw descriptor (no Python buffer to keep a failed write's
+    bytes): a batch either reaches the file whole or is cut back to the last whole batch, so
+    the writer's retry after ENOSPC (even after a partial write) adds each record once.
+    """
+
+    def __init__(self, path: Path, *, max_bytes: int, backups: int, fsync: bool = False) -> None:
+        self.path = path
+        self._max_bytes = max_bytes
+        self._backups = backups
+        self._fsync = fsync
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._fd = self._open()
+        self._size = self._cut_torn_tail()  # bytes of whole records: where the next batch starts
+        self._torn = False  # a failed write may have left bytes after _size
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def _cut_torn_tail(self) -> int:
+        """The file's size after cutting a last line a crash left half-written."""
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            return 0
+        with open(self.path, "rb") as f:
+            end = size
+            while end > 0:
+                start = max(0, end - 65536)
+                f.seek(start)
+                chunk = f.read(end - start)
+                if end == size and chunk.endswith(b"\n"):
+                    return size
+                nl = chunk.rfind(b"\n")
+                if nl >= 0:
+                    end = start + nl + 1
+                    break
+                end = start
+        log.error("audit.torn_tail", path=str(self.path), bytes=size - end)
+        os.ftruncate(self._fd, end)
+        return end
+
+    def write(self, lines: list[str]) -> None:
+        data = "".join(lines).encode()
+        if self._torn:
+            os.ftruncate(self._fd, self._size)
+            self._torn = False
+        try:
+            view = memoryview(data)
+            done = 0
+            while done < len(data):
+                done += os.write(self._fd, view[done:])
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError:
+            # Cut the partial batch now (freeing its space), or before the next attempt.
+            self._torn = True
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+                self._torn = False
+            raise
+        self._size += len(data)
+        if self._size >= self._max_bytes:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        for i in range(self._backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{i}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.path.name}.{i + 1}"))
+        self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        self._fd = self._open()
+        self._size = 0
+
+    def close(self) -> None:
+        """Flush to disk (fsync) and close."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            if self._torn:
+                os.ftruncate(self._fd, self._size)
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+
+
+class StdoutSink:
+    """Records on standard output, one JSON object per line."""
+
+    def write(self, lines: list[str]) -> None:
+        sys.stdout.write("".join(lines))
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        sys.stdout.flush()
+
+
+@dataclass(slots=True)
+class _Entry:
+    record: Record
+    # Set when the emitter waits for the writer's acknowledgement (acknowledge mode).
+    done: asyncio.Future[None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+class AuditLog:
+    """Accepts records from the event loop; a thread encodes and writes them in order."""
+
+    def __init__(
+        self,
+        sinks: list[AuditSink],
+        *,
+        queue_size: int = 10_000,
+        max_wait: float = 5.0,
+        log_events: bool = True,
+        acknowledge: bool = False,
+    ) -> None:
+        self._sinks = sinks
+        self._capacity = queue_size
+        self._max_wait = max_wait
+        self._log_events = log_events
+        self._acknowledge = acknowledge
+        self._cond = threading.Condition()
+        self._items: deque[_Entry] = deque()
+        self._used = 0  # places taken: queued records and reservations
+        self._reserved: set[str] = set()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        # Decision ids that found no place: True once counted as unrecorded.
+        self._failed: OrderedDict[str, bool] = OrderedDict()
+        self._last_log = 0.0
+        self._logged_total = 0
+        self.unrecorded = 0
+        self.written = 0
+        # The fleet stream's counters (written, spooled, replayed, spool_depth), for metrics.
+        self.stream = next((s for s in sinks if isinstance(s, RedisStreamSink)), None)
+
+    def start(self) -> None:
+        if self._thread is None:
+            for sink in self._sinks:
+                start = getattr(sink, "start", None)
+                if callable(start):
+                    start()  # e.g. the stream sink's replay thread
+            self._thread = threading.Thread(target=self._run, name="sandgate-audit", daemon=True)
+            self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Places taken in the queue (queued records and reservations)."""
+        return self._used
+
+    @property
+    def acknowledged(self) -> bool:
+        """Whether `emit` returns only once the record is on disk."""
+        return self._acknowledge
+
+    async def reserve(self, decision_id: str) -> bool:
+        """Hold a place for the record `decision_id` will have; False when none freed up in time.
+
+        The record that later carries this id (through `emit` or `emit_nowait`) takes the
+        place and never waits or fails for want of room.
+        """
+        if self._take(decision_id, reserve=True):
+            return True
+        deadline = time.monotonic() + (0 if decision_id in self._failed else self._max_wait)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(_POLL)
+            if self._take(decision_id, reserve=True):
+                return True
+        self._remember_failed(decision_id)
+        log.warning("audit.queue_full", decision_id=decision_id, queue_size=self._capacity)
+        return False
+
+    async def emit(self, record: Record) -> bool:
+        """Queue a record, waiting for a place up to max_wait (and, in acknowledge mode, until
+        it is on disk). False: it could not be queued, the caller denies (counted, logged)."""
+        entry = self._entry(record)
+        if not self._put(entry):
+            did = str(record.get("decision_id") or "")
+            deadline = time.monotonic() + (0 if did in self._failed else self._max_wait)
+            while True:
+                if time.monotonic() >= deadline or self._closed:
+                    self._count_unrecorded(did)
+                    return False
+                await asyncio.sleep(_POLL)
+                if self._put(entry):
+                    break
+        if entry.done is not None:
+            await entry.done
+        return True
+
+    def emit_nowait(self, record: Record) -> None:
+        """Queue a record without waiting (streamed-body denials, reloads): it takes its
+        reservation, else a place, else goes over the bound rather than block the loop."""
+        if not self._put(_Entry(record), force=True):
+            self._count_unrecorded(str(record.get("decision_id") or ""))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write out everything queued, stop the thread, fsync and close the sinks."""
+        with self._cond:
+            if self._closed and self._thread is None:
+                return
+            self._closed = True
+            self._cond.notify()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                log.error("audit.close_timeout", queued=len(self._items))
+        for sink in self._sinks:
+            try:
+                sink.close()
+            except Exception:
+                log.exception("audit.sink_close_failed", sink=type(sink).__name__)
+
+    # -- places in the queue -----------------------------------------------------------------
+
+    def _entry(self, record: Record) -> _Entry:
+        if not self._acknowledge:
+            return _Entry(record)
+        loop = asyncio.get_running_loop()
+        return _Entry(record, loop.create_future(), loop)
+
+    def _take(self, decision_id: str, *, reserve: bool) -> bool:
+        with self._cond:
+            if self._closed or self._used >= self._capacity:
+                return False
+            self._used += 1
+            if reserve:
+                self._reserved.add(decision_id)
+            return True
+
+    def _put(self, entry: _Entry, *, force: bool = False) -> bool:
+        """Queue the entry in its reserved place, or a free one (or over the bound with force)."""
+        did = entry.record.get("decision_id")
+        with self._cond:
+            if self._closed:
+                return False
+            if isinstance(did, str) and did in self._reserved:
+                self._reserved.discard(did)
+            elif self._used < self._capacity or force:
+                self._used += 1
+            else:
+                return False
+            self._items.append(entry)
+            self._cond.notify()
+        return True
+
+    def _remember_failed(self, decision_id: str, *, counted: bool = False) -> None:
+        self._failed[decision_id] = counted or self._failed.get(decision_id, False)
+        while len(self._failed) > _FAILED_IDS:
+            self._failed.popitem(last=False)
+
+    def _count_unrecorded(self, decision_id: str) -> None:
+        """One more decision without a record (once per decision id), logged at most once a second."""
+        if self._failed.get(decision_id):
+            return
+        self._remember_failed(decision_id or new_decision_id(), counted=True)
+        self.unrecorded += 1
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_EVERY:
+            log.error(
+                "audit.unrecorded",
+                total=self.unrecorded,
+                since_last=self.unrecorded - self._logged_total,
+                queue_size=self._capacity,
+                closed=self._closed,
+            )
+            self._last_log, self._logged_total = now, self.unrecorded
+
+    # -- the writer thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items and not self._closed:
+                    self._cond.wait()
+                if not self._items:
+                    return  # closed and drained
+                batch = [self._items.popleft() for _ in range(min(_BATCH, len(self._items)))]
+                self._used -= len(batch)
+            self._write([e.record for e in batch])
+            self._acknowledge_batch(batch)
+
+    def _acknowledge_batch(self, batch: list[_Entry]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        for e in batch:
+            if e.done is not None and e.loop is not None:
+                by_loop.setdefault(e.loop, []).append(e.done)
+        for loop, futures in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, futures)
+
+    def _write(self, batch: list[Record]) -> None:
+        batch = [_with_time(r) for r in batch]
+        lines = [json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in batch]
+        for sink in self._sinks:
+            delay = 0.05
+            while True:
+                try:
+                    sink.write(lines)
+                    break
+                except OSError as e:
+                    # Never drop: keep the batch and retry; the bounded queue applies back-pressure.
+                    log.error(
+                        "audit.write_failed",
+                        sink=type(sink).__name__,
+                        error=e.strerror,
+                        retry_in=delay,
+                    )
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+        self.written += len(batch)
+        if self._log_events:
+            for r in batch:
+                if r.get("event") == "decision":
+                    log.info("egress.decision", **{k: v for k, v in r.items() if k != "event"})
+
+
+def _settle(futures: list[asyncio.Future[None]]) -> None:
+    for f in futures:
+        if not f.done():
+            f.set_result(None)
+
+
+def _with_time(record: Record) -> Record:
+    """The record with an epoch `time` rendered as RFC 3339, and an id (the stream dedupes by it)."""
+    t = record.get("time")
+    if isinstance(t, float):
+        record = {**record, "time": format_time(t)}
+    if not record.get("decision_id"):
+        record = {**record, "decision_id": new_decision_id()}
+    return record

@@ -1,0 +1,1 @@
+"""The `sandgate` command: `main` parses and dispatches; one module per command group."""

@@ -1,0 +1,77 @@
+"""CLI commands that act on the running gateway through its admin API.
+
+`sandgate policy reload|status`. (`sandgate credentials set|rotate|remove|list` reach the
+API through admin_client.ApiCredentialStore; `sandgate sandbox` through admin_client.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sandgate.proxy.admin import client as admin_client
+from sandgate.proxy.cli import policy_reload
+from sandgate.proxy.config import load_config
+from sandgate.proxy.sandbox_listing import sandboxes_text
+
+__all__ = [
+    "POLICY_COMMANDS",
+    "add_policy_parsers",
+    "run_policy_command",
+]
+
+POLICY_COMMANDS = ("reload", "status")
+# `policy status` lists this many sandboxes; `sandbox list` lists them all.
+STATUS_SANDBOXES = 20
+
+
+def add_policy_parsers(pol_sub: Any, fmt: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`policy reload` and `policy status` (the running gateway's)."""
+    reload = pol_sub.add_parser("reload", help="reload the running gateway's policy now")
+    reload.add_argument("--config", type=Path)
+    fmt(reload)
+    status = pol_sub.add_parser("status", help="the running gateway's policy version, listeners, reloads")
+    status.add_argument("--config", type=Path)
+    fmt(status)
+
+
+def run_policy_command(args: argparse.Namespace) -> int:
+    """Through the local gateway's admin API when it answers (a reload there also reaches the
+    fleet); otherwise a fleet publish or fleet status with `redis:`, or SIGHUP to the gateway."""
+    if args.policy_command == "reload":
+        return policy_reload.reload_command(args.config, args.format)
+    config = load_config(args.config)
+    running = admin_client.gateway_running(config)
+    if config.redis is not None or not running:
+        return policy_reload.status_command(args.config, args.format)
+    st = admin_client.status(config)
+    last = st.get("last_reload")
+    lines = [
+        f"gateway {st['gateway_id']} (pid {st['pid']}), {'ready' if st['ready'] else 'NOT ready'}",
+        f"policy version {st['policy_version']}: {st['tenants']} tenants, {st['sandboxes']} sandboxes",
+        f"tenants: {', '.join(st.get('tenant_names', [])) or '-'}",
+        f"listeners: {', '.join(st['listeners']) or '-'}",
+        f"reload failures: {st['reload_failures']}; audit queue: {st['audit_queue_depth']}",
+    ]
+    for problem in st.get("policy_problems", []):
+        lines.append(policy_reload.problem_line(problem))
+        lines.extend(f"  {e}" for e in problem["errors"])
+    lines.extend(f"note: {n}" for n in st.get("policy_notices", []))
+    rows = list(st.get("sandbox_list", []))
+    lines.append(sandboxes_text(rows[:STATUS_SANDBOXES]))
+    if len(rows) > STATUS_SANDBOXES:
+        lines.append(f"… and {len(rows) - STATUS_SANDBOXES} more: `sandgate sandbox list`")
+    if last is not None:
+        when = datetime.fromtimestamp(last["time"], UTC).isoformat(timespec="seconds")
+        lines.append(f"last reload: {'ok' if last['ok'] else 'FAILED'} ({last['trigger']}, {when})")
+        lines.extend(f"  {e}" for e in last["errors"])
+    _emit(args.format, st, "\n".join(lines))
+    return 0
+
+
+def _emit(fmt: str, value: dict[str, Any], text: str) -> None:
+    print(json.dumps(value, indent=2) if fmt == "json" else text)

@@ -1,0 +1,264 @@
+"""`sandgate audit tail|query|stats|suggest`: read the audit trail.
+
+Exit codes: 0 ok (also when nothing matched), 2 usage or invalid input (a bad time, no audit
+file). Malformed lines are skipped and counted on stderr. Output to a closed pipe ends quietly.
+`tail --follow` ends on SIGINT or SIGTERM with exit 0, also when started as a background job
+(which inherits SIGINT as ignored): stopping it is how it is meant to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from sandgate.policy.decision import Phase
+from sandgate.policy.reasons import Reason
+from sandgate.proxy.audit.files import JsonlSource, Source, audit_files
+from sandgate.proxy.audit.format import json_line, table_header, table_row
+from sandgate.proxy.audit.query import AuditInputError, Query, Record, parse_time
+from sandgate.proxy.audit.stats import collect as collect_stats
+from sandgate.proxy.audit.stats import stats_document, stats_table
+from sandgate.proxy.audit.stream_source import BLOCK_MS, StreamSource
+from sandgate.proxy.audit.suggest import collect as collect_evidence
+from sandgate.proxy.audit.suggest import render_suggestions
+from sandgate.proxy.config import RedisConfig, load_config
+from sandgate.proxy.fleet.redis_client import Keys, connect_sync
+
+__all__ = ["add_parsers", "build_query", "open_source", "open_stream", "run_audit_command"]
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return value
+
+    return parse
+
+
+def _add_source(p: argparse.ArgumentParser) -> None:
+    """`--config F [--stream]`, `--file PATH` or `--redis URL [--prefix P]`: where the audit trail is."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--config", type=Path, help="gateway config: read its audit.path (default: defaults)")
+    where.add_argument("--file", type=Path, help="an audit.jsonl file (its rotated .1 … .N are read too)")
+    where.add_argument("--redis", metavar="URL", help="read the fleet audit stream in this redis")
+    p.add_argument(
+        "--stream", action="store_true", help="with --config: read the fleet stream of its redis: section"
+    )
+    p.add_argument("--prefix", help="with --redis: the fleet's key prefix (default sandgate:)")
+
+
+def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bool) -> None:
+    """The record filters shared by every audit subcommand (repeat one to accept any of its values)."""
+    f = p.add_argument_group("filters (AND across filters, OR within a repeated one)")
+    f.add_argument("--tenant", action="append", default=[])
+    f.add_argument("--sandbox", action="append", default=[], required=one_sandbox)
+    f.add_argument("--host", action="append", default=[], help="exact host, or *.suffix for its subdomains")
+    f.add_argument(
+        "--reason", action="append", default=[], choices=[r.value for r in Reason], metavar="REASON"
+    )
+    f.add_argument("--decision", action="append", default=[], choices=("allow", "deny", "would_deny"))
+    f.add_argument("--phase", action="append", default=[], choices=[p.value for p in Phase])
+    f.add_argument(
+        "--credential", action="append", default=[], metavar="NAME", help="records that injected it"
+    )
+    if any_event:
+        f.add_argument("--event", choices=("decision", "policy_reload"), default="decision")
+    f.add_argument("--since", metavar="T", help="from this time: RFC 3339, or 15m, 2h, 1d ago")
+    f.add_argument("--until", metavar="T", help="before this time: RFC 3339, or 15m, 2h, 1d ago")
+
+
+def _add_format(p: argparse.ArgumentParser, default: str) -> None:
+    """`--format json|table`."""
+    p.add_argument("--format", choices=("json", "table"), default=default)
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `audit` subcommand and its `tail`, `query`, `stats` and `suggest`."""
+    audit = sub.add_parser("audit", help="read the audit trail: tail, query, stats, suggest")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+
+    tail = audit_sub.add_parser("tail", help="the last records, optionally following new ones")
+    tail.add_argument("-n", "--lines", type=_count(0), default=10, metavar="N", help="how many (default 10)")
+    tail.add_argument("-f", "--follow", action="store_true", help="keep printing records as they are written")
+    query = audit_sub.add_parser("query", help="records matching filters, oldest first")
+    query.add_argument("--limit", type=_count(1), metavar="N", help="stop after N records")
+    stats = audit_sub.add_parser("stats", help="per tenant: counts by decision and reason, top denials")
+    stats.add_argument("--top", type=_count(1), default=10, metavar="N", help="entries in top lists (10)")
+    suggest = audit_sub.add_parser(
+        "suggest", help="allow rules (YAML, to review) that would permit a sandbox's repeated denials"
+    )
+    suggest.add_argument("--min-count", type=_count(1), default=2, metavar="N", help="denials per rule (2)")
+    for p in (tail, query, stats, suggest):
+        _add_source(p)
+        # stats and suggest count decisions; suggest is about one sandbox.
+        _add_filters(p, any_event=p in (tail, query), one_sandbox=p is suggest)
+        if p is not suggest:
+            _add_format(p, "table")
+
+
+def build_query(args: argparse.Namespace, now: datetime) -> Query:
+    """The query the filter options describe."""
+    return Query(
+        event=getattr(args, "event", "decision"),
+        tenants=frozenset(args.tenant),
+        sandboxes=frozenset(args.sandbox),
+        hosts=tuple(h.lower() for h in args.host),
+        reasons=frozenset(args.reason),
+        decisions=frozenset(args.decision),
+        phases=frozenset(args.phase),
+        credentials=frozenset(args.credential),
+        since=parse_time(args.since, now) if args.since else None,
+        until=parse_time(args.until, now) if args.until else None,
+    )
+
+
+def open_source(args: argparse.Namespace) -> Source:
+    """The trail the options name: `--redis`, `--config --stream`, `--file`, else the config's file."""
+    if args.prefix is not None and not args.redis:
+        raise AuditInputError("--prefix goes with --redis (with --config, redis.prefix is used)")
+    if args.redis:
+        return open_stream({"url": args.redis, "prefix": args.prefix or "sandgate:"})
+    if args.stream:
+        config = load_config(args.config)
+        if config.redis is None:
+            raise AuditInputError(f"--stream: {args.config or 'the default config'} has no redis: section")
+        return open_stream(config.redis.model_dump())
+    path = args.file if args.file else load_config(args.config).audit_path
+    if not audit_files(path):
+        raise AuditInputError(f"no audit file at {path}")
+    return JsonlSource(path)
+
+
+def open_stream(settings: dict[str, Any]) -> StreamSource:
+    """The fleet audit stream of the redis `settings` describe (RedisConfig fields)."""
+    # A reader can wait longer than a gateway; XREAD BLOCK holds the socket for BLOCK_MS too.
+    timeout = min(max(float(settings.get("timeout_seconds", 0)), 5.0) + BLOCK_MS / 1000, 30.0)
+    try:
+        cfg = RedisConfig.model_validate({**settings, "timeout_seconds": timeout})
+    except ValidationError as e:
+        error = e.errors()[0]
+        raise AuditInputError(f"redis {'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+    return StreamSource(connect_sync(cfg), Keys(cfg.prefix)("audit"), where=_server_name(cfg.url))
+
+
+def _server_name(url: str) -> str:
+    """Where a redis URL points, without credentials."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname}:{parts.port or 6379}"
+
+
+def run_audit_command(args: argparse.Namespace) -> int:
+    """Run one `sandgate audit` subcommand."""
+    query = build_query(args, datetime.now(UTC))
+    source = open_source(args)
+    command = {"tail": _tail, "query": _query, "stats": _stats, "suggest": _suggest}[args.audit_command]
+    try:
+        command(args, source, query)
+    except KeyboardInterrupt:
+        pass  # the way to end `tail --follow`
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python's exit flush from failing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    finally:
+        if source.malformed:
+            plural = "" if source.malformed == 1 else "s"
+            print(f"sandgate audit: skipped {source.malformed} malformed line{plural}", file=sys.stderr)
+        if source.gaps:
+            print(
+                f"sandgate audit: fell behind rotation ({source.gaps}x): records may be missing",
+                file=sys.stderr,
+            )
+    return EXIT_OK
+
+
+def _print_records(records: Iterable[Record], fmt: str, event: str, *, flush: bool = False) -> None:
+    """Records as JSON lines or table rows, on stdout."""
+    for record in records:
+        print(json_line(record) if fmt == "json" else table_row(record, event), flush=flush)
+
+
+def _tail(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit tail`: the last N records, then new ones with --follow."""
+    # The handlers go in before the first line is printed: whoever saw output can stop it.
+    with _interrupted_by_signals() if args.follow else contextlib.nullcontext():
+        if args.format == "table":
+            print(table_header(query.event), flush=args.follow)
+        _print_records(source.latest(query, args.lines), args.format, query.event, flush=args.follow)
+        if args.follow:
+            with contextlib.closing(source.follow(query, threading.Event())) as new:
+                _print_records(new, args.format, query.event, flush=True)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # run_audit_command ends quietly with exit 0
+
+
+@contextlib.contextmanager
+def _interrupted_by_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM end the follower (KeyboardInterrupt: its files close, exit 0).
+
+    Installed whatever the inherited disposition: a background job of a non-interactive shell
+    starts with SIGINT ignored, and Python then never raises KeyboardInterrupt for it. The
+    handler raises rather than setting an Event: Event.set takes a lock the interrupted code
+    may hold."""
+    watched = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in watched}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _query(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit query`: matching records, oldest first, up to --limit."""
+    if args.format == "table":
+        print(table_header(query.event))
+    with contextlib.closing(source.records(query)) as records:
+        for i, record in enumerate(records, 1):
+            _print_records([record], args.format, query.event)
+            if args.limit is not None and i >= args.limit:
+                break
+
+
+def _stats(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit stats`: counts per tenant."""
+    with contextlib.closing(source.records(query)) as records:
+        document = stats_document(collect_stats(records), args.top)
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print("\n".join(stats_table(document)))
+
+
+def _suggest(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit suggest`: allow rules for one sandbox's denials, as YAML to review."""
+    if len(args.sandbox) != 1:
+        raise AuditInputError("suggest takes exactly one --sandbox")
+    with contextlib.closing(source.records(query)) as records:
+        evidence = collect_evidence(records, args.sandbox[0])
+    sys.stdout.write(render_suggestions(evidence, args.min_count))

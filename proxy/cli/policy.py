@@ -1,0 +1,523 @@
+"""`sandgate policy check|test|explain|schema|push|reload|status`: the policy author's tools.
+
+Exit codes: 0 ok, 1 a test failed / the request is denied / the OPA server refused a push,
+2 usage or invalid input (a policy that does not load). Every command takes `--format json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sandgate.policy.address_guard import AddressGuard
+from sandgate.policy.decision import Identity
+from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
+from sandgate.policy.explain import Explanation, explain
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.model.tenant import tenant_schema
+from sandgate.policy.model.yamlsource import load_yaml, validate
+from sandgate.policy.policytests import (
+    CaseFile,
+    TestReport,
+    parse_request,
+    rego_test_modules,
+    run_case_file,
+    run_rego_dir,
+)
+from sandgate.policy.reach import reach_notes
+from sandgate.policy.rego.compiler import check_modules
+from sandgate.policy.rego.engine import EngineError, make_engine
+from sandgate.policy.rego.input_document import input_schema
+from sandgate.policy.rego.loader import operator_modules_dir
+from sandgate.policy.rego.program import RegoModule
+from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
+from sandgate.proxy.cli import admin as admin_cli
+from sandgate.proxy.config import load_config
+from sandgate.proxy.errors import ConfigError
+from sandgate.proxy.net.host_addresses import own_addresses
+
+__all__ = ["add_parser", "run"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def add_parser(sub: Any) -> None:
+    """Add `policy` and its subcommands to the top-level subparsers."""
+    pol = sub.add_parser("policy", help="policy files: check, test, explain, schema, push")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+
+    check = pol_sub.add_parser("check", help="validate rules directories, .rego modules and test case files")
+    check.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
+    _guard_config(check)
+    _format(check)
+
+    test = pol_sub.add_parser("test", help="run Rego test_ rules and YAML test cases")
+    test.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
+    test.add_argument("-v", "--verbose", action="store_true", help="list every test, not only failures")
+    _guard_config(test)
+    _format(test)
+
+    exp = pol_sub.add_parser("explain", help="the decision for one request, step by step")
+    exp.add_argument("method", metavar="METHOD", help="GET, POST, ... or CONNECT")
+    exp.add_argument("url", metavar="URL", help="https://host/path?query, or host:port for CONNECT")
+    exp.add_argument("--tenant", help="the tenant (default: the sandbox's)")
+    exp.add_argument("--sandbox", help="a registered sandbox (default: a sandbox named 'explain')")
+    exp.add_argument("--rules", type=Path, default=Path("rules"), help="rules directory (default: rules)")
+    exp.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'")
+    exp.add_argument("--body-size", type=int, help="declared request body length")
+    exp.add_argument("--client", help="the guest's address")
+    exp.add_argument(
+        "--resolve", action="append", default=[], metavar="HOST=IP", help="resolve HOST to IP (repeatable)"
+    )
+    _guard_config(exp)
+    _format(exp)
+
+    schema = pol_sub.add_parser("schema", help="JSON Schema of tenant files (or of the Rego input)")
+    schema.add_argument("--input", action="store_true", help="the Rego input document instead")
+    _format(schema)
+
+    push = pol_sub.add_parser("push", help="upload Rego modules and tenant data to an OPA server")
+    push.add_argument("rules_dir", type=Path, nargs="?", default=Path("rules"))
+    push.add_argument("--url", required=True, help="the OPA server, e.g. http://127.0.0.1:8181")
+    push.add_argument("--token-env", help="environment variable holding the server's bearer token")
+    push.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default 10)")
+    push.add_argument("--keep", action="store_true", help="keep sandgate/ policies this push does not have")
+    _format(push)
+
+    admin_cli.add_policy_parsers(pol_sub, _format)
+
+
+def _guard_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the gateway config whose address_guard applies (default: a guard that opens no range)",
+    )
+
+
+def _operator_guard(config_path: Path | None) -> AddressGuard:
+    """The address guard of a gateway config (own addresses: this host's when 'auto'), or the
+    default guard: public addresses only. Raises ConfigError."""
+    if config_path is None:
+        return AddressGuard()
+    cfg = load_config(config_path).address_guard
+    own = own_addresses() if cfg.own_addresses == "auto" else cfg.own_addresses
+    return AddressGuard(cfg.reachable_by_name, own, cfg.tenant_reachable)
+
+
+def _format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a `policy` subcommand."""
+    command = args.policy_command
+    if command == "schema":
+        schema = input_schema() if args.input else tenant_schema()
+        print(json.dumps(schema, indent=2))
+        return EXIT_OK
+    if command == "check":
+        try:
+            guard = _operator_guard(args.config) if args.config else None
+        except ConfigError as e:
+            print(f"sandgate: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        return _check(args.paths or [Path("rules")], args.format, guard)
+    if command == "test":
+        try:
+            guard = _operator_guard(args.config)
+        except ConfigError as e:
+            print(f"sandgate: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        return _test(args.paths or [Path("rules")], args.format, args.verbose, guard)
+    if command == "explain":
+        return _explain(args)
+    if command == "push":
+        return _push(args)
+    if command in admin_cli.POLICY_COMMANDS:
+        return admin_cli.run_policy_command(args)
+    return EXIT_USAGE
+
+
+def _emit(fmt: str, value: dict[str, Any], text: str) -> None:
+    print(json.dumps(value, indent=2) if fmt == "json" else text)
+
+
+def _error_dicts(errors: Sequence[PolicyLoadError]) -> list[dict[str, Any]]:
+    return [
+        {
+            "file": x.location.file,
+            "line": x.location.line,
+            "column": x.location.column,
+            "field": x.field,
+            "problem": x.problem,
+        }
+        for x in errors
+    ]
+
+
+# --- check ---------------------------------------------------------------------------------
+
+
+def _check(paths: Sequence[Path], fmt: str, guard: AddressGuard | None = None) -> int:
+    results = [_check_one(p, guard) for p in paths]
+    ok = all(r["ok"] for r in results)
+    if fmt == "json":
+        print(json.dumps(results[0] if len(results) == 1 else {"ok": ok, "results": results}, indent=2))
+    else:
+        for r in results:
+            if r["ok"]:
+                print(r["summary"])
+                # Warnings do not fail the check: the guard holds whatever a rule says.
+                for note in r.get("notes", ()):
+                    print(f"{note['origin']}: {note['level']}: {note['rule_id']}: {note['text']}")
+            else:
+                print("\n".join(r["lines"]), file=sys.stderr)
+    return EXIT_OK if ok else EXIT_USAGE
+
+
+def _check_one(path: Path, guard: AddressGuard | None = None) -> dict[str, Any]:
+    """One path's result: a rules directory, a .rego module, or a test case file."""
+    errors: list[PolicyLoadError]
+    try:
+        if path.is_dir():
+            policy = load_policy_dir(path)
+            notes = reach_notes(policy, guard.tenant_reachable if guard is not None else None)
+            return {
+                "ok": True,
+                "version": policy.version,
+                "tenants": sorted(policy.tenants),
+                "files": list(policy.files),
+                "notes": [
+                    {"level": n.level, "origin": n.origin, "rule_id": n.rule_id, "text": n.text}
+                    for n in notes
+                ]
+                + [
+                    {"level": "note", "origin": n.origin, "rule_id": n.field, "text": n.text}
+                    for n in policy.notices
+                ],
+                "summary": (
+                    f"ok: {len(policy.files)} files, {len(policy.tenants)} tenants, version {policy.version}"
+                ),
+            }
+        if path.suffix == ".rego":
+            errors = _check_rego(path)
+        elif path.suffix in (".yaml", ".yml"):
+            validate(CaseFile, load_yaml(path))
+            errors = []
+        else:
+            problem = "not a rules directory, a .rego module or a test case file"
+            raise PolicyLoadError(_where(path), "", problem)
+    except PolicySetError as e:
+        errors = list(e.errors)
+    except PolicyLoadError as e:
+        errors = [e]
+    if errors:
+        return {"ok": False, "errors": _error_dicts(errors), "lines": [str(e) for e in errors]}
+    return {"ok": True, "files": [str(path)], "summary": f"ok: {path}"}
+
+
+def _check_rego(path: Path) -> list[PolicyLoadError]:
+    (module,) = rego_test_modules([path])
+    found = [PolicyLoadError(_where(path, p.line, p.column), "", p.message) for p in check_modules([module])]
+    for name, _ in module.facts.forbidden:
+        found.append(PolicyLoadError(_where(path), "", f"{name} is not allowed in a sandgate policy"))
+    return found
+
+
+def _where(path: Path, line: int | None = None, column: int | None = None) -> SourceLocation:
+    return SourceLocation(str(path), line, column)
+
+
+# --- test ----------------------------------------------------------------------------------
+
+
+def _test(paths: Sequence[Path], fmt: str, verbose: bool, guard: AddressGuard | None = None) -> int:
+    start = time.perf_counter()
+    try:
+        reports = _collect_tests(paths, guard)
+    except PolicySetError as e:
+        return _load_failed(fmt, list(e.errors))
+    except PolicyLoadError as e:
+        return _load_failed(fmt, [e])
+    seconds = time.perf_counter() - start
+    counts = {k: sum(o.result == k for r in reports for o in r.outcomes) for k in ("pass", "fail", "error")}
+    ok = counts["fail"] == 0 and counts["error"] == 0
+    if fmt == "json":
+        value = {
+            "ok": ok,
+            "passed": counts["pass"],
+            "failed": counts["fail"],
+            "errors": counts["error"],
+            "seconds": round(seconds, 3),
+            "sources": [
+                {
+                    "source": r.source,
+                    "tests": [{"name": o.name, "result": o.result, "detail": o.detail} for o in r.outcomes],
+                }
+                for r in reports
+            ],
+        }
+        print(json.dumps(value, indent=2))
+    else:
+        print(_test_text(reports, verbose))
+        print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors in {seconds:.2f}s")
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def _collect_tests(paths: Sequence[Path], guard: AddressGuard | None = None) -> list[TestReport]:
+    """Rules directories (their Rego tests and tests/*.yaml), case files, and loose Rego
+    (files and folders given together run together, like `opa test`)."""
+    reports: list[TestReport] = []
+    policies: dict[Path, PolicySet] = {}
+    loose = [p for p in paths if (p.is_dir() and not _is_rules_dir(p)) or p.suffix == ".rego"]
+    if loose:
+        reports += _rego_reports(loose, None)
+    for path in paths:
+        if path in loose:
+            continue
+        if path.is_dir():
+            policy = load_policy_dir(path)
+            policies[path.resolve()] = policy
+            reports += _rego_reports([path / "rego", path / "tenants", *map(Path, policy.rego_files)], policy)
+            for case_file in sorted((path / "tests").glob("*.y*ml")) if (path / "tests").is_dir() else []:
+                reports.append(run_case_file(case_file, policies=policies, guard=guard))
+        else:
+            reports.append(run_case_file(path, policies=policies, guard=guard))
+    return reports
+
+
+def _rego_reports(paths: Sequence[Path], policy: PolicySet | None) -> list[TestReport]:
+    modules: list[RegoModule] = rego_test_modules([p for p in paths if p.exists()])
+    data = {"tenants": {}} if policy is None else _tenants_data(policy)
+    return run_rego_dir(modules, data)
+
+
+def _tenants_data(policy: PolicySet) -> dict[str, Any]:
+    return {"tenants": {name: dict(t.rego.data) for name, t in policy.tenants.items() if t.rego}}
+
+
+def _is_rules_dir(path: Path) -> bool:
+    markers = (path / "tenants", path / "base.yaml", operator_modules_dir(path))
+    return any(m.exists() for m in markers)
+
+
+def _test_text(reports: Sequence[TestReport], verbose: bool) -> str:
+    lines = []
+    for r in reports:
+        failed = [o for o in r.outcomes if o.result != "pass"]
+        status = "FAIL" if failed else "ok"
+        lines.append(f"{r.source}: {status} ({len(r.outcomes) - len(failed)}/{len(r.outcomes)} passed)")
+        for o in r.outcomes if verbose else failed:
+            lines.append(f"  {o.result.upper():5} {o.name}")
+            if o.detail:
+                lines.append(f"        {o.detail}")
+    return "\n".join(lines)
+
+
+def _load_failed(fmt: str, errors: list[PolicyLoadError]) -> int:
+    if fmt == "json":
+        print(json.dumps({"ok": False, "errors": _error_dicts(errors)}, indent=2))
+    else:
+        print("\n".join(str(e) for e in errors), file=sys.stderr)
+    return EXIT_USAGE
+
+
+# --- explain -------------------------------------------------------------------------------
+
+
+def _explain(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy_dir(args.rules)
+    except PolicySetError as e:
+        return _load_failed(args.format, list(e.errors))
+    identity = _explain_identity(policy, args.tenant, args.sandbox)
+    if isinstance(identity, str):
+        print(f"sandgate: {identity}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        headers = [_header(h) for h in args.header]
+        target = args.url if args.method.upper() != "CONNECT" else args.url.removeprefix("https://")
+        request = parse_request(f"{args.method} {target}", headers=headers, body_size=args.body_size)
+        resolver = _resolver(args.resolve)
+    except ValueError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.client:
+        request = replace(request, client=args.client)
+    try:
+        guard = _operator_guard(args.config)
+    except ConfigError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    engine = make_engine("embedded", cache_size=0)
+    result = asyncio.run(explain(policy, identity, request, resolver, guard, engine))
+    if args.format == "json":
+        print(json.dumps(_explain_json(result, args), indent=2))
+    else:
+        print(_explain_text(result, args, identity))
+    return EXIT_OK if result.decision.allowed else EXIT_FAILED
+
+
+def _explain_identity(policy: PolicySet, tenant: str | None, sandbox: str | None) -> Identity | str:
+    if sandbox:
+        record = policy.sandboxes.get(sandbox)
+        if record is None:
+            return f"sandbox {sandbox!r} is not registered in the rules"
+        if tenant and tenant != record.tenant:
+            return f"sandbox {sandbox!r} belongs to tenant {record.tenant!r}, not {tenant!r}"
+        return Identity(record.tenant, record.sandbox)
+    if not tenant:
+        return "name a --tenant or a --sandbox"
+    return Identity(tenant, "explain")
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise ValueError(f"-H {text!r}: a header is 'Name: value'")
+    return name.strip(), value.strip()
+
+
+def _resolver(entries: Sequence[str]) -> Resolver:
+    hosts: dict[str, list[str]] = {}
+    for entry in entries:
+        host, sep, ip = entry.partition("=")
+        if not sep or not host or not ip:
+            raise ValueError(f"--resolve {entry!r}: expected HOST=IP")
+        hosts.setdefault(host.lower().rstrip("."), []).append(ip)
+    return ChainResolver(StaticResolver(hosts), SystemResolver()) if hosts else SystemResolver()
+
+
+def _explain_json(result: Explanation, args: argparse.Namespace) -> dict[str, Any]:
+    d = result.decision
+    value: dict[str, Any] = {
+        "decision": d.verdict,
+        "reason": d.reason.value,
+        "rule_id": d.rule_id,
+        "policy_version": d.policy_version,
+        "mode": d.mode.value,
+        "address": d.address,
+        "inspect": d.inspect,
+        "detail": d.detail,
+        "refused": [r.as_dict() for r in d.refused],
+        "request": f"{args.method.upper()} {args.url}",
+        "steps": [s.as_dict() for s in result.steps],
+    }
+    if result.rego_verdict is not None:
+        v = result.rego_verdict
+        value["rego"] = {
+            "modules": list(result.rego_modules),
+            "input": result.rego_input,
+            "verdict": {"allow": v.allowed, "reason": v.reason.value, "message": v.message, "fault": v.fault},
+        }
+    return value
+
+
+def _explain_text(result: Explanation, args: argparse.Namespace, identity: Identity) -> str:
+    d = result.decision
+    lines = [f"{d.verdict}: {d.reason.value}"]
+    lines.append(f"  request  {args.method.upper()} {args.url}")
+    lines.append(f"  who      tenant {identity.tenant}, sandbox {identity.sandbox}")
+    lines.append(f"  policy   version {d.policy_version}, mode {d.mode.value}")
+    if d.rule_id:
+        lines.append(f"  rule     {d.rule_id}")
+    if d.detail:
+        lines.append(f"  detail   {d.detail}")
+    lines.append("steps")
+    for s in result.steps:
+        where = ""
+        if s.rule_id:
+            where = f" [{s.rule_id}" + (f" at {s.origin}" if s.origin else "") + "]"
+        lines.append(f"  {s.number} {s.name:<13} {s.outcome:<11} {s.detail}{where}".rstrip())
+        # One address is said in the step's line; several, or a refusal, get a line each.
+        listed = s.addresses if len(s.addresses) > 1 or (s.number == 5 and s.outcome == "deny") else ()
+        for a in listed:
+            lines.append(f"{'':28}{a.address:<15} {a.result}" + (f": {a.why}" if a.why else ""))
+    if result.rego_input is not None:
+        lines.append("rego modules")
+        lines += [f"  {m}" for m in result.rego_modules]
+        lines.append("rego input")
+        shown = json.dumps(result.rego_input, indent=2, sort_keys=True)
+        lines += ["  " + line for line in shown.splitlines()]
+    return "\n".join(lines)
+
+
+# --- push ----------------------------------------------------------------------------------
+
+
+def _push(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy_dir(args.rules_dir)
+    except PolicySetError as e:
+        return _load_failed(args.format, list(e.errors))
+    token = os.environ.get(args.token_env) if args.token_env else None
+    if args.token_env and not token:
+        print(f"sandgate: environment variable {args.token_env} is not set", file=sys.stderr)
+        return EXIT_USAGE
+    modules = _push_order(policy, args.rules_dir)
+    data = _tenants_data(policy)["tenants"]
+    try:
+        ids, removed = asyncio.run(
+            _push_async(
+                args.url, token, args.timeout, modules, data, prune=not args.keep, root=args.rules_dir
+            )
+        )
+    except EngineError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:
+        # The client's errors carry OPA's message (a compile error in a module); never a token.
+        print(f"sandgate: the OPA server refused the push: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    value = {"ok": True, "url": args.url, "modules": ids, "removed": removed, "tenants": sorted(data)}
+    text = f"pushed {len(ids)} modules and data for {len(data)} tenants to {args.url}"
+    if removed:
+        text += f"; removed {len(removed)} stale modules"
+    _emit(args.format, value, text)
+    return EXIT_OK
+
+
+def _push_order(policy: PolicySet, rules_dir: Path) -> list[RegoModule]:
+    """The operator's modules, then the library under rules/rego/, then tenants' modules."""
+    seen: dict[str, RegoModule] = {}
+    for t in sorted(policy.tenants.values(), key=lambda t: t.name):
+        for m in t.rego.modules if t.rego else ():
+            seen.setdefault(m.path, m)
+    library = Path(os.path.abspath(operator_modules_dir(rules_dir)))
+
+    def rank(m: RegoModule) -> tuple[int, str]:
+        if m.operator:
+            return (0, m.path)
+        return (1 if Path(os.path.abspath(m.path)).is_relative_to(library) else 2, m.path)
+
+    return sorted(seen.values(), key=rank)
+
+
+async def _push_async(
+    url: str,
+    token: str | None,
+    seconds: float,
+    modules: list[RegoModule],
+    data: dict[str, Any],
+    *,
+    prune: bool,
+    root: Path,
+) -> tuple[list[str], list[str]]:
+    from sandgate.policy.rego.opa import OpaEngine
+
+    engine = OpaEngine(url, timeout=seconds, token=token)
+    try:
+        return await engine.push(modules, data, prune=prune, root=str(root))
+    finally:
+        await engine.close()

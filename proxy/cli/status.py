@@ -1,0 +1,123 @@
+"""`sandgate status [--wait [--timeout S]]`: whether the local gateway serves.
+
+A gateway serves when its admin API answers `/readyz` with 200: the policy is loaded, every
+listener (proxy, transparent, DNS) is bound and, with `redis:`, redis answers. The
+deployments' readiness probes ask the same endpoint, so a script, compose and Kubernetes
+agree on "ready". With the admin API off, the status file (written once every listener is
+bound, trusted while its pid lives) answers instead.
+
+Exit 0: it serves. 1: it does not (nothing answers, not ready yet, or not before
+`--timeout`), with one line saying why. 2: usage or a broken config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sandgate.proxy.admin import client as admin_client
+from sandgate.proxy.config import GatewayConfig, load_config
+from sandgate.proxy.statusfile import read_status
+
+__all__ = ["Readiness", "add_parser", "check", "run_status_command"]
+
+EXIT_OK, EXIT_NOT_SERVING = 0, 1
+POLL_SECONDS = 0.2
+# One question to a gateway that hangs takes at most this long (and never past --timeout).
+ANSWER_SECONDS = 5.0
+
+
+@dataclass
+class Readiness:
+    """One look at the gateway: does it serve, who it is or why not, what it said about itself."""
+
+    serving: bool
+    reason: str
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "status",
+        help="whether the local gateway serves (exit 0) or not (1); --wait until it does",
+    )
+    p.add_argument("--config", type=Path, help="the gateway's config (its admin socket and state_dir)")
+    p.add_argument("--wait", action="store_true", help="wait until the gateway serves")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --wait: give up after S seconds (default 60)",
+    )
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def check(config: GatewayConfig, answer_within: float = ANSWER_SECONDS) -> Readiness:
+    """Ask the gateway once."""
+    if not config.admin.enabled:
+        return _from_status_file(config)
+    sock = config.admin_socket_path
+    try:
+        ready = admin_client.readiness(config, timeout=answer_within)
+        status = admin_client.status(config, timeout=answer_within)
+    except admin_client.GatewayNotRunning:
+        return Readiness(False, f"no gateway answers on {sock}")
+    except httpx.TimeoutException:
+        return Readiness(False, f"the gateway on {sock} did not answer within {answer_within:g} s")
+    except admin_client.AdminApiError as e:
+        return Readiness(False, f"the gateway on {sock} answered: {e}")
+    who = f"gateway {status.get('gateway_id', '?')} (pid {status.get('pid', '?')})"
+    if not ready.get("ready"):
+        failing = [name for name, ok in ready.get("checks", {}).items() if not ok]
+        return Readiness(False, f"{who} is not ready: {', '.join(failing) or 'not ready'}", status)
+    return Readiness(True, who, status)
+
+
+def _from_status_file(config: GatewayConfig) -> Readiness:
+    status = read_status(config.status_path)
+    if status is None:
+        return Readiness(False, f"no live gateway wrote {config.status_path} (the admin API is off)")
+    return Readiness(
+        True, f"gateway (pid {status['pid']}), from its status file (the admin API is off)", status
+    )
+
+
+def run_status_command(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    deadline = time.monotonic() + max(0.0, args.timeout)
+    try:
+        result = check(config, ANSWER_SECONDS)
+        while args.wait and not result.serving:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                result.reason = f"not serving after {args.timeout:g} s: {result.reason}"
+                break
+            time.sleep(min(POLL_SECONDS, left))
+            result = check(config, max(0.1, min(ANSWER_SECONDS, deadline - time.monotonic())))
+    except KeyboardInterrupt:
+        return 130
+    _print(args.format, result)
+    return EXIT_OK if result.serving else EXIT_NOT_SERVING
+
+
+def _print(fmt: str, result: Readiness) -> None:
+    if fmt == "json":
+        print(json.dumps({"serving": result.serving, "reason": result.reason, "status": result.status}))
+        return
+    if not result.serving:
+        print(f"sandgate: {result.reason}", file=sys.stderr)
+        return
+    st = result.status
+    print(f"serving: {result.reason}")
+    if "listeners" in st:
+        print(f"listeners: {', '.join(st['listeners']) or '-'}")
+    if "policy_version" in st and "tenants" in st:
+        print(f"policy version {st['policy_version']}: {st['tenants']} tenants, {st['sandboxes']} sandboxes")
