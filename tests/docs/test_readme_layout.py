@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 def layout_block() -> str:
     text = (REPO / "README.md").read_text()
     section = text[text.index("## Layout\n") :]
-    return section[section.index("```text\n") + 8 : section.index("\n```", 1)]
+    start = section.index("```text\n") + len("```text\n")
+    return section[start : section.index("\n```", start)]
 
 
 def listed_packages() -> set[str]:
