@@ -1,10 +1,18 @@
-"""The one enum of reason codes: the `X-Sandgate-Reason` header, the audit `reason`, Rego results."""
+"""The one enum of reason codes: the `X-Sandgate-Reason` header, the audit `reason`, Rego results.
+
+Each code's meaning and HTTP status live beside it in `MEANINGS`; the README's reason table
+is generated from them (`python -m sandgate.policy.reasons --markdown`) and tested against them.
+"""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 
-__all__ = ["Reason"]
+__all__ = ["MEANINGS", "Meaning", "Reason", "markdown_table"]
 
 
 class Reason(StrEnum):
@@ -29,23 +37,135 @@ class Reason(StrEnum):
     RATE_LIMITED = "rate_limited"
     BODY_TOO_LARGE = "body_too_large"
     INTERNAL_ERROR = "internal_error"
-    # A request line or Host the gateway cannot parse into one unambiguous destination.
     INVALID_REQUEST = "invalid_request"
-    # A placeholder-shaped value this gateway did not mint (another gateway's key, a forgery).
     UNKNOWN_PLACEHOLDER = "unknown_placeholder"
-    # A request or response head over the size or count cap (431, then the connection closes).
     HEADER_TOO_LARGE = "header_too_large"
-    # A request head not read whole within the header-read timeout (408, then the connection closes).
     HEADER_TIMEOUT = "header_timeout"
-    # An `Upgrade` (WebSocket, h2c, ...) no rule allows, or an unexpected 101 from upstream.
     UPGRADE_NOT_ALLOWED = "upgrade_not_allowed"
-    # An allowed destination that could not be reached (502) or did not answer in time (504).
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
-    # A connection over the gateway's caps (per source, per sandbox, fd headroom): closed at connect,
-    # or 429 on the explicit proxy once the sandbox is known.
     CONNECTION_LIMIT = "connection_limit"
-    # A client abusing a protocol's machinery (HTTP/2 rapid reset): GOAWAY, then the connection closes.
     PROTOCOL_ABUSE = "protocol_abuse"
-    # An allowed destination that answered with something that is not valid HTTP, or closed
-    # the connection without an answer (502).
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Meaning:
+    """What a code means (one line), and the HTTP statuses an answer with it has, usual first;
+    none when nothing HTTP is answered (an allow, a closed handshake, a DNS answer, GOAWAY)."""
+
+    text: str
+    statuses: tuple[int, ...] = (403,)
+
+
+MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
+    {
+        Reason.ALLOWED: Meaning("allowed (or, with decision `would_deny`, what report mode let through)", ()),
+        Reason.NO_IDENTITY: Meaning(
+            "no valid sandbox credential (407 on the explicit proxy), or the sandbox's tenant is gone",
+            (407, 403),
+        ),
+        Reason.HOST_NOT_ALLOWED: Meaning("no allow rule names the host"),
+        Reason.HOST_DENIED: Meaning("a deny rule (tenant or base) matches"),
+        Reason.PORT_NOT_ALLOWED: Meaning("a rule names the host, not this port"),
+        Reason.METHOD_NOT_ALLOWED: Meaning("a rule names host and port, not this method"),
+        Reason.PATH_NOT_ALLOWED: Meaning("a rule names host, port and method, not this path"),
+        Reason.PRIVATE_ADDRESS: Meaning(
+            "the destination is internal (see the address guard); the record's `refused` and the"
+            " 403 body name each refused address and why"
+        ),
+        Reason.DNS_FAILURE: Meaning("the gateway could not resolve an allowed name", (502,)),
+        Reason.DNS_DENIED: Meaning(
+            "a DNS query for a name the tenant cannot reach (DNS listener: NXDOMAIN)", ()
+        ),
+        Reason.SNI_MISMATCH: Meaning(
+            "the TLS SNI does not name the CONNECT host (the handshake is closed)", ()
+        ),
+        Reason.HOST_MISMATCH: Meaning("the HTTP Host does not name the connection's destination"),
+        Reason.PROTOCOL_NOT_ALLOWED: Meaning(
+            "non-HTTP plaintext without a `protocol: tcp` rule, a port no rule allows (transparent),"
+            " or TLS straight at the proxy port (closed); a CONNECT in transparent mode (403)"
+        ),
+        Reason.POLICY_DENIED: Meaning("the tenant's Rego denied, or gave no decision"),
+        Reason.POLICY_ERROR: Meaning("the policy engine failed (fault, timeout, unreachable): denied"),
+        Reason.CREDENTIAL_HOST_MISMATCH: Meaning(
+            "a credential placeholder where its credential is not bound (host, port, scheme, path,"
+            " method, or a place its injector does not replace), or another sandbox's"
+        ),
+        Reason.RATE_LIMITED: Meaning(
+            "a tenant limit: `requests_per_minute`, `egress_bytes_per_hour` or their `tenant_` caps"
+            " (with `Retry-After`)",
+            (429,),
+        ),
+        Reason.BODY_TOO_LARGE: Meaning(
+            "a request body over the tenant's `request_body_bytes`, or a body-injected credential in"
+            " a body over its size cap",
+            (413,),
+        ),
+        Reason.INTERNAL_ERROR: Meaning("a fault in the gateway: denied, logged with a traceback"),
+        Reason.INVALID_REQUEST: Meaning(
+            "a request line, Host or message framing the gateway cannot parse into one destination"
+            " (connection closed)",
+            (400,),
+        ),
+        Reason.UNKNOWN_PLACEHOLDER: Meaning(
+            "a value shaped like a sandgate placeholder that this gateway did not mint (another"
+            " gateway's key, a forgery): never forwarded"
+        ),
+        Reason.HEADER_TOO_LARGE: Meaning(
+            "a request head (431) or response head (502) over the size or line-count cap (connection closed)",
+            (431, 502),
+        ),
+        Reason.HEADER_TIMEOUT: Meaning(
+            "a request head not read whole within `heads.read_timeout_seconds` (connection closed)",
+            (408,),
+        ),
+        Reason.UPGRADE_NOT_ALLOWED: Meaning(
+            "an `Upgrade` no rule allows (only `websocket`, on `websocket: true` rules), or a `101`"
+            " the gateway did not approve (both sides closed)"
+        ),
+        Reason.UPSTREAM_UNREACHABLE: Meaning(
+            "an allowed destination that could not be reached (502) or did not answer in time"
+            " (504), or whose answer cannot be relayed (HTTP/1 trailers, 502); never 403",
+            (502, 504),
+        ),
+        Reason.CONNECTION_LIMIT: Meaning(
+            "a connection over the gateway's caps (per source, per sandbox, file-descriptor"
+            " headroom): closed at connect (audited per source and second, `connections` = how"
+            " many), or 429 on the explicit proxy once the sandbox is known",
+            (429,),
+        ),
+        Reason.PROTOCOL_ABUSE: Meaning(
+            "an HTTP/2 connection that reset or overran streams faster than allowed (rapid reset):"
+            " GOAWAY `ENHANCE_YOUR_CALM`, closed",
+            (),
+        ),
+        Reason.UPSTREAM_PROTOCOL_ERROR: Meaning(
+            "an allowed destination answered with something that is not valid HTTP, or closed the"
+            " connection without an answer",
+            (502,),
+        ),
+    }
+)
+
+
+def markdown_table() -> str:
+    """The README's reason table: one row per code, in enum order."""
+    lines = ["| code | status | meaning |", "|---|---|---|"]
+    for reason in Reason:
+        meaning = MEANINGS[reason]
+        status = " / ".join(f"`{s}`" for s in meaning.statuses) or "—"
+        lines.append(f"| `{reason.value}` | {status} | {meaning.text} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m sandgate.policy.reasons --markdown`: print the README's reason table."""
+    parser = argparse.ArgumentParser(prog="python -m sandgate.policy.reasons")
+    parser.add_argument("--markdown", action="store_true", required=True, help="the README table")
+    parser.parse_args(argv)
+    print(markdown_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
