@@ -119,6 +119,18 @@ class Decision:
     # The addresses refused on the way (step 2 or 5), in the order they were checked.
     refused: tuple[Refusal, ...] = field(default=(), compare=False)
 
+    def as_denial(self, reason: Reason, detail: str = "") -> Decision:
+        """This decision turned into a denial for `reason`, keeping its rule, policy version,
+        mode and address (the context an audit record of a later refusal carries)."""
+        return Decision(
+            reason=reason,
+            rule_id=self.rule_id,
+            policy_version=self.policy_version,
+            mode=self.mode,
+            address=self.address,
+            detail=detail,
+        )
+
     @property
     def verdict(self) -> str:
         """`allow`, `deny` or `would_deny`, as written to the audit trail."""

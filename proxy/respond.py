@@ -14,10 +14,11 @@ from collections.abc import Sequence
 
 from mitmproxy import http
 
-from sandgate.policy.decision import Refusal
+from sandgate.policy.decision import Decision, Refusal
 from sandgate.policy.reasons import Reason
 
 __all__ = [
+    "decision_response",
     "denied_response",
     "limited_response",
     "proxy_auth_required",
@@ -80,6 +81,18 @@ def denied_response(
     if close:
         headers["Connection"] = "close"
     return http.Response.make(code, body, headers)
+
+
+def decision_response(decision: Decision, host: str | None, decision_id: str) -> http.Response:
+    """The refusal of a denied decision, with what of it the guest may read.
+
+    Only a Rego author's message reaches the guest; other details stay in the audit trail,
+    except the addresses the guard refused (no secret), so an agent can say what to open.
+    """
+    reason = decision.reason
+    message = decision.detail if reason is Reason.POLICY_DENIED else None
+    refused = decision.refused if reason is Reason.PRIVATE_ADDRESS else ()
+    return denied_response(reason, host, decision_id, message, refused=refused)
 
 
 def upstream_error_response(

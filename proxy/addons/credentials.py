@@ -160,14 +160,7 @@ class CredentialBroker:
                 cause=outcome.cause.value,
                 owners=list(outcome.foreign_owners),
             )
-        denial = Decision(
-            reason=outcome.reason,
-            rule_id=decision.rule_id,
-            policy_version=decision.policy_version,
-            mode=decision.mode,
-            address=decision.address,
-            detail=outcome.cause.value,
-        )
+        denial = decision.as_denial(outcome.reason, outcome.cause.value)
         extra = {
             "credentials": list(outcome.credentials),
             "where": list(outcome.where),

@@ -17,7 +17,6 @@ Every hook is guarded: an exception denies with `internal_error`, never lets tra
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 import structlog
@@ -43,11 +42,12 @@ from sandgate.proxy.addons.limits import (
     head_bytes,
     tenant_limits,
 )
+from sandgate.proxy.addons.refusal import refuse, refuse_now
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.mitm.wire_errors import Failure, failure_of_text
-from sandgate.proxy.respond import denied_response, limited_response
+from sandgate.proxy.respond import decision_response, limited_response
 
 __all__ = ["Gate"]
 
@@ -332,24 +332,20 @@ class Gate:
     async def _refuse_limited(
         self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
     ) -> None:
-        # Refuse first, record second, as in _deny_flow.
-        _refuse(
-            flow,
-            lambda: limited_response(
-                exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
-            ),
+        response = limited_response(
+            exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
         )
-        await self._record(dctx, _limit_decision(decision, exceeded))
+        await refuse(self.ctx.audit, flow, response, dctx, _limit_decision(decision, exceeded))
 
     def _cut_stream(
         self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
     ) -> None:
         # The meter raises next; the HTTP error seam cuts the upstream and sends this answer.
         flow.metadata.pop(PENDING_KEY, None)
-        flow.response = limited_response(
+        response = limited_response(
             exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
         )
-        self.ctx.audit.emit_nowait(decision_record(dctx, _limit_decision(decision, exceeded, streamed=True)))
+        refuse_now(self.ctx.audit, flow, response, dctx, _limit_decision(decision, exceeded, streamed=True))
 
     async def response(self, flow: http.HTTPFlow) -> None:
         await self._complete(flow, _flagged(flow))
@@ -464,17 +460,11 @@ class Gate:
         return await self.ctx.audit.emit(decision_record(dctx, decision))
 
     async def _deny_flow(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> None:
-        # Refuse first, record second: a fault while recording must not leave the request going.
-        reason = decision.reason
         state = self.ctx.connections.get(flow.client_conn.id)
         if flow.request.method == "CONNECT" and state is not None:
-            state.denied = reason
-        # Only a Rego author's message reaches the guest; other details stay in the audit trail,
-        # except the addresses the guard refused (no secret), so an agent can say what to open.
-        message = decision.detail if reason is Reason.POLICY_DENIED else None
-        refused = decision.refused if reason is Reason.PRIVATE_ADDRESS else ()
-        _refuse(flow, lambda: denied_response(reason, dctx.host, dctx.decision_id, message, refused=refused))
-        await self._record(dctx, decision)
+            state.denied = decision.reason
+        response = decision_response(decision, dctx.host, dctx.decision_id)
+        await refuse(self.ctx.audit, flow, response, dctx, decision)
 
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:
         if state is not None:
@@ -485,12 +475,6 @@ def _flagged(flow: http.HTTPFlow) -> Failure | None:
     """A failure another addon noted on the flow (a fixed text, e.g. trailers refused)."""
     text = flow.metadata.get(FAILURE_KEY)
     return Failure(str(text)) if text else None
-
-
-def _refuse(flow: http.HTTPFlow, response: Callable[[], http.Response]) -> None:
-    """Answer with `response`; for a body mitmproxy already streams, the HTTP error seam
-    sends it at once and reads nothing more of the request."""
-    flow.response = response()
 
 
 def _is_tunnel(state: ConnectionState) -> bool:
@@ -504,14 +488,7 @@ def _is_tunnel(state: ConnectionState) -> bool:
 
 def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, streamed: bool = False) -> Decision:
     """The denial recorded for a limit, keeping the allowing decision's rule and version."""
-    return Decision(
-        reason=exceeded.reason,
-        rule_id=decision.rule_id,
-        policy_version=decision.policy_version,
-        mode=decision.mode,
-        address=decision.address,
-        detail=exceeded.limit + (" (in a streamed body)" if streamed else ""),
-    )
+    return decision.as_denial(exceeded.reason, exceeded.limit + (" (in a streamed body)" if streamed else ""))
 
 
 def _sni_problem(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> str | None:

@@ -20,6 +20,7 @@ from mitmproxy import http
 from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.gate import HEAD_BYTES_KEY, PENDING_KEY
+from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.config import HeadsConfig
 from sandgate.proxy.context import GatewayContext
@@ -85,17 +86,10 @@ class HeadGuard:
             cfg = self.config
             cap = f"{cfg.max_lines} lines" if limit == "max_lines" else f"{cfg.max_bytes} bytes"
             detail = f"response head over {cap}"
-            decision = Decision(
-                reason=Reason.HEADER_TOO_LARGE,
-                rule_id=allowed.rule_id,
-                policy_version=allowed.policy_version,
-                mode=allowed.mode,
-                address=allowed.address,
-                detail=detail,
-            )
-            flow.response = refused_response(502, Reason.HEADER_TOO_LARGE, dctx.decision_id, limit)
+            decision = allowed.as_denial(Reason.HEADER_TOO_LARGE, detail)
+            response = refused_response(502, Reason.HEADER_TOO_LARGE, dctx.decision_id, limit)
             bytes_up = flow.metadata.get(HEAD_BYTES_KEY, 0) + len(flow.request.raw_content or b"")
-            await self.ctx.audit.emit(decision_record(dctx, decision, status=502, bytes_up=bytes_up))
+            await refuse(self.ctx.audit, flow, response, dctx, decision, status=502, bytes_up=bytes_up)
         except Exception:
             log.exception("hook_failed", hook="response")
             flow.response = refused_response(502, Reason.HEADER_TOO_LARGE, None, "max_bytes")

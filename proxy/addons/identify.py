@@ -15,7 +15,8 @@ from mitmproxy import connection, http
 
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.addons.refusal import refuse
+from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.respond import denied_response, proxy_auth_required
 
@@ -121,11 +122,8 @@ class Identify:
             path=None if flow.request.method == "CONNECT" else flow.request.path,
         )
         decision = Decision(allowed=False, reason=Reason.NO_IDENTITY, policy_version=self.ctx.policy.version)
-        queued = await self.ctx.audit.emit(decision_record(dctx, decision))
-        if not queued:
+        if not await refuse(self.ctx.audit, flow, proxy_auth_required(dctx.decision_id), dctx, decision):
             flow.response = denied_response(Reason.INTERNAL_ERROR, None, dctx.decision_id)
-            return
-        flow.response = proxy_auth_required(dctx.decision_id)
 
 
 def _addr(peer: tuple[str, int] | object | None) -> str:

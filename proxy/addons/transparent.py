@@ -21,6 +21,7 @@ from sandgate.policy.errors import HostError, ResolveError
 from sandgate.policy.hosts import normalise_host, split_authority
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.identify import IDENTITY_KEY
+from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.respond import denied_response
@@ -226,7 +227,6 @@ class Transparent:
         decision = Decision(
             reason=decision.reason, policy_version=self.ctx.policy.version, detail=decision.detail
         )
-        queued = await self.ctx.audit.emit(decision_record(dctx, decision))
-        flow.response = denied_response(
-            decision.reason if queued else Reason.INTERNAL_ERROR, host, dctx.decision_id
-        )
+        response = denied_response(decision.reason, host, dctx.decision_id)
+        if not await refuse(self.ctx.audit, flow, response, dctx, decision):
+            flow.response = denied_response(Reason.INTERNAL_ERROR, host, dctx.decision_id)

@@ -34,6 +34,7 @@ from sandgate.policy.upgrade import WEBSOCKET, requested_upgrade
 from sandgate.proxy.addons.credentials import broker_request
 from sandgate.proxy.addons.gate import PENDING_KEY
 from sandgate.proxy.addons.limits import tenant_limits
+from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
@@ -111,18 +112,13 @@ class Upgrades:
         # Set now (no hook or layer may take the 101 for approved) and again in `response`:
         # mitmproxy fills the message it holds with the (empty) body of the 101 it read.
         flow.metadata[_REFUSED_KEY] = (dctx.host, dctx.decision_id)
-        flow.response = _refusal(flow, dctx.host, dctx.decision_id)
+        response = _refusal(flow, dctx.host, dctx.decision_id)
         self.closer.close(flow.client_conn, flow.server_conn, keep_client=True)
-        denial = Decision(
-            reason=Reason.UPGRADE_NOT_ALLOWED,
-            rule_id=allowed.rule_id,
-            policy_version=allowed.policy_version,
-            mode=allowed.mode,
-            address=allowed.address,
-            detail="the upstream switched protocols without the gateway's approval",
+        denial = allowed.as_denial(
+            Reason.UPGRADE_NOT_ALLOWED, "the upstream switched protocols without the gateway's approval"
         )
         try:
-            await self.ctx.audit.emit(decision_record(dctx, denial, status=403))
+            await refuse(self.ctx.audit, flow, response, dctx, denial, status=403)
         except Exception:
             log.exception("hook_failed", hook="upgrades.record")
 
@@ -181,27 +177,13 @@ class Upgrades:
                     if found.cause is DenialCause.BODY_TOO_LARGE
                     else found.reason
                 )
-                return Decision(
-                    reason=reason,
-                    rule_id=base.rule_id,
-                    policy_version=base.policy_version,
-                    mode=base.mode,
-                    address=base.address,
-                    detail="a placeholder in a WebSocket message",
-                )
+                return base.as_denial(reason, "a placeholder in a WebSocket message")
         identity = session.dctx.identity
         limits = tenant_limits(self.ctx.policy, identity)
         if identity is not None and limits is not None:
             exceeded = self.ctx.limiter.add_egress(identity.tenant, identity.sandbox, limits, len(content))
             if exceeded is not None:
-                return Decision(
-                    reason=exceeded.reason,
-                    rule_id=base.rule_id,
-                    policy_version=base.policy_version,
-                    mode=base.mode,
-                    address=base.address,
-                    detail=f"{exceeded.limit} (WebSocket messages)",
-                )
+                return base.as_denial(exceeded.reason, f"{exceeded.limit} (WebSocket messages)")
         return None
 
 
