@@ -18,6 +18,7 @@ from sandgate.policy.addresses import parse_network
 from sandgate.policy.errors import HostError, PolicyLoadError
 from sandgate.policy.model.yamlsource import load_yaml, validate
 from sandgate.proxy.errors import ConfigError
+from sandgate.proxy.net.host_table import default_table
 from sandgate.proxy.statusfile import STATUS_FILE
 
 __all__ = [
@@ -510,8 +511,6 @@ class GatewayConfig(_Strict):
     @property
     def nft_table(self) -> str:
         """The host rules' nftables table: `host_rules.table`, else one derived from the state_dir."""
-        from sandgate.proxy.net.host_table import default_table
-
         return self.host_rules.table or default_table(self.state_path)
 
     @property

@@ -50,7 +50,8 @@ from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.latency import UpstreamTiming
 from sandgate.proxy.addons.transparent import Transparent
 from sandgate.proxy.addons.upgrades import Upgrades
-from sandgate.proxy.admin.server import AdminServer, AdminState
+from sandgate.proxy.admin.server import AdminServer
+from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, JsonlFileSink, StdoutSink
 from sandgate.proxy.bindcheck import check_endpoints, endpoints, failure_line, quiet_mitmproxy_bind_errors
@@ -76,11 +77,11 @@ from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
 from sandgate.proxy.net.name_bindings import NameBindings
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
-from sandgate.proxy.registration import interface_exists, sync_static_rules
+from sandgate.proxy.registration import interface_exists, prepare_host_table, sync_static_rules
 from sandgate.proxy.reloader import PolicyReloader, RulesKeptError, problem_view, report_problems
 from sandgate.proxy.secret_refresh import SecretRefresher
 from sandgate.proxy.statusfile import remove_status, write_status
-from sandgate.proxy.stores.credentials import stored_secrets
+from sandgate.proxy.stores.credentials_factory import stored_secrets
 from sandgate.proxy.stores.credentials_watch import CredentialWatcher
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key
 from sandgate.proxy.stores.protocols import SandboxStore
@@ -686,8 +687,6 @@ async def _prepare_host_table(config: GatewayConfig) -> None:
     """Refuse to start on another running gateway's nftables table (ConfigError); move this
     state_dir's rules out of an older sandgate's shared table. Without nft (no host rules
     on this host) there is nothing to check."""
-    from sandgate.proxy.registration import prepare_host_table
-
     try:
         await asyncio.to_thread(prepare_host_table, config)
     except (OSError, RuntimeError) as e:

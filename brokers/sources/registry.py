@@ -6,6 +6,9 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from sandgate.brokers.secret import Secret
+from sandgate.brokers.sources.command import CommandSource
+from sandgate.brokers.sources.env import EnvSource
+from sandgate.brokers.sources.file import FileSource
 from sandgate.policy.errors import SecretReferenceError
 from sandgate.policy.model.secret_refs import SecretRef, parse_ref
 
@@ -53,10 +56,6 @@ class SecretRegistry:
 
 def default_registry(*, command_ttl: float = 60.0, command_timeout: float = 10.0) -> SecretRegistry:
     """`env:`, `file:` and `cmd:` sources with their defaults."""
-    from sandgate.brokers.sources.command import CommandSource
-    from sandgate.brokers.sources.env import EnvSource
-    from sandgate.brokers.sources.file import FileSource
-
     return SecretRegistry(
         {
             "env": EnvSource(),

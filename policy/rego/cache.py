@@ -15,8 +15,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sandgate.policy.rego.engine import PolicyEngine, RegoQuery, RegoVerdict
 from sandgate.policy.rego.input_document import cache_key
+from sandgate.policy.rego.protocol import PolicyEngine, RegoQuery, RegoVerdict
 
 __all__ = ["CacheStats", "CachingEngine", "DecisionCache"]
 

@@ -28,8 +28,8 @@ from regopy.rego_shared import (
 )
 
 from sandgate.policy.rego.deny_sets import DENY_SETS_ENTRYPOINT, reduce_deny_sets
-from sandgate.policy.rego.engine import UNDEFINED, RegoQuery, RegoVerdict, fault, interpret
 from sandgate.policy.rego.program import DECISION_ENTRYPOINT
+from sandgate.policy.rego.protocol import UNDEFINED, RegoQuery, RegoVerdict, fault, interpret
 
 __all__ = ["EmbeddedEngine"]
 

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 from opa_client import AsyncOpaClient
 
-from sandgate.policy.rego.engine import UNDEFINED, EngineError, RegoQuery, RegoVerdict, fault, interpret
 from sandgate.policy.rego.program import RegoModule
+from sandgate.policy.rego.protocol import UNDEFINED, EngineError, RegoQuery, RegoVerdict, fault, interpret
 
 __all__ = ["OpaEngine", "module_id"]
 

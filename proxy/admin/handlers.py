@@ -22,7 +22,7 @@ from tornado.web import Application, HTTPError, RequestHandler
 
 from sandgate.brokers import Secret
 from sandgate.policy.model.tenant import NAME_PATTERN
-from sandgate.proxy.admin.server import AdminState
+from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.sandbox_listeners import SandboxListenersError
 from sandgate.proxy.reloader import problem_view

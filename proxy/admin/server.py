@@ -11,60 +11,27 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis.asyncio as aioredis
 import structlog
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from sandgate.brokers import Secret
+from sandgate.proxy.admin.handlers import make_app
+from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.bindcheck import Endpoint, failure_line
 from sandgate.proxy.config import GatewayConfig, split_listen
-from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.errors import ConfigError, ListenerError
 from sandgate.proxy.fleet.redis_client import connect
-from sandgate.proxy.net.sandbox_listeners import SandboxListeners
-from sandgate.proxy.reloader import PolicyReloader
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key
-from sandgate.proxy.stores.protocols import CredentialStore, SandboxStore
 
-__all__ = ["AdminServer", "AdminState", "PublishReload"]
+__all__ = ["AdminServer"]
 
 log = structlog.get_logger("sandgate.admin")
 
 MAX_BODY_BYTES = 1024 * 1024
 MIN_TOKEN_BYTES = 16
-
-# Fleet mode: tell every gateway to reload (the registry's publish_reload); gets the new version.
-PublishReload = Callable[[str], Awaitable[int]]
-
-
-@dataclass
-class AdminState:
-    """What the admin API reads and acts on in the running gateway."""
-
-    gateway_id: str
-    ctx: GatewayContext
-    reloader: PolicyReloader
-    listeners: Callable[[], list[str]]
-    ready: Callable[[], bool]
-    sandboxes: SandboxStore | None = None
-    credentials: CredentialStore | None = None
-    # Drops the broker's cached stored values after a change through the API.
-    credentials_changed: Callable[[], None] | None = None
-    redis: aioredis.Redis | None = None
-    redis_timeout: float = 0.5
-    # Wired by fleet mode; None: `POST /v1/policy/reload` reloads this gateway only.
-    publish_reload: PublishReload | None = None
-    # Fleet mode: re-read the shared registry and reload (after a sandbox change); False when redis failed.
-    refresh: Callable[[str], Awaitable[bool]] | None = None
-    # The transparent and DNS listeners jails need, opened on demand (`POST /v1/listeners/sandbox`).
-    sandbox_listeners: SandboxListeners | None = None
-    started: float = field(default_factory=time.time)
 
 
 def _answers(path: Path) -> bool:
@@ -133,8 +100,6 @@ class AdminServer:
 
     async def start(self) -> None:
         """Bind the socket (and TCP): ListenerError for an address, ConfigError for the token."""
-        from sandgate.proxy.admin.handlers import make_app
-
         admin = self.config.admin
         token = load_admin_token(admin.token)
         if self.config.redis is not None and self.state.redis is None:

@@ -24,7 +24,8 @@ from sandgate.proxy.admin.client import AdminApiError, ApiCredentialStore, gatew
 from sandgate.proxy.broker_setup import configure_broker
 from sandgate.proxy.config import GatewayConfig, load_config
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.stores.credentials import RekeyableStore, open_credential_store, stored_secrets
+from sandgate.proxy.stores.credentials import RekeyableStore
+from sandgate.proxy.stores.credentials_factory import open_credential_store, stored_secrets
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key
 from sandgate.proxy.stores.protocols import CredentialInfo, StoreError
 from sandgate.proxy.stores.registry import load_registry, merge_registry

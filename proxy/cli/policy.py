@@ -38,6 +38,7 @@ from sandgate.policy.rego.compiler import check_modules
 from sandgate.policy.rego.engine import EngineError, make_engine
 from sandgate.policy.rego.input_document import input_schema
 from sandgate.policy.rego.loader import operator_modules_dir
+from sandgate.policy.rego.opa import OpaEngine
 from sandgate.policy.rego.program import RegoModule
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
 from sandgate.proxy.cli import admin as admin_cli
@@ -514,8 +515,6 @@ async def _push_async(
     prune: bool,
     root: Path,
 ) -> tuple[list[str], list[str]]:
-    from sandgate.policy.rego.opa import OpaEngine
-
     engine = OpaEngine(url, timeout=seconds, token=token)
     try:
         return await engine.push(modules, data, prune=prune, root=str(root))

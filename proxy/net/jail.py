@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from sandgate.policy.model.loader import load_policy_dir
 from sandgate.proxy.admin.client import (
     AdminApiError,
     GatewayNotRunning,
@@ -35,6 +37,7 @@ from sandgate.proxy.admin.client import (
 from sandgate.proxy.cli.credentials import placeholder_environment
 from sandgate.proxy.config import DnsListenerConfig, GatewayConfig, ListenerConfig
 from sandgate.proxy.errors import ConfigError
+from sandgate.proxy.net.host_addresses import own_addresses
 from sandgate.proxy.registration import register, unregister
 from sandgate.proxy.statusfile import read_status
 from sandgate.proxy.stores.registry import DynamicSandbox, load_registry, registry_digest
@@ -275,8 +278,6 @@ def run_jail(
         raise ConfigError("sandgate jail needs root (network namespaces, veth, nftables): run it with sudo")
     if not command:
         raise ConfigError("nothing to run: sandgate jail [--tenant T] -- COMMAND [ARGS...]")
-    from sandgate.policy.model.loader import load_policy_dir
-
     tenants = sorted(load_policy_dir(config.rules_path).tenants)
     if tenant is None:
         if len(tenants) != 1:
@@ -335,8 +336,6 @@ def _absolute_paths(config: GatewayConfig) -> dict[str, object]:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -344,8 +343,6 @@ def _free_port() -> int:
 
 def _free_pair(config: GatewayConfig) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
     """A /30 in JAIL_NETWORK that no registered sandbox or local interface uses."""
-    from sandgate.proxy.net.host_addresses import own_addresses
-
     taken = {a for s in load_registry(config.registry_path) for a in s.addresses} | set(own_addresses())
     subnets = list(JAIL_NETWORK.subnets(new_prefix=30))
     start = secrets.randbelow(len(subnets))

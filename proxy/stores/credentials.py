@@ -1,4 +1,4 @@
-"""What both credential store backends share: the sealed record, its checks, and the factory.
+"""What both credential store backends share: the sealed record and its checks.
 
 A record is `{key_id, nonce, ciphertext, version, updated}` (nonce and ciphertext base64),
 stored under `<tenant>/<name>`; only ciphertext is ever at rest. The value is sealed with
@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sandgate.brokers import Secret, SecretRegistry, default_registry
+from sandgate.brokers import Secret
 from sandgate.brokers.errors import SealingError
 from sandgate.brokers.sealing import Keyring, Sealed, associated_data
-from sandgate.brokers.sources.stored import StoredSource
 from sandgate.policy.model.tenant import NAME_PATTERN
-from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.stores.protocols import CredentialInfo, CredentialStore, StoreError
 
 __all__ = [
@@ -29,9 +27,7 @@ __all__ = [
     "StoredRecord",
     "check_names",
     "entry_key",
-    "open_credential_store",
     "split_entry_key",
-    "stored_secrets",
     "utc_now",
 ]
 
@@ -134,28 +130,3 @@ class StoredRecord:
         except ValueError:
             raise StoreError(f"{where}: malformed stored credential record", 500) from None
         return cls.from_dict(doc, where)
-
-
-def open_credential_store(config: GatewayConfig) -> RekeyableStore:
-    """The configured store: redis when `redis:` is set, else `<state_dir>/credentials.sealed.json`.
-
-    A local store creates its key file on first use; a fleet's must exist (all gateways share it).
-    """
-    from sandgate.proxy.stores.sealing_keys import StoreKeys
-
-    keys = StoreKeys(config.store_keys_ref, create=config.redis is None)
-    if config.redis is not None:
-        from sandgate.proxy.fleet.redis_client import Keys, connect
-        from sandgate.proxy.stores.credentials_redis import RedisCredentialStore
-
-        return RedisCredentialStore(connect(config.redis), Keys(config.redis.prefix), keys)
-    from sandgate.proxy.stores.credentials_file import FileCredentialStore
-
-    return FileCredentialStore(config.credentials_store_path, keys)
-
-
-def stored_secrets(config: GatewayConfig) -> tuple[RekeyableStore, StoredSource, SecretRegistry]:
-    """The configured store, the `stored:` source reading it, and the default registry plus `stored:`."""
-    store = open_credential_store(config)
-    source = StoredSource(store, ttl=config.credentials.stored_cache_seconds)
-    return store, source, default_registry().with_source("stored", source)

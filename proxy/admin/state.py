@@ -1,0 +1,43 @@
+"""What the admin API reads and acts on in the running gateway: one `AdminState`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.net.sandbox_listeners import SandboxListeners
+from sandgate.proxy.reloader import PolicyReloader
+from sandgate.proxy.stores.protocols import CredentialStore, SandboxStore
+
+__all__ = ["AdminState", "PublishReload"]
+
+# Fleet mode: tell every gateway to reload (the registry's publish_reload); gets the new version.
+PublishReload = Callable[[str], Awaitable[int]]
+
+
+@dataclass
+class AdminState:
+    """What the admin API reads and acts on in the running gateway."""
+
+    gateway_id: str
+    ctx: GatewayContext
+    reloader: PolicyReloader
+    listeners: Callable[[], list[str]]
+    ready: Callable[[], bool]
+    sandboxes: SandboxStore | None = None
+    credentials: CredentialStore | None = None
+    # Drops the broker's cached stored values after a change through the API.
+    credentials_changed: Callable[[], None] | None = None
+    redis: aioredis.Redis | None = None
+    redis_timeout: float = 0.5
+    # Wired by fleet mode; None: `POST /v1/policy/reload` reloads this gateway only.
+    publish_reload: PublishReload | None = None
+    # Fleet mode: re-read the shared registry and reload (after a sandbox change); False when redis failed.
+    refresh: Callable[[str], Awaitable[bool]] | None = None
+    # The transparent and DNS listeners jails need, opened on demand (`POST /v1/listeners/sandbox`).
+    sandbox_listeners: SandboxListeners | None = None
+    started: float = field(default_factory=time.time)
