@@ -108,6 +108,9 @@ class Broker:
         self._changes = 0
         self._primed: dict[str, tuple[_State, int]] = {}
         self._priming: dict[str, tuple[tuple[_State, int], asyncio.Task[None]]] = {}
+        # Every priming task until it ends: one replaced in `_priming` (state changed) whose callers
+        # gave up is otherwise held by nothing (the loop keeps only weak references).
+        self._priming_tasks: set[asyncio.Task[None]] = set()
         self._unresolved: set[tuple[str, str]] = set()
         self._scrubbers: dict[tuple[str, str], tuple[int, Scrubber]] = {}
 
@@ -162,11 +165,14 @@ class Broker:
         if running is not None and running[0][0] is mark[0] and running[0][1] == mark[1]:
             task = running[1]
         else:  # none yet, or one for a state or values that have changed since
-            task = asyncio.ensure_future(self._resolve_tenant(tenant, mark))
+            # brokers/ may not import sandgate.proxy.tasks: the task is held here until it ends.
+            task = asyncio.ensure_future(self._resolve_tenant(tenant, mark))  # noqa: TID251
             entry = (mark, task)
             self._priming[tenant] = entry
+            self._priming_tasks.add(task)
 
             def done(_: object) -> None:
+                self._priming_tasks.discard(task)
                 if self._priming.get(tenant) is entry:
                     del self._priming[tenant]
 

@@ -172,7 +172,8 @@ class CachingResolver:
         task = self._pending.get(host)
         if task is None:
             # The lookup runs as its own task: one caller giving up cancels its wait, not the lookup.
-            task = asyncio.ensure_future(self._lookup(host))
+            # It is held in `_pending` until it ends (policy/ may not import sandgate.proxy.tasks).
+            task = asyncio.ensure_future(self._lookup(host))  # noqa: TID251
             self._pending[host] = task
         return await asyncio.shield(task)
 

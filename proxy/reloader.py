@@ -10,7 +10,6 @@ load (isolated loading) is reported the same way while the other tenants' change
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from sandgate.policy.model.policyset import PolicySet, TenantProblem
 from sandgate.proxy.audit.records import new_decision_id
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.fleet.channel import ReloadReport
+from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = ["PolicyReloader", "ReloadOutcome", "RulesKeptError", "problem_view", "report_problems"]
 
@@ -96,7 +96,7 @@ class PolicyReloader:
         self.settle = settle
         self.on_reload = on_reload
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("sandgate-policy-watch", self._watch)
         self._fingerprint: Fingerprint = ()
         self.failures = 0
         self.last: ReloadOutcome | None = None
@@ -104,14 +104,10 @@ class PolicyReloader:
     async def start(self) -> None:
         self._fingerprint = await asyncio.to_thread(lambda: _fingerprint(self.watched(self.ctx.policy)))
         if self.watch:
-            self._task = asyncio.create_task(self._watch(), name="sandgate-policy-watch")
+            self._task.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.stop()
 
     async def reload(self, trigger: str) -> bool:
         """Load and swap; True when the new policy is in force."""

@@ -93,6 +93,7 @@ from sandgate.proxy.stores.registry import (
 )
 from sandgate.proxy.stores.registry_file import FileSandboxStore
 from sandgate.proxy.stores.registry_redis import RedisSandboxStore, rules_checker
+from sandgate.proxy.tasks import spawn
 from sandgate.proxy.upstream_trust import upstream_trust_file
 from sandgate.proxy.version import version_of
 
@@ -593,7 +594,7 @@ class Gateway:
         """SIGTERM/SIGINT: drain in-flight work (up to shutdown.drain_seconds), then stop;
         a second signal ends the drain at once (what was decided is still recorded)."""
         if self._drain_task is None:
-            self._drain_task = asyncio.ensure_future(self._drain_and_stop())
+            self._drain_task = spawn(self._drain_and_stop(), name="sandgate-drain")
         else:
             self.drainer.cut_now()
 
@@ -626,7 +627,7 @@ class Gateway:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.terminate)
             loop.add_signal_handler(
-                signal.SIGHUP, lambda: asyncio.ensure_future(self.reloader.reload("sighup"))
+                signal.SIGHUP, lambda: spawn(self.reloader.reload("sighup"), name="sandgate-sighup-reload")
             )
         try:
             await self.master.run()

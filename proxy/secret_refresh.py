@@ -14,6 +14,7 @@ import contextlib
 import structlog
 
 from sandgate.brokers import Broker
+from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = ["SecretRefresher"]
 
@@ -27,22 +28,17 @@ class SecretRefresher:
         self.broker = broker
         self.interval = interval
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("sandgate-secret-refresh", self._run)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="sandgate-secret-refresh")
+        self._task.start()
 
     def poke(self) -> None:
         """Refresh now (called from the event loop)."""
         self._wake.set()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.stop()
 
     async def _run(self) -> None:
         while True:

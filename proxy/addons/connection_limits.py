@@ -23,7 +23,6 @@ seam is checked at start-up by `check_seams`, so a mitmproxy upgrade that moves 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import resource
 import time
@@ -44,6 +43,7 @@ from sandgate.proxy.config import ConnectionsConfig
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.fd_budget import FdBudget
 from sandgate.proxy.respond import denied_response, limited_response
+from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = [
     "ConnectionLimits",
@@ -145,7 +145,7 @@ class ConnectionLimits:
         self.refusals = RefusalAudit(ctx.audit.emit)
         self._accepted: set[str] = set()
         self._upstreams: set[str] = set()
-        self._sweeper: asyncio.Task[None] | None = None
+        self._sweeper = BackgroundTask("sandgate-idle-sweep", self._sweep_loop)
         self.idle_closed = 0
         self.refused = 0
 
@@ -157,17 +157,10 @@ class ConnectionLimits:
         self.budget.sample()
         widen_listen_backlog(self.proxyserver, self.cfg.listen_backlog)
         self.refusals.start()
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(
-                self._sweep_loop(), name="sandgate-idle-sweep"
-            )
+        self._sweeper.start()
 
     async def done(self) -> None:
-        task, self._sweeper = self._sweeper, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._sweeper.stop()
         await self.refusals.stop()
 
     # -- connect -----------------------------------------------------------------------------

@@ -23,7 +23,6 @@ start-up, on a real layer, that the subclass is used and enforces; mitmproxy is 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -46,6 +45,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.config import Http2Config
 from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.tasks import TaskSet
 
 __all__ = ["GuardedHttp2Server", "H2Guard", "check_seam"]
 
@@ -138,7 +138,7 @@ class H2Guard:
         self.ctx = ctx
         self.limits = limits
         self.abusive = 0
-        self._tasks: set[asyncio.Task[bool]] = set()
+        self._tasks = TaskSet()
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         try:
@@ -168,9 +168,7 @@ class H2Guard:
             reason=Reason.PROTOCOL_ABUSE, policy_version=self.ctx.policy.version, detail=detail
         )
         log.warning("h2.abuse", client=dctx.client, detail=detail)
-        task = asyncio.get_running_loop().create_task(self.ctx.audit.emit(decision_record(dctx, decision)))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self.ctx.audit.emit(decision_record(dctx, decision)), name="sandgate-h2-audit")
 
 
 def check_seam(opts: options.Options) -> None:

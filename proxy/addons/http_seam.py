@@ -21,7 +21,6 @@ and fails loudly when it has moved.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Generator
 from typing import Any, cast
 
@@ -55,6 +54,7 @@ from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.errors import ProxyError
 from sandgate.proxy.mitm.wire_errors import INVALID_REQUEST, KILLED, Failure, failure_for, failure_of_text
 from sandgate.proxy.respond import denied_response
+from sandgate.proxy.tasks import TaskSet
 
 __all__ = ["HttpErrorSeam", "SeamMoved", "check_seam"]
 
@@ -307,7 +307,7 @@ class HttpErrorSeam:
     def __init__(self, ctx: GatewayContext) -> None:
         self.ctx = ctx
         self._seam = _Seam(ctx, self._emit)
-        self._tasks: set[asyncio.Task[bool]] = set()
+        self._tasks = TaskSet()
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         try:
@@ -320,9 +320,7 @@ class HttpErrorSeam:
 
     def _emit(self, record: dict[str, Any]) -> None:
         # Layers are synchronous: queue the record as a denial's would be (bounded wait).
-        task = asyncio.get_running_loop().create_task(self.ctx.audit.emit(record))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self.ctx.audit.emit(record), name="sandgate-seam-audit")
 
 
 def check_seam() -> None:

@@ -11,12 +11,13 @@ source costs one record a second, and a single refusal is recorded within a seco
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
+
+from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = ["RefusalAudit"]
 
@@ -46,7 +47,7 @@ class RefusalAudit:
         self.window = window
         self._max_keys = max_keys
         self._windows: dict[tuple[str, str], _Window] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("sandgate-refusal-audit", self._run)
 
     def refused(self, source: str, limit: str, make: Callable[[str, int], Record]) -> None:
         """Count one refusal; `make(source, count)` builds the record when the window is flushed."""
@@ -66,15 +67,10 @@ class RefusalAudit:
             await self._emit(w.make(source, w.count))
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="sandgate-refusal-audit")
+        self._task.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._task.stop()
         await self.flush()  # what was counted is still recorded
 
     async def _run(self) -> None:

@@ -22,6 +22,7 @@ import structlog
 from sandgate.policy.limiter import Limiter, SyncItem
 from sandgate.policy.model.tenant import Limits
 from sandgate.proxy.fleet.redis_client import Keys
+from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = ["LimitSync"]
 
@@ -49,7 +50,7 @@ class LimitSync:
         self.gateways_seen = 1
         self.healthy = True
         self._ticks = 0
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("sandgate-limit-sync", self._run)
         # Sandboxes whose first sync here is under way: their other requests wait for it too.
         self._learning: dict[tuple[str, str], asyncio.Event] = {}
         # One sync at a time: the background tick and a first request's warm-up.
@@ -135,16 +136,11 @@ class LimitSync:
                 log.exception("limits.fleet_sync_crashed")
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="sandgate-limit-sync")
+        self._task.start()
 
     async def stop(self) -> None:
         """Stop the task, push what is left (best effort) and close the client."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.sync_once(), timeout=1.0)
         with contextlib.suppress(Exception):

@@ -36,6 +36,7 @@ from sandgate.proxy.fleet.redis_client import connect
 from sandgate.proxy.stores.protocols import StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox
 from sandgate.proxy.stores.registry_redis import RedisSandboxStore
+from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = ["FleetRegistrySync", "default_gateway_id"]
 
@@ -85,7 +86,10 @@ class FleetRegistrySync:
         self._last_report = 0.0
         self._unreachable_logged = False
         self._lock = asyncio.Lock()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = (
+            BackgroundTask("sandgate-fleet-subscribe", self._subscribe),
+            BackgroundTask("sandgate-fleet-poll", self._poll),
+        )
         self.epoch_file = epoch_file
         self.epoch: str | None = _read_epoch(epoch_file)
         self.replaced = 0
@@ -99,18 +103,12 @@ class FleetRegistrySync:
         with contextlib.suppress(RedisError):
             await self._check_epoch(await self.client.get(self.keys.epoch))
         await self.sync("fleet_start")
-        self._tasks = [
-            asyncio.create_task(self._subscribe(), name="sandgate-fleet-subscribe"),
-            asyncio.create_task(self._poll(), name="sandgate-fleet-poll"),
-        ]
+        for task in self._tasks:
+            task.start()
 
     async def stop(self) -> None:
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+            await task.stop()
         with contextlib.suppress(Exception):
             await self.client.aclose()
 

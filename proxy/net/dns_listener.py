@@ -36,6 +36,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.net.name_bindings import NameBindings
+from sandgate.proxy.tasks import TaskSet
 
 __all__ = ["ALL_ADDRESSES", "MAX_QUERY_BYTES", "DnsListener"]
 
@@ -219,16 +220,14 @@ class _UdpProtocol(asyncio.DatagramProtocol):
         self._answer = answer
         self._transport: asyncio.DatagramTransport | None = None
         # Tasks in flight, held so they are not garbage-collected mid-answer.
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._tasks = TaskSet()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.DatagramTransport)
         self._transport = transport
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        task = asyncio.ensure_future(self._reply(data, addr))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._reply(data, addr), name="sandgate-dns-reply")
 
     async def _reply(self, data: bytes, addr: tuple[str, int]) -> None:
         reply = await self._answer(data, addr)  # type: ignore[misc]

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 
 import structlog
 
+from sandgate.proxy.tasks import BackgroundTask
+
 __all__ = ["OwnAddressWatcher", "own_addresses"]
 
 log = structlog.get_logger("sandgate.hostaddrs")
@@ -114,7 +116,7 @@ class OwnAddressWatcher:
         self._read = read
         self._wake = asyncio.Event()
         self._sock: socket.socket | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._task = BackgroundTask("sandgate-own-addresses", self._run)
         self.refreshes = 0
 
     async def start(self) -> None:
@@ -127,7 +129,7 @@ class OwnAddressWatcher:
             self._sock = sock
         except OSError as e:
             log.warning("own_addresses.no_events", error=e.strerror, interval=self._interval)
-        self._task = asyncio.create_task(self._run())
+        self._task.start()
 
     async def stop(self) -> None:
         if self._sock is not None:
@@ -135,11 +137,7 @@ class OwnAddressWatcher:
                 asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.stop()
 
     def _on_event(self) -> None:
         """Drain the event socket; what changed is read back whole (events can be lost)."""

@@ -20,6 +20,7 @@ from sandgate.brokers.sources.stored import StoredSource
 from sandgate.proxy.stores.credentials import RekeyableStore
 from sandgate.proxy.stores.credentials_file import FileCredentialStore
 from sandgate.proxy.stores.credentials_redis import CHANGE_MESSAGE, RedisCredentialStore
+from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = ["CredentialWatcher"]
 
@@ -35,7 +36,7 @@ class CredentialWatcher:
         self.store = store
         self.source = source
         self.interval = interval
-        self._task: asyncio.Task[None] | None = None
+        self._task: BackgroundTask | None = None
 
     def start(self) -> None:
         if self._task is not None:
@@ -47,13 +48,12 @@ class CredentialWatcher:
             watch = self._watch_file
         else:
             return
-        self._task = asyncio.create_task(watch(), name="sandgate-credential-watch")
+        self._task = BackgroundTask("sandgate-credential-watch", watch)
+        self._task.start()
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task.stop()
             self._task = None
 
     async def _watch_file(self) -> None:
