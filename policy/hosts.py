@@ -17,6 +17,7 @@ import idna
 
 from sandgate.policy.errors import HostError
 from sandgate.policy.paths import normalise_path  # re-exported: paths lived here first
+from sandgate.policy.percent import read_escapes
 
 __all__ = [
     "normalise_host",
@@ -37,7 +38,6 @@ _DECIMAL_RE = re.compile(r"[1-9][0-9]*|0", re.ASCII)
 _OCTAL_RE = re.compile(r"0[0-7]+", re.ASCII)
 _HEX_RE = re.compile(r"0[xX][0-9a-fA-F]*", re.ASCII)
 _PORT_RE = re.compile(r"[0-9]{1,5}", re.ASCII)
-_HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 
 # Named so an error says what was wrong; anything else outside a label is caught later.
 _FORBIDDEN_HOST_CHARS = {
@@ -98,21 +98,9 @@ def _percent_decode(raw: str) -> str:
         data = raw.encode("utf-8")
     except UnicodeEncodeError:
         raise _fail("host is not valid Unicode", raw) from None
-    out = bytearray()
-    i = 0
-    while i < len(data):
-        byte = data[i]
-        if byte == 0x25:  # '%'
-            pair = data[i + 1 : i + 3]
-            if len(pair) != 2 or not all(b in _HEX_DIGITS for b in pair):
-                raise _fail("host has an invalid percent-escape", raw)
-            out.append(int(pair, 16))
-            i += 3
-        else:
-            out.append(byte)
-            i += 1
+    values = read_escapes(data, _fail("host has an invalid percent-escape", raw))
     try:
-        return out.decode("utf-8")
+        return bytes(value for value, _ in values).decode("utf-8")
     except UnicodeDecodeError:
         raise _fail("host percent-decodes to invalid UTF-8", raw) from None
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from sandgate.policy.errors import HostError
 from sandgate.policy.matcher import UNPARSEABLE_PATH
+from sandgate.policy.percent import read_escapes
 
 __all__ = ["Target", "glob_problem", "normalise_path", "read_target"]
 
-_HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # RFC 3986 pchar minus unreserved and pct-encoded: sub-delims, ':' and '@'; plus '/'.
 # ';' is among them but never gets this far: see _AMBIGUOUS_ESCAPES and read_path.
@@ -131,18 +131,11 @@ def _encode_path(target: str) -> str:
     except UnicodeEncodeError:
         raise HostError("path is not valid Unicode") from None
     out: list[str] = []
-    i = 0
-    while i < len(data):
-        byte = data[i]
-        if byte == 0x25:  # '%'
-            pair = data[i + 1 : i + 3]
-            if len(pair) != 2 or not all(b in _HEX_DIGITS for b in pair):
-                raise HostError("path has an invalid percent-escape")
-            value = int(pair, 16)
-            if value in _AMBIGUOUS_ESCAPES:
-                raise HostError(f"path contains {_AMBIGUOUS_ESCAPES[value]}")
-            out.append(chr(value) if value in _UNRESERVED else f"%{value:02X}")
-            i += 3
+    for byte, escaped in read_escapes(data, HostError("path has an invalid percent-escape")):
+        if escaped:
+            if byte in _AMBIGUOUS_ESCAPES:
+                raise HostError(f"path contains {_AMBIGUOUS_ESCAPES[byte]}")
+            out.append(chr(byte) if byte in _UNRESERVED else f"%{byte:02X}")
             continue
         if byte == 0x00:
             raise HostError("path contains NUL")
@@ -155,7 +148,6 @@ def _encode_path(target: str) -> str:
         else:
             # Not legal raw in a path (non-ASCII, '"', '<', '|', ...): one spelling only.
             out.append(f"%{byte:02X}")
-        i += 1
     return "".join(out)
 
 
