@@ -11,5 +11,7 @@ echo "== mypy" >&2
 rm -rf .typecheck && mkdir -p .typecheck/sandgate
 for pkg in proxy policy brokers; do ln -s "../../$pkg" ".typecheck/sandgate/$pkg"; done
 MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers
+# The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
+MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
 echo "== pytest" >&2
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

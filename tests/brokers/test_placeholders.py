@@ -15,7 +15,7 @@ from sandgate.brokers.placeholders import PLACEHOLDER_LENGTH, PLACEHOLDER_PATTER
 from .conftest import KEY
 
 SHAPE = re.compile(r"^sgph_[a-z2-7]{32}$")
-names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=30)
+names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=30)
 
 
 def test_every_gateway_with_the_same_key_mints_the_same_placeholder() -> None:

@@ -58,7 +58,8 @@ def compose() -> dict[str, Any]:
 
 
 def service(name: str) -> dict[str, Any]:
-    return compose()["services"][name]
+    found: dict[str, Any] = compose()["services"][name]
+    return found
 
 
 def compose_mounts(svc: dict[str, Any]) -> list[tuple[str, str, bool]]:

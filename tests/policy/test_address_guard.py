@@ -182,7 +182,8 @@ def test_no_ipv6_spelling_reaches_what_the_ipv4_address_cannot(value: int, noise
 @given(st.sampled_from(["93.184.216.41", "8.8.4.4", "1.1.1.1"]), st.integers(0, 2**80 - 1))
 def test_an_own_public_address_is_refused_in_every_spelling(own: str, noise: int) -> None:
     guard = AddressGuard(own_addresses=[own])
-    for ip in (IPv4Address(own), *_embeddings(IPv4Address(own), noise)):
+    spellings: list[IPv4Address | IPv6Address] = [IPv4Address(own), *_embeddings(IPv4Address(own), noise)]
+    for ip in spellings:
         assert not guard.permits(ip, by_name=True, tenant_opens=True), str(ip)
 
 

@@ -7,7 +7,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from support.dnsserver import ScriptedDNSServer
+from support.dnsserver import Answers, ScriptedDNSServer
 
 from sandgate.policy.errors import ResolveError
 from sandgate.policy.resolver import (
@@ -18,7 +18,7 @@ from sandgate.policy.resolver import (
     StaticResolver,
 )
 
-RECORDS = {
+RECORDS: dict[str, Answers] = {
     "a.test": ["192.0.2.1"],
     "two.test": ["192.0.2.1", "192.0.2.2"],
     "dual.test": ["192.0.2.1", "2001:db8::1"],

@@ -16,12 +16,8 @@ from support import RecordingUpstream, RedisServer
 def stream_records(server: RedisServer, gateway: str = "gw-test") -> list[dict[str, Any]]:
     """The decision records in the fleet stream from one gateway, in stream order (a fleet
     gateway's start also streams a policy_reload record: its first registry sync)."""
-    client = redis.Redis.from_url(server.url)
-    try:
-        entries = client.xrange("sandgate:audit")
-    finally:
-        client.close()
-    records = [json.loads(f[b"r"]) for _, f in entries if f[b"gw"] == gateway.encode()]
+    entries = server.stream("sandgate:audit")
+    records = [json.loads(f[b"r"]) for f in entries if f[b"gw"] == gateway.encode()]
     return [r for r in records if r["event"] == "decision"]
 
 

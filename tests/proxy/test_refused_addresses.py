@@ -67,7 +67,7 @@ def test_explain_lists_each_resolved_address_and_why_it_was_refused(rules: Path)
 def test_explain_says_which_address_it_dials_and_which_it_never_checked(rules: Path, tmp_path: Path) -> None:
     config = tmp_path / "sandgate.yaml"
     config.write_text(yaml.safe_dump({"address_guard": {"tenant_reachable": ["10.9.8.0/24"]}}))
-    resolve = ("--resolve", "mixed.test=127.0.0.9", "--resolve", "mixed.test=10.9.8.7")
+    resolve: tuple[str, ...] = ("--resolve", "mixed.test=127.0.0.9", "--resolve", "mixed.test=10.9.8.7")
     resolve += ("--resolve", "mixed.test=93.184.216.34")
     result = explain(
         rules, "GET", "http://mixed.test/", *resolve, "--config", str(config), "--format", "json"

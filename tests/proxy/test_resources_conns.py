@@ -216,13 +216,13 @@ def connect_many(port: int, source: str, count: int, *, deadline: float = 5.0) -
     end = time.monotonic() + deadline
     while sel.get_map() and time.monotonic() < end:
         for key, _ in sel.select(0.2):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
-            sel.unregister(s)
-            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
-                connected.append(s)
+            ready = key.fileobj
+            assert isinstance(ready, socket.socket)
+            sel.unregister(ready)
+            if ready.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                connected.append(ready)
             else:
-                s.close()
+                ready.close()
     for key in list(sel.get_map().values()):
         sel.unregister(key.fileobj)
         assert isinstance(key.fileobj, socket.socket)
@@ -240,15 +240,15 @@ def closed_by_peer(sockets: list[socket.socket], *, wait: float) -> list[socket.
     end = time.monotonic() + wait
     while sel.get_map() and (timeout := end - time.monotonic()) > 0:
         for key, _ in sel.select(min(timeout, 0.2)):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
+            ready = key.fileobj
+            assert isinstance(ready, socket.socket)
             try:
-                data = s.recv(1)
+                data = ready.recv(1)
             except OSError:
                 data = b""
             if not data:
-                closed.append(s)
-                sel.unregister(s)
+                closed.append(ready)
+                sel.unregister(ready)
     sel.close()
     return closed
 

@@ -274,7 +274,9 @@ def test_h2_header_blocks_over_the_cap_end_the_connection_while_another_tenant_i
                         conn.send_headers(1, [*headers, ("x-big", "a" * 200_000)], end_stream=True)
                     else:
                         # A CONTINUATION flood: 16 MiB of header block that never ends.
-                        frames = [hyperframe.frame.HeadersFrame(1, data=b"\x00" * 16_000)]
+                        frames: list[hyperframe.frame.Frame] = [
+                            hyperframe.frame.HeadersFrame(1, data=b"\x00" * 16_000)
+                        ]
                         frames += [
                             hyperframe.frame.ContinuationFrame(1, data=b"\x00" * 16_000) for _ in range(1000)
                         ]

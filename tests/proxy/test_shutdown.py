@@ -24,7 +24,7 @@ def records(path: Path) -> list[dict[str, Any]]:
 
 
 def shutdown_line(gw: RunningGateway) -> dict[str, Any]:
-    found = [json.loads(x) for x in gw.log().splitlines() if '"gateway.shutdown"' in x]
+    found: list[dict[str, Any]] = [json.loads(x) for x in gw.log().splitlines() if '"gateway.shutdown"' in x]
     assert len(found) == 1, gw.log()[-3000:]
     return found[0]
 

@@ -139,7 +139,7 @@ def test_a_cached_stored_value_costs_no_redis_round_trip(
     try:
         # MONITOR sees every command with its key: other readers (fleet sync's GET of the epoch,
         # the registry's HGETALL) may fall in the window and are not the store's reads.
-        with watcher.monitor() as monitor:
+        with watcher.monitor() as monitor:  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             with client(gw) as c:
                 for _ in range(requests):
                     resp = c.get(

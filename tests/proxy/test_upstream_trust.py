@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import SANDGATE, TOKEN, curl, tenant_yaml, write_gateway_files
 from support import RecordingUpstream, TestPKI, wait_for_port
 
+StartUntrusting = Callable[[Path], tuple[int, Path]]
+
 
 @pytest.fixture
-def start_untrusting(tmp_path: Path, https_upstream: RecordingUpstream) -> Iterator[object]:
+def start_untrusting(tmp_path: Path, https_upstream: RecordingUpstream) -> Iterator[StartUntrusting]:
     """Start a gateway with no `upstream.trusted_ca`, under a given SSL_CERT_FILE."""
     procs: list[subprocess.Popen[bytes]] = []
 
@@ -60,7 +62,7 @@ def fetch(port: int, gateway_ca: Path, upstream: RecordingUpstream) -> tuple[str
 
 
 def test_an_upstream_the_system_store_trusts_is_reached(
-    start_untrusting, pki: TestPKI, https_upstream: RecordingUpstream
+    start_untrusting: StartUntrusting, pki: TestPKI, https_upstream: RecordingUpstream
 ) -> None:
     port, gateway_ca = start_untrusting(pki.ca_file)
     assert fetch(port, gateway_ca, https_upstream) == ("200", "")
@@ -68,7 +70,7 @@ def test_an_upstream_the_system_store_trusts_is_reached(
 
 
 def test_an_upstream_the_system_store_does_not_trust_is_refused(
-    start_untrusting, tmp_path: Path, https_upstream: RecordingUpstream
+    start_untrusting: StartUntrusting, tmp_path: Path, https_upstream: RecordingUpstream
 ) -> None:
     other = TestPKI(["api.test"], directory=tmp_path)
     port, gateway_ca = start_untrusting(other.ca_file)

@@ -57,14 +57,14 @@ class FakeOpaServer:
         self.queries = 0
         self._lock = threading.Lock()
         self._bundles: dict[str, Any] = {}
+        self._host = host
         self._server = _Server((host, port), _Handler)
         self._server.owner = self
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-opa", daemon=True)
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self._host}:{self._server.server_address[1]}"
 
     def __enter__(self) -> FakeOpaServer:
         self._thread.start()

@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import redis
+
 from .ports import free_port, wait_for_port
 
 __all__ = ["RedisServer"]
@@ -73,8 +75,24 @@ class RedisServer:
         while self.running() and time.monotonic() < deadline:
             time.sleep(0.02)
 
+    def stream(self, key: str) -> list[dict[bytes, bytes]]:
+        """The fields of every entry in the stream `key`, in stream order, as stored (bytes)."""
+        client = redis.Redis.from_url(self.url)
+        try:
+            entries = client.xrange(key)
+        finally:
+            client.close()
+        assert isinstance(entries, list), entries
+        return [{_raw(k): _raw(v) for k, v in (fields or {}).items()} for _, fields in entries]
+
     def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _raw(value: bytes | str) -> bytes:
+    """A redis reply value of a client without `decode_responses`: always bytes."""
+    assert isinstance(value, bytes), value
+    return value

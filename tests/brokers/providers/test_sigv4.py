@@ -82,7 +82,7 @@ def botocore_sign(
     return req
 
 
-CASES: list[tuple[str, str, str, str, str, dict[str, str], bytes, bool]] = [
+CASES: list[tuple[str, str, str, str, dict[str, str], bytes, bool]] = [
     (
         "a GET with an unsorted, repeated and encoded query",
         "execute-api",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import ssl
 from datetime import datetime
+from typing import Any
 
 import httpx
 import pytest
@@ -50,7 +51,7 @@ def client(gw: RunningGateway, *, verify: ssl.SSLContext | str | bool = True) ->
     return httpx.Client(proxy=gw.proxy(), verify=ctx, timeout=10)
 
 
-def assert_denied(resp: httpx.Response, reason: str, gw: RunningGateway) -> dict[str, object]:
+def assert_denied(resp: httpx.Response, reason: str, gw: RunningGateway) -> dict[str, Any]:
     assert resp.status_code == 403
     assert resp.headers["X-Sandgate-Reason"] == reason
     body = resp.json()

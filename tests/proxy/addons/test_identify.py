@@ -68,7 +68,7 @@ def _status(gw: RunningGateway, proxy: str, url: str, *extra: str) -> tuple[str,
 def test_a_missing_or_wrong_credential_gets_407(
     gateway: RunningGateway, http_upstream: RecordingUpstream, sandbox: str | None, token: str | None
 ) -> None:
-    proxy = gateway.proxy(sandbox, token) if sandbox else gateway.bare_proxy
+    proxy = gateway.proxy(sandbox, token) if sandbox and token else gateway.bare_proxy
     code, headers = _status(gateway, proxy, f"{http_upstream.url_for('api.test')}/x")
     assert code == "407"
     assert 'Proxy-Authenticate: Basic realm="sandgate"' in headers

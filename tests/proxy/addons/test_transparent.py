@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -62,7 +63,7 @@ class Lab:
     def gateway_ca(self) -> Path:
         return self.root / "state" / "ca" / "mitmproxy-ca-cert.pem"
 
-    def records(self, since: int = 0) -> list[dict[str, object]]:
+    def records(self, since: int = 0) -> list[dict[str, Any]]:
         time.sleep(0.3)  # the audit writer thread flushes asynchronously
         lines = self.audit.read_text().splitlines()[since:] if self.audit.exists() else []
         return [json.loads(line) for line in lines if '"event":"decision"' in line]

@@ -37,11 +37,7 @@ def lines(n: int, start: int = 0) -> list[str]:
 
 
 def stream(server: RedisServer) -> list[dict[bytes, bytes]]:
-    client = redis.Redis.from_url(server.url)
-    try:
-        return [fields for _, fields in client.xrange(PREFIX + "audit")]
-    finally:
-        client.close()
+    return server.stream(PREFIX + "audit")
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:

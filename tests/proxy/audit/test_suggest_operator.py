@@ -25,7 +25,7 @@ def sandgate(*args: str) -> subprocess.CompletedProcess[str]:
 def uncomment(lines: list[str], start: str) -> str:
     """The YAML commented out under the line that starts with `start` (until the next step)."""
     first = next(i for i, x in enumerate(lines) if x.startswith(start)) + 1
-    block = []
+    block: list[str] = []
     for x in lines[first:]:
         if x.startswith("#      ") and not x.startswith("#        ") and not block:
             continue  # the step's second line

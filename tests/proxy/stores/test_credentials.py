@@ -46,7 +46,11 @@ async def raw_storage(store: RekeyableStore) -> bytes:
         return store.path.read_bytes()
     assert isinstance(store, RedisCredentialStore)
     raw = await store.client.hgetall(store.hash)
-    return b"".join(k + v for k, v in raw.items())
+    held = b""
+    for k, v in raw.items():
+        assert isinstance(k, bytes) and isinstance(v, bytes)
+        held += k + v
+    return held
 
 
 async def test_put_get_list_remove(store: RekeyableStore) -> None:
