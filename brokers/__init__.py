@@ -10,6 +10,8 @@ from sandgate.brokers.broker import Broker
 from sandgate.brokers.errors import (
     BrokerConfigError,
     BrokerError,
+    KeyringError,
+    SealingError,
     SecretReferenceError,
     SecretUnavailable,
     TokenEndpointError,
@@ -33,8 +35,18 @@ from sandgate.brokers.request import (
     apply_mutations,
 )
 from sandgate.brokers.scrub import Scrubber, StreamScrubber
+from sandgate.brokers.sealing import (
+    Keyring,
+    Sealed,
+    associated_data,
+    format_key_line,
+    new_key,
+    next_key_id,
+    parse_keyring,
+)
 from sandgate.brokers.secret import Secret
 from sandgate.brokers.sources.registry import SecretRegistry, SecretSource, default_registry
+from sandgate.brokers.sources.stored import StoredSource
 from sandgate.brokers.tenant_credentials import TenantCredentials
 from sandgate.policy.model.credentials import Credential
 from sandgate.policy.model.secret_refs import SecretRef, parse_ref
@@ -54,6 +66,8 @@ __all__ = [
     "DenialCause",
     "HttpResponse",
     "HttpxClient",
+    "Keyring",
+    "KeyringError",
     "Mutation",
     "PlaceholderIndex",
     "PlaceholderMinter",
@@ -61,6 +75,8 @@ __all__ = [
     "RemoveHeader",
     "RequestBodyGuard",
     "Scrubber",
+    "Sealed",
+    "SealingError",
     "Secret",
     "SecretRef",
     "SecretReferenceError",
@@ -70,10 +86,16 @@ __all__ = [
     "SetBody",
     "SetHeader",
     "SetQuery",
+    "StoredSource",
     "StreamScrubber",
     "TenantCredentials",
     "TokenEndpointError",
     "apply_mutations",
+    "associated_data",
     "default_registry",
+    "format_key_line",
+    "new_key",
+    "next_key_id",
+    "parse_keyring",
     "parse_ref",
 ]

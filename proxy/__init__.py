@@ -3,3 +3,38 @@ order; `addons/` are the hooks, `mitm/` what sandgate changes inside mitmproxy, 
 plumbing, `audit/` the trail, `stores/` credential and sandbox stores, `fleet/` redis sync,
 `admin/` the admin API and `cli/` the `sandgate` command.
 """
+
+# The public modules, named but not imported: re-exporting their names here would make any
+# import under sandgate.proxy (the CLI's too) run the runtime and mitmproxy first, in an order
+# that breaks as soon as two sub-packages import each other's names through their packages.
+__all__ = [
+    "addons",
+    "admin",
+    "audit",
+    "banner",
+    "bindcheck",
+    "broker_setup",
+    "ca",
+    "cli",
+    "config",
+    "context",
+    "drain",
+    "errors",
+    "fd_budget",
+    "fleet",
+    "logsetup",
+    "metrics",
+    "mitm",
+    "net",
+    "registration",
+    "reloader",
+    "respond",
+    "runtime",
+    "sandbox_listing",
+    "secret_refresh",
+    "statusfile",
+    "stores",
+    "tasks",
+    "upstream_trust",
+    "version",
+]

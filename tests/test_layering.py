@@ -7,6 +7,7 @@ Both checks read the import graph grimp builds (import-linter's graph), with imp
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -197,14 +198,44 @@ def test_a_cycle_only_under_type_checking_is_not_one(tree: Path) -> None:
     assert module_cycles(tree).returncode == 0
 
 
-def test_importing_the_tenant_schema_loads_neither_brokers_nor_proxy_nor_httpx() -> None:
+# What importing a pure package (or one module under it) must not load: the other layers, and
+# the heavy engines its surface leaves in their own modules (regopy, the OPA client, dnspython).
+NOT_LOADED = {
+    "sandgate.policy.model.tenant": ("sandgate.brokers", "sandgate.proxy", "httpx", "regopy", "opa_client"),
+    "sandgate.policy": ("sandgate.brokers", "sandgate.proxy", "httpx", "regopy", "opa_client", "dns"),
+    "sandgate.policy.model": ("sandgate.brokers", "sandgate.proxy", "httpx", "regopy", "opa_client", "dns"),
+    "sandgate.policy.rego": ("sandgate.brokers", "sandgate.proxy", "httpx", "regopy", "opa_client", "dns"),
+    "sandgate.brokers": ("sandgate.proxy", "mitmproxy", "regopy", "opa_client"),
+}
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    list(NOT_LOADED.items()),
+    ids=[f"importing {module} loads none of {', '.join(f)}" for module, f in NOT_LOADED.items()],
+)
+def test_importing_a_pure_package_stays_light(module: str, forbidden: tuple[str, ...]) -> None:
     # A fresh interpreter: in this one, other tests have loaded everything already.
+    prefixes = tuple(f"{name}." for name in forbidden)
     check = (
-        "import sys, sandgate.policy.model.tenant\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'httpx'"
-        " or m.startswith(('sandgate.brokers', 'sandgate.proxy')))\n"
+        f"import sys, {module}\n"
+        f"loaded = sorted(m for m in sys.modules if m in {forbidden!r} or m.startswith({prefixes!r}))\n"
         "print(loaded)\n"
         "sys.exit(1 if loaded else 0)\n"
     )
     result = _run([sys.executable, "-c", check], None)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+PROXY_PACKAGES = ["", ".addons", ".admin", ".audit", ".cli", ".fleet", ".mitm", ".net", ".stores"]
+
+
+@pytest.mark.parametrize(
+    "sub", PROXY_PACKAGES, ids=[f"sandgate.proxy{s} names its modules" for s in PROXY_PACKAGES]
+)
+def test_a_proxy_package_names_each_public_module_in_all(sub: str) -> None:
+    package = importlib.import_module(f"sandgate.proxy{sub}")
+    folder = Path(package.__file__ or "").parent
+    public = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
+    public |= {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(package.__all__) == sorted(public), f"update __all__ in {folder / '__init__.py'}"

@@ -1,3 +1,11 @@
 """The admin API: a unix socket (and optional TCP with a bearer token), its routes, and the
 CLI's client.
 """
+
+# Its public modules, named but not imported (sandgate.proxy says why).
+__all__ = [
+    "client",
+    "handlers",
+    "server",
+    "state",
+]

@@ -1,3 +1,18 @@
 """The audit trail: records, the writer that never drops one, the redis stream, and reading
 them back (sources, queries, formats, stats, suggestions).
 """
+
+# Its public modules, named but not imported (sandgate.proxy says why).
+__all__ = [
+    "files",
+    "format",
+    "query",
+    "records",
+    "redis_stream",
+    "refusals",
+    "stats",
+    "stream_source",
+    "suggest",
+    "suggest_operator",
+    "trail",
+]
