@@ -37,6 +37,7 @@ from sandgate.policy.resolver import (
     SystemResolver,
 )
 from sandgate.proxy import banner
+from sandgate.proxy.addons.audit_completion import AuditCompletion
 from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
 from sandgate.proxy.addons.connection_limits import check_seams as check_connection_seams
 from sandgate.proxy.addons.credentials import CredentialBroker
@@ -48,6 +49,7 @@ from sandgate.proxy.addons.hop_by_hop import HopByHop
 from sandgate.proxy.addons.http_seam import HttpErrorSeam, check_seam
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.latency import UpstreamTiming
+from sandgate.proxy.addons.limits import TenantLimits
 from sandgate.proxy.addons.transparent import Transparent
 from sandgate.proxy.addons.upgrades import Upgrades
 from sandgate.proxy.admin.server import AdminServer
@@ -356,7 +358,8 @@ class Gateway:
         self.h2_guard = H2Guard(self.ctx, config.http2)
         # Pipeline order: connection caps first (a refused connection reaches nothing else), then
         # identity and transparent steering before mitmproxy's layer selection (so a raw-TCP
-        # approval picks the layer), the HTTP/2 guard on the chosen layer, decisions after it.
+        # approval picks the layer), the HTTP/2 guard on the chosen layer, decisions after it, then
+        # the tenant limits on what was allowed and the completion of its audit record.
         self.master.addons.add(
             server,
             self.connection_limits,
@@ -375,6 +378,11 @@ class Gateway:
             Upgrades(self.ctx, closer),
             Trailers(closer),
             Gate(self.ctx, require_sni=config.passthrough.require_sni, closer=closer),
+            # Right after the Gate: limits count only what it allowed, before the broker wraps a
+            # metered body; the record of an allowed exchange is completed before the broker
+            # scrubs the response whose size it counts.
+            TenantLimits(self.ctx),
+            AuditCompletion(self.ctx),
             HopByHop(),
             CredentialBroker(self.ctx),
             UpstreamTiming(),

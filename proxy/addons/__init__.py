@@ -1,12 +1,15 @@
 """The mitmproxy addons, one concern each, in the order `runtime` adds them: identify the
-sandbox, decide at every layer (gate), broker credentials, and the guards on connections,
+sandbox, decide at every layer (gate), count tenant limits (limits), complete the audit
+record (audit_completion), broker credentials, and the guards on connections,
 heads, HTTP/2 streams, upgrades and trailers.
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
+    "audit_completion",
     "connection_limits",
     "credentials",
+    "flow_keys",
     "gate",
     "h2_guard",
     "head_caps",

@@ -8,10 +8,9 @@
   method and path; absolute-form proxy requests are decided (and resolved) one by one.
 - server_connect is the chokepoint: an upstream connection opens only to an address this
   client connection was approved for, and never after a later layer denied.
-- Tenant limits (sandgate.policy.limiter), after the policy allowed, in report mode too:
-  each HTTP request and each new passthrough/raw tunnel counts as a request (429
-  `rate_limited` with Retry-After); a declared body over `request_body_bytes` is 413
-  `body_too_large`; a body of unknown length is metered and cut at the body or byte limit.
+An allowed request leaves its (context, decision) on the flow (`PENDING_KEY`), a place in
+the audit queue reserved: TenantLimits (sandgate.proxy.addons.limits) counts it next, and
+AuditCompletion writes its record when the exchange ends.
 Every hook is guarded: an exception denies with `internal_error`, never lets traffic through.
 """
 
@@ -28,38 +27,28 @@ from sandgate.policy.decide import literal_ip
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import normalise_host, split_authority
-from sandgate.policy.limiter import LimitExceeded
 from sandgate.policy.overrides import decide_readings
 from sandgate.policy.paths import read_target
 from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import requested_upgrade
+from sandgate.proxy.addons.flow_keys import CREDENTIALS_KEY, FAILURE_KEY, HEAD_BYTES_KEY, PENDING_KEY
 from sandgate.proxy.addons.hop_by_hop import strip_hop_by_hop
 from sandgate.proxy.addons.identify import IDENTITY_KEY
 from sandgate.proxy.addons.limits import (
-    body_length_unknown,
-    body_meter,
     declared_length,
     head_bytes,
-    tenant_limits,
 )
-from sandgate.proxy.addons.refusal import refuse, refuse_now
+from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
-from sandgate.proxy.mitm.wire_errors import Failure, failure_of_text
-from sandgate.proxy.respond import decision_response, limited_response
+from sandgate.proxy.respond import decision_response
 
-__all__ = ["Gate"]
+# The flow keys are re-exported for the modules that have always imported them from here.
+__all__ = ["CREDENTIALS_KEY", "FAILURE_KEY", "HEAD_BYTES_KEY", "PENDING_KEY", "Gate"]
 
 log = structlog.get_logger("sandgate.gate")
 
-PENDING_KEY = "sandgate.pending"
-# Set by the broker addon: (credential names, injector kinds) used on this request.
-CREDENTIALS_KEY = "sandgate.credentials"
-# The request line and headers as the guest sent them, in bytes (audit `bytes.up`, byte limits).
-HEAD_BYTES_KEY = "sandgate.head_bytes"
-# Set by an addon that refused what the upstream answered: the record's `error`.
-FAILURE_KEY = "sandgate.failure"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -242,11 +231,6 @@ class Gate:
             if not await self.ctx.audit.reserve(dctx.decision_id):
                 await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
                 return
-            await self._learn_fleet_counts(dctx.identity)
-            exceeded = self._admit(flow, dctx, decision)
-            if exceeded is not None:
-                await self._refuse_limited(flow, dctx, decision, exceeded)
-                return
             if not state.in_tunnel:
                 state.approved[(decision.address, port)] = host
                 flow.request.data.host = decision.address
@@ -295,94 +279,6 @@ class Gate:
             flow.request.authority = ""
         return host, port, address
 
-    async def _learn_fleet_counts(self, identity: Identity | None) -> None:
-        """Fleet mode: decisions on a sandbox new to this gateway wait for one sync, so the
-        fleet's count decides them too (later ones use the background task's totals)."""
-        learn = self.ctx.limit_learn
-        if learn is not None and identity is not None:
-            await learn(identity.tenant, identity.sandbox, tenant_limits(self.ctx.policy, identity))
-
-    def _admit(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> LimitExceeded | None:
-        """Count an allowed request against its tenant's limits; the refusal when over one."""
-        identity = dctx.identity
-        limits = tenant_limits(self.ctx.policy, identity)
-        if identity is None or limits is None:
-            return None
-        declared = declared_length(flow.request)
-        exceeded = self.ctx.limiter.admit(
-            identity.tenant,
-            identity.sandbox,
-            limits,
-            body_bytes=declared,
-            egress_bytes=flow.metadata.get(HEAD_BYTES_KEY, 0) + (declared or 0),
-        )
-        metered = (
-            limits.request_body_bytes is not None
-            or limits.egress_bytes_per_hour is not None
-            or limits.tenant_egress_bytes_per_hour is not None
-        )
-        if exceeded is None and metered and body_length_unknown(flow.request) and not flow.request.stream:
-            # A body of unknown length is counted as it goes and cut at the limit.
-            def cut(ex: LimitExceeded) -> None:
-                self._cut_stream(flow, dctx, decision, ex)
-
-            flow.request.stream = body_meter(self.ctx.limiter, identity, limits, cut)
-        return exceeded
-
-    async def _refuse_limited(
-        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
-    ) -> None:
-        response = limited_response(
-            exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
-        )
-        await refuse(self.ctx.audit, flow, response, dctx, _limit_decision(decision, exceeded))
-
-    def _cut_stream(
-        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
-    ) -> None:
-        # The meter raises next; the HTTP error seam cuts the upstream and sends this answer.
-        flow.metadata.pop(PENDING_KEY, None)
-        response = limited_response(
-            exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
-        )
-        refuse_now(self.ctx.audit, flow, response, dctx, _limit_decision(decision, exceeded, streamed=True))
-
-    async def response(self, flow: http.HTTPFlow) -> None:
-        await self._complete(flow, _flagged(flow))
-
-    async def error(self, flow: http.HTTPFlow) -> None:
-        # Only a fixed category, never mitmproxy's message: it can quote wire bytes.
-        await self._complete(flow, _flagged(flow) or failure_of_text(flow.error.msg if flow.error else ""))
-
-    async def _complete(self, flow: http.HTTPFlow, failure: Failure | None) -> None:
-        pending = flow.metadata.pop(PENDING_KEY, None)
-        if pending is None:
-            return
-        dctx, decision = pending
-        credentials, injectors = flow.metadata.get(CREDENTIALS_KEY, ((), ()))
-        try:
-            status = flow.response.status_code if flow.response else None
-            if failure is not None and failure.reason is not None:
-                # Allowed, then the upstream failed: the reason, and the status the guest got
-                # (the upstream's when its head was already streamed to the guest).
-                decision = replace(decision, reason=failure.reason)
-                if flow.response is None or not flow.response.stream:
-                    status = failure.status
-            record = decision_record(
-                dctx,
-                decision,
-                credentials=credentials,
-                status=status,
-                bytes_up=flow.metadata.get(HEAD_BYTES_KEY, 0) + len(flow.request.raw_content or b""),
-                bytes_down=len(flow.response.raw_content or b"") if flow.response else None,
-                error=failure.text if failure is not None else None,
-            )
-            if injectors:
-                record["injectors"] = list(injectors)
-            await self.ctx.audit.emit(record)
-        except Exception:
-            log.exception("hook_failed", hook="response", decision_id=dctx.decision_id)
-
     # -- the chokepoint ----------------------------------------------------------------------
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
@@ -399,39 +295,11 @@ class Gate:
             if approved_host is None:
                 data.server.error = "sandgate: destination not approved"
                 return
-            if _is_tunnel(state) and not await self._admit_tunnel(state, data):
-                return
             if data.server.sni is None or data.server.sni == address[0]:
                 data.server.sni = approved_host
         except Exception:
             log.exception("hook_failed", hook="server_connect")
             data.server.error = "sandgate: internal error"
-
-    async def _admit_tunnel(
-        self, state: ConnectionState, data: server_hooks.ServerConnectionHookData
-    ) -> bool:
-        """A passthrough or raw tunnel counts as one request; False (refused, audited) when over a limit."""
-        limits = tenant_limits(self.ctx.policy, state.identity)
-        if state.identity is None or limits is None:
-            return True
-        await self._learn_fleet_counts(state.identity)
-        exceeded = self.ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
-        if exceeded is None:
-            return True
-        state.denied = exceeded.reason
-        data.server.error = f"sandgate: {exceeded.reason.value}"
-        dctx = DecisionContext(
-            phase=Phase.CONNECT,
-            listener=state.listener,
-            client=state.client,
-            host=state.tunnel_host or (state.original_dst[0] if state.original_dst else None),
-            port=state.tunnel_port or (state.original_dst[1] if state.original_dst else None),
-            sni=state.sni,
-            identity=state.identity,
-        )
-        base = state.tunnel_decision or Decision(policy_version=self.ctx.policy.version)
-        await self._record(dctx, _limit_decision(base, exceeded))
-        return False
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -469,26 +337,6 @@ class Gate:
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:
         if state is not None:
             state.denied = reason
-
-
-def _flagged(flow: http.HTTPFlow) -> Failure | None:
-    """A failure another addon noted on the flow (a fixed text, e.g. trailers refused)."""
-    text = flow.metadata.get(FAILURE_KEY)
-    return Failure(str(text)) if text else None
-
-
-def _is_tunnel(state: ConnectionState) -> bool:
-    """Whether the connection's bytes pass without HTTP requests to count (passthrough or raw TCP)."""
-    return (
-        state.passthrough
-        or state.raw
-        or (state.tunnel_decision is not None and state.tunnel_decision.raw_tcp)
-    )
-
-
-def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, streamed: bool = False) -> Decision:
-    """The denial recorded for a limit, keeping the allowing decision's rule and version."""
-    return decision.as_denial(exceeded.reason, exceeded.limit + (" (in a streamed body)" if streamed else ""))
 
 
 def _sni_problem(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> str | None:

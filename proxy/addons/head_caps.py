@@ -19,7 +19,7 @@ from mitmproxy import http
 
 from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.gate import HEAD_BYTES_KEY, PENDING_KEY
+from sandgate.proxy.addons.flow_keys import HEAD_BYTES_KEY, PENDING_KEY
 from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.config import HeadsConfig

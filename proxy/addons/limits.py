@@ -1,30 +1,157 @@
-"""The mitmproxy side of tenant limits: what a request sends upstream, and a metering body stream.
+"""Addon: tenants' rate, size and byte limits (sandgate.policy.limiter), as they apply to flows.
 
-The Gate asks the context's Limiter (sandgate.policy.limiter) at each HTTP request and at
-each new passthrough or raw tunnel; this module turns flows into the numbers it counts.
+After the Gate in the chain, and only on what the policy allowed (report mode too):
+- each HTTP request the Gate allowed counts as a request (429 `rate_limited` with
+  Retry-After); a declared body over `request_body_bytes` is 413 `body_too_large`; a body of
+  unknown length is metered as it goes and cut at the body or byte limit;
+- each new passthrough or raw tunnel counts as one request when its upstream is dialled.
 Egress bytes of an HTTP request: its request line, headers and body as the guest sent them.
+A refused request's pending decision is taken off the flow and its denial recorded here, so
+the request has one record. Every hook is guarded: a fault denies with `internal_error`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import structlog
 from mitmproxy import http
+from mitmproxy.proxy import server_hooks
 
-from sandgate.policy.decision import Identity
+from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.limiter import Limiter, LimitExceeded
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
+from sandgate.proxy.addons.flow_keys import HEAD_BYTES_KEY, PENDING_KEY
+from sandgate.proxy.addons.refusal import refuse, refuse_now
+from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.respond import decision_response, limited_response
 
 __all__ = [
     "LimitStreamCut",
+    "TenantLimits",
     "body_length_unknown",
     "body_meter",
     "declared_length",
     "head_bytes",
     "tenant_limits",
 ]
+
+
+log = structlog.get_logger("sandgate.limits")
+
+
+class TenantLimits:
+    """Counts each allowed request and each new tunnel against its tenant's limits."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        pending = flow.metadata.get(PENDING_KEY)
+        if pending is None or flow.response is not None or flow.error is not None:
+            return  # not allowed by the Gate, or already answered: nothing to count
+        dctx, decision = pending
+        try:
+            await self._learn_fleet_counts(dctx.identity)
+            exceeded = self._admit(flow, dctx, decision)
+            if exceeded is not None:
+                flow.metadata.pop(PENDING_KEY, None)
+                response = limited_response(
+                    exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
+                )
+                await refuse(self.ctx.audit, flow, response, dctx, _limit_decision(decision, exceeded))
+        except Exception:
+            log.exception("hook_failed", hook="limits.requestheaders")
+            flow.metadata.pop(PENDING_KEY, None)
+            fault = Decision(
+                reason=Reason.INTERNAL_ERROR, policy_version=self.ctx.policy.version, detail="hook failed"
+            )
+            await refuse(
+                self.ctx.audit, flow, decision_response(fault, dctx.host, dctx.decision_id), dctx, fault
+            )
+
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        if data.server.error:
+            return  # refused before (the Gate's chokepoint): nothing is dialled, nothing counted
+        try:
+            state = self.ctx.connections.get(data.client.id)
+            if state is not None and _is_tunnel(state):
+                await self._admit_tunnel(state, data)
+        except Exception:
+            log.exception("hook_failed", hook="limits.server_connect")
+            data.server.error = "sandgate: internal error"
+
+    async def _learn_fleet_counts(self, identity: Identity | None) -> None:
+        """Fleet mode: decisions on a sandbox new to this gateway wait for one sync, so the
+        fleet's count decides them too (later ones use the background task's totals)."""
+        learn = self.ctx.limit_learn
+        if learn is not None and identity is not None:
+            await learn(identity.tenant, identity.sandbox, tenant_limits(self.ctx.policy, identity))
+
+    def _admit(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> LimitExceeded | None:
+        """Count an allowed request against its tenant's limits; the refusal when over one."""
+        identity = dctx.identity
+        limits = tenant_limits(self.ctx.policy, identity)
+        if identity is None or limits is None:
+            return None
+        declared = declared_length(flow.request)
+        exceeded = self.ctx.limiter.admit(
+            identity.tenant,
+            identity.sandbox,
+            limits,
+            body_bytes=declared,
+            egress_bytes=flow.metadata.get(HEAD_BYTES_KEY, 0) + (declared or 0),
+        )
+        metered = (
+            limits.request_body_bytes is not None
+            or limits.egress_bytes_per_hour is not None
+            or limits.tenant_egress_bytes_per_hour is not None
+        )
+        if exceeded is None and metered and body_length_unknown(flow.request) and not flow.request.stream:
+            # A body of unknown length is counted as it goes and cut at the limit.
+            def cut(ex: LimitExceeded) -> None:
+                self._cut_stream(flow, dctx, decision, ex)
+
+            flow.request.stream = body_meter(self.ctx.limiter, identity, limits, cut)
+        return exceeded
+
+    def _cut_stream(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
+    ) -> None:
+        # The meter raises next; the HTTP error seam cuts the upstream and sends this answer.
+        flow.metadata.pop(PENDING_KEY, None)
+        response = limited_response(
+            exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
+        )
+        refuse_now(self.ctx.audit, flow, response, dctx, _limit_decision(decision, exceeded, streamed=True))
+
+    async def _admit_tunnel(
+        self, state: ConnectionState, data: server_hooks.ServerConnectionHookData
+    ) -> None:
+        """A passthrough or raw tunnel counts as one request; refused (and audited) when over a limit."""
+        limits = tenant_limits(self.ctx.policy, state.identity)
+        if state.identity is None or limits is None:
+            return
+        await self._learn_fleet_counts(state.identity)
+        exceeded = self.ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
+        if exceeded is None:
+            return
+        state.denied = exceeded.reason
+        data.server.error = f"sandgate: {exceeded.reason.value}"
+        dctx = DecisionContext(
+            phase=Phase.CONNECT,
+            listener=state.listener,
+            client=state.client,
+            host=state.tunnel_host or (state.original_dst[0] if state.original_dst else None),
+            port=state.tunnel_port or (state.original_dst[1] if state.original_dst else None),
+            sni=state.sni,
+            identity=state.identity,
+        )
+        base = state.tunnel_decision or Decision(policy_version=self.ctx.policy.version)
+        await self.ctx.audit.emit(decision_record(dctx, _limit_decision(base, exceeded)))
 
 
 class LimitStreamCut(Exception):
@@ -92,3 +219,17 @@ def body_meter(
         return chunk
 
     return meter
+
+
+def _is_tunnel(state: ConnectionState) -> bool:
+    """Whether the connection's bytes pass without HTTP requests to count (passthrough or raw TCP)."""
+    return (
+        state.passthrough
+        or state.raw
+        or (state.tunnel_decision is not None and state.tunnel_decision.raw_tcp)
+    )
+
+
+def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, streamed: bool = False) -> Decision:
+    """The denial recorded for a limit, keeping the allowing decision's rule and version."""
+    return decision.as_denial(exceeded.reason, exceeded.limit + (" (in a streamed body)" if streamed else ""))

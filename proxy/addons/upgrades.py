@@ -32,7 +32,7 @@ from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import WEBSOCKET, requested_upgrade
 from sandgate.proxy.addons.credentials import broker_request
-from sandgate.proxy.addons.gate import PENDING_KEY
+from sandgate.proxy.addons.flow_keys import PENDING_KEY
 from sandgate.proxy.addons.limits import tenant_limits
 from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id

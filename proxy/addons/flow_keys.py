@@ -1,0 +1,15 @@
+"""The `flow.metadata` keys sandgate's addons pass a request's facts through, and who sets each."""
+
+from __future__ import annotations
+
+__all__ = ["CREDENTIALS_KEY", "FAILURE_KEY", "HEAD_BYTES_KEY", "PENDING_KEY"]
+
+# Set by the Gate on an allowed request: (DecisionContext, Decision), its record still to write.
+# Whoever refuses the exchange later pops it and records the denial; else AuditCompletion does.
+PENDING_KEY = "sandgate.pending"
+# Set by the broker addon: (credential names, injector kinds) used on this request.
+CREDENTIALS_KEY = "sandgate.credentials"
+# The request line and headers as the guest sent them, in bytes (audit `bytes.up`, byte limits).
+HEAD_BYTES_KEY = "sandgate.head_bytes"
+# Set by an addon that refused what the upstream answered: the record's `error`.
+FAILURE_KEY = "sandgate.failure"
