@@ -7,6 +7,7 @@ Both checks read the import graph grimp builds (import-linter's graph), with imp
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import shutil
@@ -239,3 +240,50 @@ def test_a_proxy_package_names_each_public_module_in_all(sub: str) -> None:
     public = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
     public |= {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
     assert sorted(package.__all__) == sorted(public), f"update __all__ in {folder / '__init__.py'}"
+
+
+def function_level_imports(path: Path) -> list[tuple[int, bool]]:
+    """(line, has a comment above it) for each import inside a function of one module."""
+    text = path.read_text()
+    lines = text.splitlines()
+    found: list[tuple[int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.Import | ast.ImportFrom):
+                above = child.lineno - 2
+                while above >= 0 and lines[above].strip().startswith(("import ", "from ")):
+                    above -= 1
+                found.append((child.lineno, above >= 0 and lines[above].strip().startswith("#")))
+            nested = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            visit(child, in_function or nested)
+
+    visit(ast.parse(text), False)
+    return found
+
+
+def test_no_import_hides_inside_a_function() -> None:
+    # Factories live in their own modules and import at the top. The CLI alone may defer a
+    # heavy import (start-up time of every command), with a comment saying why.
+    hidden = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            where = path.relative_to(ROOT)
+            for line, commented in function_level_imports(path):
+                if not (where.parts[:2] == ("proxy", "cli") and commented):
+                    hidden.append(f"{where}:{line}")
+    assert hidden == []
+
+
+def test_the_function_level_import_check_finds_one(tmp_path: Path) -> None:
+    module = tmp_path / "factory.py"
+    module.write_text(
+        "import os\n\n"
+        "def build() -> None:\n"
+        "    from sandgate.policy import reasons\n\n"
+        "def lazy() -> None:\n"
+        "    # Lazy: the reason why.\n"
+        "    import json\n"
+        "    import sys\n"
+    )
+    assert function_level_imports(module) == [(4, False), (8, True), (9, True)]
