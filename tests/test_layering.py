@@ -181,6 +181,16 @@ def test_a_forbidden_import_fails_naming_it(
     assert offence in result.stdout
 
 
+def test_a_cycle_between_policy_sub_packages_fails_naming_the_dependency(tree: Path) -> None:
+    # policy/model reads policy/rego; a rego module reading the model closes a package cycle.
+    add_line(tree, "policy/rego/program.py", "from sandgate.policy.model.tenant import Limits")
+    result = lint_imports(tree)
+    assert result.returncode != 0
+    assert "no cycle between siblings in policy and brokers BROKEN" in result.stdout
+    assert "No cycles are allowed in sandgate.policy." in result.stdout
+    assert "- .rego -> .model (1 import)" in result.stdout
+
+
 def test_an_import_cycle_fails_naming_its_imports(tree: Path) -> None:
     # reasons is imported (indirectly) by decision; make decision's module import back.
     add_line(tree, "policy/reasons.py", "from sandgate.policy.decision import Decision")

@@ -27,12 +27,12 @@ from sandgate.policy.errors import (
 from sandgate.policy.matcher import ANY_HOST, ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
 from sandgate.policy.model.claims import Claim, conflicts
 from sandgate.policy.model.policyset import LoadNotice, PolicySet, SandboxRecord, TenantPolicy, TenantProblem
+from sandgate.policy.model.rego_loader import RegoLoad, load_rego, rego_watch_files
 from sandgate.policy.model.salvage import salvage
 from sandgate.policy.model.sandbox_tokens import resolve_token_reference
 from sandgate.policy.model.tenant import BaseFile, PresetFile, Rule, TenantFile
 from sandgate.policy.model.yamlsource import YamlDocument, load_yaml, validate
 from sandgate.policy.rego.compiler import keep_only
-from sandgate.policy.rego.loader import RegoLoad, load_rego, rego_watch_files
 from sandgate.policy.rego.program import RegoProgram
 
 __all__ = ["load_policy_dir", "policy_files"]

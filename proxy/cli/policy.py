@@ -23,6 +23,7 @@ from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocati
 from sandgate.policy.explain import Explanation, explain
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.model.rego_loader import operator_modules_dir
 from sandgate.policy.model.tenant import tenant_schema
 from sandgate.policy.model.yamlsource import load_yaml, validate
 from sandgate.policy.policytests import (
@@ -37,7 +38,6 @@ from sandgate.policy.reach import reach_notes
 from sandgate.policy.rego.compiler import check_modules
 from sandgate.policy.rego.engine import EngineError, make_engine
 from sandgate.policy.rego.input_document import input_schema
-from sandgate.policy.rego.loader import operator_modules_dir
 from sandgate.policy.rego.opa import OpaEngine
 from sandgate.policy.rego.program import RegoModule
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver

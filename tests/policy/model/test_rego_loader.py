@@ -1,4 +1,4 @@
-"""Tests for the Rego part of loading a rules directory (sandgate.policy.rego.loader, rego_compile)."""
+"""Tests for the Rego part of loading a rules directory (sandgate.policy.model.rego_loader, rego_compile)."""
 
 from __future__ import annotations
 
