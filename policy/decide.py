@@ -16,10 +16,13 @@ from sandgate.policy.decision import (
     Refusal,
 )
 from sandgate.policy.errors import ResolveError
+from sandgate.policy.matcher import RuleMatch
 from sandgate.policy.model.policyset import PolicySet, TenantPolicy
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.engine import PolicyEngine, RegoQuery, RegoVerdict, fault, make_engine
+from sandgate.policy.rego.input_document import input_document
 from sandgate.policy.resolver import Resolver
+from sandgate.policy.trace import AddressCheck, Outcome, RegoTrace, Step, StepName, Trace, address_checks
 
 __all__ = ["AddressChoice", "decide", "default_engine", "guard_answers", "literal_ip", "pick_address"]
 
@@ -46,6 +49,7 @@ async def decide(
     *,
     address: str | None = None,
     engine: PolicyEngine | None = None,
+    trace: Trace | None = None,
 ) -> Decision:
     """Decide one request. The order, and the reason each step denies with:
 
@@ -82,23 +86,40 @@ async def decide(
     (except for a tenant that allows `hosts: ["*"]`, which lets any name be looked up).
     `address` is the address already pinned for this connection (per-request decisions
     inside an approved tunnel); it is re-checked, not re-resolved.
+
+    `trace`: when given, each step taken is recorded in it (`policy explain`); the steps not
+    taken are the ones after the step that decided.
     """
     if identity is None:
+        if trace is not None:
+            trace.add(StepName.IDENTITY, Outcome.DENY, "no sandbox identity")
         return _deny(policy, Reason.NO_IDENTITY)
     tenant = policy.tenant(identity.tenant)
     if tenant is None:
+        if trace is not None:
+            trace.add(StepName.IDENTITY, Outcome.DENY, f"tenant {identity.tenant!r} is not defined")
         return _deny(policy, Reason.NO_IDENTITY, detail="tenant is not defined")
+    if trace is not None:
+        trace.add(StepName.IDENTITY, Outcome.OK, f"sandbox {identity.sandbox} of tenant {tenant.name}")
 
     ip = literal_ip(request.host)
     if ip is not None:
         refused = guard.check(ip, by_name=False, tenant_opens=tenant.allow.opens_internal(ip, request.port))
         if refused is not None:
+            if trace is not None:
+                checked = (AddressCheck(refused.address, "refused", refused.why),)
+                trace.add(StepName.ADDRESS_GUARD, Outcome.DENY, refused.why, addresses=checked)
             return _deny(policy, Reason.PRIVATE_ADDRESS, tenant, detail=refused.why, refused=(refused,))
+    if trace is not None:
+        trace.steps.append(_guard_passed(request.host, ip))
 
-    rule_decision, relaxable, named = _rules(policy, tenant, request, ip)
+    rule_decision, relaxable, named = _rules(policy, tenant, request, ip, trace)
     relaxed = relaxable and tenant.mode is Mode.REPORT and rule_decision.reason in RELAXABLE_IN_REPORT_MODE
-    if not rule_decision.allowed and not relaxed:
-        return rule_decision
+    if not rule_decision.allowed:
+        if not relaxed:
+            return rule_decision
+        if trace is not None:
+            _trace_relaxed(trace)
 
     dial: str | None = str(ip) if ip is not None else None
     refusals: tuple[Refusal, ...] = ()
@@ -107,11 +128,17 @@ async def decide(
             # Operator ranges opened by name apply only to a name a rule names itself.
             choice = await pick_address(tenant, request, resolver, guard, address, public_only=not named)
         except ResolveError as e:
+            if trace is not None:
+                trace.add(StepName.RESOLVE, Outcome.DENY, f"cannot resolve: {e}")
             return _deny(policy, Reason.DNS_FAILURE, tenant, detail=str(e))
+        if trace is not None:
+            trace.steps.append(_resolved(request.host, choice))
         if choice.dial is None:
             # Binding in report mode too: report mode never dials an address a network rule refuses.
             return replace(choice.denial, policy_version=policy.version)
         dial, refusals = choice.dial, choice.refused
+    elif trace is not None:
+        trace.add(StepName.RESOLVE, Outcome.SKIP, f"{ip} is an address")
 
     # Rules for the name, and deny rules for the network the dialled address is in, may need
     # per-request checks: either one means the tunnel must be intercepted.
@@ -124,6 +151,8 @@ async def decide(
         # A policy that reads the request can only be applied to intercepted traffic.
         inspect = inspect or tenant.rego.reads_request
         verdict = await _rego(engine or default_engine(), tenant, identity, request, dial)
+        if trace is not None:
+            _trace_rego(trace, tenant, identity, request, dial, verdict)
         if not verdict.allowed:
             if verdict.fault or tenant.mode is not Mode.REPORT:
                 return _deny(
@@ -132,6 +161,8 @@ async def decide(
             if not relaxed:
                 rule_decision = _deny(policy, verdict.reason, tenant, rule_id=f"{tenant.name}/rego")
                 relaxed = True
+    elif trace is not None:
+        trace.add(StepName.REGO, Outcome.SKIP, "the tenant has no Rego: the allowlist decides alone")
     if rule_decision.allowed:
         return Decision(
             allowed=True,
@@ -181,7 +212,11 @@ def literal_ip(host: str) -> IPAddress | None:
 
 
 def _rules(
-    policy: PolicySet, tenant: TenantPolicy, request: EgressRequest, ip: IPAddress | None
+    policy: PolicySet,
+    tenant: TenantPolicy,
+    request: EgressRequest,
+    ip: IPAddress | None,
+    trace: Trace | None = None,
 ) -> tuple[Decision, bool, bool]:
     """Steps 3 and 4: the decision, whether report mode may relax a denial, and whether the
     host is named by a rule (the allowing one, not `hosts: ["*"]`; for a denial, any allow
@@ -189,12 +224,20 @@ def _rules(
     args = (request.host, ip, request.port, request.method, request.path)
     base = tenant.base_deny.deny_match(*args)
     if base is not None:
-        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=base.rule_id), False, False
+        decision = _deny(policy, Reason.HOST_DENIED, tenant, rule_id=base.rule_id)
+        if trace is not None:
+            trace.add(StepName.DENY_RULES, Outcome.DENY, "the operator's base deny rule matches", base)
+        return decision, False, False
     denied = tenant.deny.deny_match(*args)
     if denied is not None:
         # A deny network is binding in report mode, whether the address came literally or by name.
-        return _deny(policy, Reason.HOST_DENIED, tenant, rule_id=denied.rule_id), ip is None, False
+        decision = _deny(policy, Reason.HOST_DENIED, tenant, rule_id=denied.rule_id)
+        if trace is not None:
+            trace.add(StepName.DENY_RULES, Outcome.DENY, "the tenant's deny rule matches", denied)
+        return decision, ip is None, False
     match = tenant.allow.match(*args, no_match=Reason.HOST_NOT_ALLOWED, upgrade=request.upgrade)
+    if trace is not None:
+        _trace_allow_rules(trace, match)
     if match.rule is not None:
         allowed = Decision(
             allowed=True,
@@ -345,3 +388,69 @@ def _deny(
         detail=detail,
         refused=refused,
     )
+
+
+# --- the trace: what each step found, recorded only when `decide` is given a Trace ----------
+
+
+def _guard_passed(host: str, ip: IPAddress | None) -> Step:
+    """Step 2 when the guard did not refuse: a name skips it, a literal may be dialled."""
+    if ip is None:
+        detail = f"{host} is a name: its addresses are checked in step {StepName.RESOLVE.number}"
+        return Step(StepName.ADDRESS_GUARD, Outcome.SKIP, detail)
+    dialled = (AddressCheck(str(ip), "dial"),)
+    return Step(StepName.ADDRESS_GUARD, Outcome.OK, f"{ip} may be dialled", addresses=dialled)
+
+
+def _trace_allow_rules(trace: Trace, match: RuleMatch) -> None:
+    """Steps 3 (no deny rule matched) and 4 (the allow rules' match, or why none did)."""
+    trace.add(StepName.DENY_RULES, Outcome.OK, "no deny rule matches")
+    if match.rule is not None:
+        how = 'hosts: ["*"] matches (public addresses only)' if match.any_host else "an allow rule matches"
+        trace.add(StepName.ALLOW_RULES, Outcome.OK, how, match.rule)
+    elif match.nearest is not None:
+        trace.add(StepName.ALLOW_RULES, Outcome.DENY, f"{match.reason.value} (nearest rule)", match.nearest)
+    else:
+        trace.add(StepName.ALLOW_RULES, Outcome.DENY, f"{match.reason.value}: no rule names this destination")
+
+
+def _trace_relaxed(trace: Trace) -> None:
+    """Report mode lets the rules step that denied through: it would deny."""
+    denied = trace.steps.pop()
+    trace.steps.append(replace(denied, outcome=Outcome.WOULD_DENY))
+    if denied.name is StepName.DENY_RULES:
+        trace.add(StepName.ALLOW_RULES, Outcome.SKIP, "a deny rule matched: allow rules are not asked")
+
+
+def _resolved(host: str, choice: AddressChoice) -> Step:
+    """Step 5: what the name resolved to, and each address refused, dialled or not checked."""
+    checked = address_checks(choice.candidates, choice.refused, choice.dial)
+    resolved = f"{host} → {', '.join(choice.candidates)}"
+    if choice.dial is None:
+        denial = choice.denial
+        detail = f"{resolved}: {denial.reason.value}, no address may be dialled"
+        return Step(StepName.RESOLVE, Outcome.DENY, detail, denial.rule_id, addresses=checked)
+    detail = resolved if len(choice.candidates) == 1 else f"{resolved}: dials {choice.dial}"
+    return Step(StepName.RESOLVE, Outcome.OK, detail, addresses=checked)
+
+
+def _trace_rego(
+    trace: Trace,
+    tenant: TenantPolicy,
+    identity: Identity,
+    request: EgressRequest,
+    dial: str,
+    verdict: RegoVerdict,
+) -> None:
+    """Step 6: the verdict, and the modules and input document it was given."""
+    assert tenant.rego is not None
+    if verdict.allowed:
+        outcome = Outcome.OK
+    elif verdict.fault:
+        outcome = Outcome.ERROR
+    else:
+        outcome = Outcome.WOULD_DENY if tenant.mode is Mode.REPORT else Outcome.DENY
+    detail = verdict.reason.value + (f": {verdict.message}" if verdict.message else "")
+    trace.add(StepName.REGO, outcome, detail, rule_id=f"{tenant.name}/rego")
+    modules = tuple(m.path for m in tenant.rego.modules)
+    trace.rego = RegoTrace(modules, input_document(identity, request, dial), verdict)

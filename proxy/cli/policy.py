@@ -20,7 +20,7 @@ from typing import Any
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decision import Identity
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
-from sandgate.policy.explain import Explanation, explain
+from sandgate.policy.explain import Explanation, Outcome, StepName, explain
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.rego_loader import operator_modules_dir
@@ -415,11 +415,11 @@ def _explain_json(result: Explanation, args: argparse.Namespace) -> dict[str, An
         "request": f"{args.method.upper()} {args.url}",
         "steps": [s.as_dict() for s in result.steps],
     }
-    if result.rego_verdict is not None:
-        v = result.rego_verdict
+    if result.rego is not None:
+        v = result.rego.verdict
         value["rego"] = {
-            "modules": list(result.rego_modules),
-            "input": result.rego_input,
+            "modules": list(result.rego.modules),
+            "input": dict(result.rego.input),
             "verdict": {"allow": v.allowed, "reason": v.reason.value, "message": v.message, "fault": v.fault},
         }
     return value
@@ -441,15 +441,16 @@ def _explain_text(result: Explanation, args: argparse.Namespace, identity: Ident
         if s.rule_id:
             where = f" [{s.rule_id}" + (f" at {s.origin}" if s.origin else "") + "]"
         lines.append(f"  {s.number} {s.name:<13} {s.outcome:<11} {s.detail}{where}".rstrip())
-        # One address is said in the step's line; several, or a refusal, get a line each.
-        listed = s.addresses if len(s.addresses) > 1 or (s.number == 5 and s.outcome == "deny") else ()
+        # One address is said in the step's line; several, or a refusal of them all, get a line each.
+        resolve_denied = s.name is StepName.RESOLVE and s.outcome is Outcome.DENY
+        listed = s.addresses if len(s.addresses) > 1 or resolve_denied else ()
         for a in listed:
             lines.append(f"{'':28}{a.address:<15} {a.result}" + (f": {a.why}" if a.why else ""))
-    if result.rego_input is not None:
+    if result.rego is not None:
         lines.append("rego modules")
-        lines += [f"  {m}" for m in result.rego_modules]
+        lines += [f"  {m}" for m in result.rego.modules]
         lines.append("rego input")
-        shown = json.dumps(result.rego_input, indent=2, sort_keys=True)
+        shown = json.dumps(result.rego.input, indent=2, sort_keys=True)
         lines += ["  " + line for line in shown.splitlines()]
     return "\n".join(lines)
 

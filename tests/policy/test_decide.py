@@ -16,6 +16,7 @@ from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import Resolution, StaticResolver
+from sandgate.policy.trace import Outcome, StepName, Trace
 
 R = Reason
 
@@ -709,6 +710,53 @@ async def test_decide(policy: PolicySet, case: Case) -> None:
     assert decision.verdict == ("would_deny" if case.report_only else "allow" if case.allowed else "deny")
     tenant = policy.tenant(case.identity.tenant) if case.identity else None
     assert decision.mode is (tenant.mode if tenant else Mode.ENFORCE)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"the trace agrees: {c.why}" for c in CASES])
+async def test_the_trace_records_the_steps_that_decided(policy: PolicySet, case: Case) -> None:
+    """A trace changes nothing and tells the same story: the steps in order, none twice, each
+    one taken before the one that decided; a denial's last step denies, an allow has all six."""
+    untraced = await decide(policy, case.identity, case.request(), StaticResolver(HOSTS), guard())
+    trace = Trace()
+    traced = await decide(policy, case.identity, case.request(), StaticResolver(HOSTS), guard(), trace=trace)
+    assert traced == untraced
+    names = [s.name for s in trace.steps]
+    assert names == list(StepName)[: len(names)]
+    outcomes = [s.outcome for s in trace.steps]
+    if traced.allowed:
+        assert names == list(StepName)
+        assert Outcome.DENY not in outcomes and Outcome.ERROR not in outcomes
+        assert (Outcome.WOULD_DENY in outcomes) is traced.report_only
+        dialled = [a.address for s in trace.steps for a in s.addresses if a.result == "dial"]
+        assert dialled[-1] == traced.address
+    else:
+        assert outcomes[-1] is Outcome.DENY
+        assert Outcome.DENY not in outcomes[:-1]
+
+
+async def test_a_report_mode_deny_rule_is_traced_as_would_deny(policy: PolicySet) -> None:
+    trace = Trace()
+    request = EgressRequest(Phase.CONNECT, "blocked.example.com", 443)
+    decision = await decide(policy, TRIAL_ID, request, StaticResolver(HOSTS), guard(), trace=trace)
+    assert (decision.verdict, decision.reason) == ("would_deny", R.HOST_DENIED)
+    assert [(s.name, s.outcome, s.rule_id) for s in trace.steps] == [
+        (StepName.IDENTITY, Outcome.OK, None),
+        (StepName.ADDRESS_GUARD, Outcome.SKIP, None),
+        (StepName.DENY_RULES, Outcome.WOULD_DENY, "trial/deny/blocked"),
+        # Allow rules are not asked once a deny rule matched; resolution still runs.
+        (StepName.ALLOW_RULES, Outcome.SKIP, None),
+        (StepName.RESOLVE, Outcome.OK, None),
+        (StepName.REGO, Outcome.SKIP, None),
+    ]
+
+
+async def test_a_dns_failure_is_traced_at_the_resolve_step(policy: PolicySet) -> None:
+    trace = Trace()
+    request = EgressRequest(Phase.CONNECT, "gone.example.net", 443)
+    await decide(policy, ACME_ID, request, StaticResolver(HOSTS), guard(), trace=trace)
+    last = trace.steps[-1]
+    assert (last.name, last.outcome) == (StepName.RESOLVE, Outcome.DENY)
+    assert last.detail.startswith("cannot resolve: ") and "gone.example.net" in last.detail
 
 
 async def test_a_name_whose_every_address_is_denied_says_so(policy: PolicySet) -> None:
