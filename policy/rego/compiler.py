@@ -33,7 +33,7 @@ from sandgate.policy.rego.deny_sets import DENY_SETS_ENTRYPOINT, DENY_SETS_MODUL
 from sandgate.policy.rego.input_document import input_document
 from sandgate.policy.rego.program import DECISION_ENTRYPOINT, RegoModule, RegoProgram
 from sandgate.policy.rego.source import byte_to_char_offset, line_column
-from sandgate.policy.rego.worker import BUNDLE_STEP
+from sandgate.policy.rego.wire import BUNDLE_STEP
 
 __all__ = [
     "BundleStore",

@@ -15,7 +15,7 @@ request on stdin and reads one JSON line per step on stdout:
         → {"start": name} then {"test": name, "result": "pass" | "fail" | "error", "detail": ...}
 
 A `start` line without its result means the job crashed the process: the parent reports
-that job and runs the rest in a new process. Only the standard library and regopy here.
+that job and runs the rest in a new process. Only the standard library, regopy and `wire` here.
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ from regopy.rego_shared import (
     rego_query,
 )
 
-__all__ = ["BUNDLE_STEP", "main", "parse_errors"]
+from sandgate.policy.rego.wire import BUNDLE_STEP
 
-# The step a test group reports before building its bundle (a crash there: run it query by query).
-BUNDLE_STEP = "<bundle>"
+__all__ = ["main", "parse_errors"]
 
 _ERROR = re.compile(rb"\(error (\d+):")
 _ERROR_BARE = re.compile(rb"\(error\s")
