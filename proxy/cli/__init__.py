@@ -1,13 +1,18 @@
-"""The `sandgate` command: `main` parses and dispatches; one module per command group."""
+"""The `sandgate` command: `parser` is the argument tree, `main` imports and runs the one command
+asked for; one module per command group."""
 
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
     "admin",
     "audit",
+    "ca",
     "credentials",
     "main",
+    "parser",
     "policy",
     "policy_reload",
+    "run",
     "sandbox",
     "status",
+    "token",
 ]

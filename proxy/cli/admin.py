@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from sandgate.proxy.admin import client as admin_client
@@ -20,23 +18,12 @@ from sandgate.proxy.sandbox_listing import sandboxes_text
 
 __all__ = [
     "POLICY_COMMANDS",
-    "add_policy_parsers",
     "run_policy_command",
 ]
 
 POLICY_COMMANDS = ("reload", "status")
 # `policy status` lists this many sandboxes; `sandbox list` lists them all.
 STATUS_SANDBOXES = 20
-
-
-def add_policy_parsers(pol_sub: Any, fmt: Callable[[argparse.ArgumentParser], None]) -> None:
-    """`policy reload` and `policy status` (the running gateway's)."""
-    reload = pol_sub.add_parser("reload", help="reload the running gateway's policy now")
-    reload.add_argument("--config", type=Path)
-    fmt(reload)
-    status = pol_sub.add_parser("status", help="the running gateway's policy version, listeners, reloads")
-    status.add_argument("--config", type=Path)
-    fmt(status)
 
 
 def run_policy_command(args: argparse.Namespace) -> int:

@@ -15,16 +15,13 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from sandgate.policy.decision import Phase
-from sandgate.policy.reasons import Reason
 from sandgate.proxy.audit.files import JsonlSource, Source, audit_files
 from sandgate.proxy.audit.format import json_line, table_header, table_row
 from sandgate.proxy.audit.query import AuditInputError, Query, Record, parse_time
@@ -36,85 +33,9 @@ from sandgate.proxy.audit.suggest import render_suggestions
 from sandgate.proxy.config import RedisConfig, load_config
 from sandgate.proxy.fleet.redis_client import Keys, connect_sync
 
-__all__ = ["add_parsers", "build_query", "open_source", "open_stream", "run_audit_command"]
+__all__ = ["build_query", "open_source", "open_stream", "run_audit_command"]
 
 EXIT_OK, EXIT_USAGE = 0, 2
-
-
-def _count(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least `minimum`."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
-        return value
-
-    return parse
-
-
-def _add_source(p: argparse.ArgumentParser) -> None:
-    """`--config F [--stream]`, `--file PATH` or `--redis URL [--prefix P]`: where the audit trail is."""
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--config", type=Path, help="gateway config: read its audit.path (default: defaults)")
-    where.add_argument("--file", type=Path, help="an audit.jsonl file (its rotated .1 … .N are read too)")
-    where.add_argument("--redis", metavar="URL", help="read the fleet audit stream in this redis")
-    p.add_argument(
-        "--stream", action="store_true", help="with --config: read the fleet stream of its redis: section"
-    )
-    p.add_argument("--prefix", help="with --redis: the fleet's key prefix (default sandgate:)")
-
-
-def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bool) -> None:
-    """The record filters shared by every audit subcommand (repeat one to accept any of its values)."""
-    f = p.add_argument_group("filters (AND across filters, OR within a repeated one)")
-    f.add_argument("--tenant", action="append", default=[])
-    f.add_argument("--sandbox", action="append", default=[], required=one_sandbox)
-    f.add_argument("--host", action="append", default=[], help="exact host, or *.suffix for its subdomains")
-    f.add_argument(
-        "--reason", action="append", default=[], choices=[r.value for r in Reason], metavar="REASON"
-    )
-    f.add_argument("--decision", action="append", default=[], choices=("allow", "deny", "would_deny"))
-    f.add_argument("--phase", action="append", default=[], choices=[p.value for p in Phase])
-    f.add_argument(
-        "--credential", action="append", default=[], metavar="NAME", help="records that injected it"
-    )
-    if any_event:
-        f.add_argument("--event", choices=("decision", "policy_reload"), default="decision")
-    f.add_argument("--since", metavar="T", help="from this time: RFC 3339, or 15m, 2h, 1d ago")
-    f.add_argument("--until", metavar="T", help="before this time: RFC 3339, or 15m, 2h, 1d ago")
-
-
-def _add_format(p: argparse.ArgumentParser, default: str) -> None:
-    """`--format json|table`."""
-    p.add_argument("--format", choices=("json", "table"), default=default)
-
-
-def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `audit` subcommand and its `tail`, `query`, `stats` and `suggest`."""
-    audit = sub.add_parser("audit", help="read the audit trail: tail, query, stats, suggest")
-    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
-
-    tail = audit_sub.add_parser("tail", help="the last records, optionally following new ones")
-    tail.add_argument("-n", "--lines", type=_count(0), default=10, metavar="N", help="how many (default 10)")
-    tail.add_argument("-f", "--follow", action="store_true", help="keep printing records as they are written")
-    query = audit_sub.add_parser("query", help="records matching filters, oldest first")
-    query.add_argument("--limit", type=_count(1), metavar="N", help="stop after N records")
-    stats = audit_sub.add_parser("stats", help="per tenant: counts by decision and reason, top denials")
-    stats.add_argument("--top", type=_count(1), default=10, metavar="N", help="entries in top lists (10)")
-    suggest = audit_sub.add_parser(
-        "suggest", help="allow rules (YAML, to review) that would permit a sandbox's repeated denials"
-    )
-    suggest.add_argument("--min-count", type=_count(1), default=2, metavar="N", help="denials per rule (2)")
-    for p in (tail, query, stats, suggest):
-        _add_source(p)
-        # stats and suggest count decisions; suggest is about one sandbox.
-        _add_filters(p, any_event=p in (tail, query), one_sandbox=p is suggest)
-        if p is not suggest:
-            _add_format(p, "table")
 
 
 def build_query(args: argparse.Namespace, now: datetime) -> Query:

@@ -16,7 +16,6 @@ import os
 import re
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 from sandgate.brokers import Broker, Secret
 from sandgate.policy.model.loader import load_policy_dir
@@ -31,42 +30,7 @@ from sandgate.proxy.stores.protocols import CredentialInfo, StoreError
 from sandgate.proxy.stores.registry import load_registry, merge_registry
 from sandgate.proxy.stores.sealing_keys import StoreKeys
 
-__all__ = ["add_parsers", "placeholder_environment", "run_credentials_command"]
-
-
-def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    creds = sub.add_parser(
-        "credentials", help="credential placeholders; values in the running gateway's store"
-    )
-    creds_sub = creds.add_subparsers(dest="credentials_command", required=True)
-    ph = creds_sub.add_parser("placeholders", help="a sandbox's placeholders, as environment assignments")
-    ph.add_argument("--sandbox", required=True)
-    ph.add_argument("--config", type=Path)
-    ph.add_argument("--format", choices=("env", "json"), default="env")
-
-    for name, help_ in (
-        ("set", "store a credential value (stdin or --from-env), adding or replacing it"),
-        ("rotate", "replace a stored credential value (it must exist)"),
-    ):
-        c = creds_sub.add_parser(name, help=help_)
-        c.add_argument("--tenant", required=True)
-        c.add_argument("name", help="the credential name (tenant files reference it as stored:NAME)")
-        c.add_argument("--from-env", metavar="VAR", help="read the value from this environment variable")
-        c.add_argument("--config", type=Path)
-    rm = creds_sub.add_parser("remove", help="delete a stored credential value")
-    rm.add_argument("--tenant", required=True)
-    rm.add_argument("name")
-    rm.add_argument("--config", type=Path)
-    ls = creds_sub.add_parser(
-        "list", help="stored credentials (tenant, name, version, updated; never values)"
-    )
-    ls.add_argument("--tenant")
-    ls.add_argument("--format", choices=("table", "json"), default="table")
-    ls.add_argument("--config", type=Path)
-    rk = creds_sub.add_parser("rekey", help="re-seal every stored value with the newest store key")
-    rk.add_argument("--config", type=Path)
-    ak = creds_sub.add_parser("add-key", help="add a new newest store key (file store keys only)")
-    ak.add_argument("--config", type=Path)
+__all__ = ["placeholder_environment", "run_credentials_command"]
 
 
 def env_name(credential: object) -> str:

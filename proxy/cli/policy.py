@@ -46,64 +46,9 @@ from sandgate.proxy.config import load_config
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.net.host_addresses import own_addresses
 
-__all__ = ["add_parser", "run"]
+__all__ = ["run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def add_parser(sub: Any) -> None:
-    """Add `policy` and its subcommands to the top-level subparsers."""
-    pol = sub.add_parser("policy", help="policy files: check, test, explain, schema, push")
-    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
-
-    check = pol_sub.add_parser("check", help="validate rules directories, .rego modules and test case files")
-    check.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
-    _guard_config(check)
-    _format(check)
-
-    test = pol_sub.add_parser("test", help="run Rego test_ rules and YAML test cases")
-    test.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
-    test.add_argument("-v", "--verbose", action="store_true", help="list every test, not only failures")
-    _guard_config(test)
-    _format(test)
-
-    exp = pol_sub.add_parser("explain", help="the decision for one request, step by step")
-    exp.add_argument("method", metavar="METHOD", help="GET, POST, ... or CONNECT")
-    exp.add_argument("url", metavar="URL", help="https://host/path?query, or host:port for CONNECT")
-    exp.add_argument("--tenant", help="the tenant (default: the sandbox's)")
-    exp.add_argument("--sandbox", help="a registered sandbox (default: a sandbox named 'explain')")
-    exp.add_argument("--rules", type=Path, default=Path("rules"), help="rules directory (default: rules)")
-    exp.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'")
-    exp.add_argument("--body-size", type=int, help="declared request body length")
-    exp.add_argument("--client", help="the guest's address")
-    exp.add_argument(
-        "--resolve", action="append", default=[], metavar="HOST=IP", help="resolve HOST to IP (repeatable)"
-    )
-    _guard_config(exp)
-    _format(exp)
-
-    schema = pol_sub.add_parser("schema", help="JSON Schema of tenant files (or of the Rego input)")
-    schema.add_argument("--input", action="store_true", help="the Rego input document instead")
-    _format(schema)
-
-    push = pol_sub.add_parser("push", help="upload Rego modules and tenant data to an OPA server")
-    push.add_argument("rules_dir", type=Path, nargs="?", default=Path("rules"))
-    push.add_argument("--url", required=True, help="the OPA server, e.g. http://127.0.0.1:8181")
-    push.add_argument("--token-env", help="environment variable holding the server's bearer token")
-    push.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default 10)")
-    push.add_argument("--keep", action="store_true", help="keep sandgate/ policies this push does not have")
-    _format(push)
-
-    admin_cli.add_policy_parsers(pol_sub, _format)
-
-
-def _guard_config(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="the gateway config whose address_guard applies (default: a guard that opens no range)",
-    )
 
 
 def _operator_guard(config_path: Path | None) -> AddressGuard:
@@ -114,10 +59,6 @@ def _operator_guard(config_path: Path | None) -> AddressGuard:
     cfg = load_config(config_path).address_guard
     own = own_addresses() if cfg.own_addresses == "auto" else cfg.own_addresses
     return AddressGuard(cfg.reachable_by_name, own, cfg.tenant_reachable)
-
-
-def _format(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=("text", "json"), default="text")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,70 +26,7 @@ from sandgate.proxy.stores.protocols import StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox
 from sandgate.proxy.stores.registry_redis import RedisSandboxStore, rules_checker
 
-__all__ = ["add_parsers", "run_jail_command", "run_sandbox_command"]
-
-
-def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `sandbox` and `jail` subcommands."""
-    sb = sub.add_parser("sandbox", help="register sandboxes and their host rules (needs root)")
-    sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
-    add = sb_sub.add_parser(
-        "add", help="register a sandbox (on a host interface, by proxy token, or both) and install its rules"
-    )
-    add.add_argument("--interface", help="the host-side interface (TAP or veth) of the sandbox")
-    add.add_argument(
-        "--address",
-        action="append",
-        default=[],
-        help="a source address of the sandbox, IPv4 or IPv6 (repeat for several; needed with --interface)",
-    )
-    add.add_argument(
-        "--token",
-        metavar="REF",
-        help="its explicit-proxy token: env:VAR, file:PATH or sha256:HEX (only the digest is stored)",
-    )
-    add.add_argument("--tenant", required=True)
-    add.add_argument("--id", help="sandbox id (default: the interface name)")
-    add.add_argument(
-        "--replace",
-        action="store_true",
-        help="replace a sandbox registered under this id with these settings (in place, no identity gap)",
-    )
-    add.add_argument("--config", type=Path)
-    up = sb_sub.add_parser(
-        "update", help="change a registered sandbox in place (tenant, address, interface or token)"
-    )
-    up.add_argument("id")
-    up.add_argument("--tenant")
-    up.add_argument("--interface")
-    up.add_argument(
-        "--address",
-        action="append",
-        default=[],
-        help="the sandbox's source addresses from now on (repeat for several; replaces all of them)",
-    )
-    up.add_argument(
-        "--token", metavar="REF", help="a new explicit-proxy token: env:VAR, file:PATH or sha256:HEX"
-    )
-    up.add_argument("--config", type=Path)
-    rm = sb_sub.add_parser("remove", help="unregister a sandbox and remove its rules")
-    rm.add_argument("id")
-    rm.add_argument("--config", type=Path)
-    ls = sb_sub.add_parser(
-        "list", help="every sandbox the gateway knows (tenant files and registry), how it is identified"
-    )
-    ls.add_argument("--config", type=Path)
-    ls.add_argument("--format", choices=("text", "json"), default="text")
-
-    jail = sub.add_parser(
-        "jail", help="run a command in a fresh network namespace behind the gateway (needs root)"
-    )
-    jail.add_argument("--tenant")
-    jail.add_argument("--sandbox", help="sandbox id (default: jail-<random>)")
-    jail.add_argument("--config", type=Path)
-    jail.add_argument(
-        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run, after --"
-    )
+__all__ = ["run_jail_command", "run_sandbox_command"]
 
 
 def run_sandbox_command(args: argparse.Namespace) -> int:

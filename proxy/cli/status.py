@@ -17,7 +17,6 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +25,7 @@ from sandgate.proxy.admin import client as admin_client
 from sandgate.proxy.config import GatewayConfig, load_config
 from sandgate.proxy.statusfile import read_status
 
-__all__ = ["Readiness", "add_parser", "check", "run_status_command"]
+__all__ = ["Readiness", "check", "run_status_command"]
 
 EXIT_OK, EXIT_NOT_SERVING = 0, 1
 POLL_SECONDS = 0.2
@@ -41,23 +40,6 @@ class Readiness:
     serving: bool
     reason: str
     status: dict[str, Any] = field(default_factory=dict)
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "status",
-        help="whether the local gateway serves (exit 0) or not (1); --wait until it does",
-    )
-    p.add_argument("--config", type=Path, help="the gateway's config (its admin socket and state_dir)")
-    p.add_argument("--wait", action="store_true", help="wait until the gateway serves")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="with --wait: give up after S seconds (default 60)",
-    )
-    p.add_argument("--format", choices=("text", "json"), default="text")
 
 
 def check(config: GatewayConfig, answer_within: float = ANSWER_SECONDS) -> Readiness:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from conftest import REPO
 
-from sandgate.proxy.cli.main import _parser
+from sandgate.proxy.cli.parser import build_parser
 
 DEPLOY = REPO / "deploy"
 ENV_REF = re.compile(r"^env:([A-Za-z_][A-Za-z0-9_]*)$")
@@ -25,7 +25,7 @@ def yaml_docs(path: Path) -> list[dict[str, Any]]:
 def parse_cli(argv: list[str]) -> Any:
     """The argparse namespace the real `sandgate` command would get (SystemExit if invalid)."""
     assert Path(argv[0]).name == "sandgate", argv
-    return _parser().parse_args(argv[1:])
+    return build_parser().parse_args(argv[1:])
 
 
 def secret_refs(config_text: str) -> set[tuple[str, str]]:
