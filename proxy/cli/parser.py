@@ -277,7 +277,9 @@ def _add_policy(sub: Subparsers) -> None:
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
 
     check = pol_sub.add_parser("check", help="validate rules directories, .rego modules and test case files")
-    check.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
+    check.add_argument(
+        "paths", type=Path, nargs="*", metavar="PATH", help="default: --config's rules_dir, else rules"
+    )
     _guard_config(check)
     _format(check)
 

@@ -71,10 +71,12 @@ def run(args: argparse.Namespace) -> int:
     if command == "check":
         try:
             guard = _operator_guard(args.config) if args.config else None
+            # With --config and no path, the rules that gateway serves (not ./rules).
+            rules = load_config(args.config).rules_path if args.config else Path("rules")
         except ConfigError as e:
             print(f"sandgate: {e}", file=sys.stderr)
             return EXIT_USAGE
-        return _check(args.paths or [Path("rules")], args.format, guard)
+        return _check(args.paths or [rules], args.format, guard)
     if command == "test":
         try:
             guard = _operator_guard(args.config)

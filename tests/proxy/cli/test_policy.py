@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,17 @@ def test_check_the_shipped_rules_on_a_fresh_clone_notes_the_missing_demo_token(
     code, out, err = run(capsys, "check", str(rules))
     assert (code, err) == (0, "")
     assert "note: " in out and "demo-1.token does not exist yet; sandbox 'demo-1' is off until it does" in out
+
+
+def test_check_with_a_config_and_no_path_checks_the_config_rules_dir(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Not ./rules (here the repository's shipped rules): the rules that gateway serves,
+    # its rules_dir resolved against the config's folder.
+    shutil.copytree(REPO / GOOD, tmp_path / "served")
+    config = tmp_path / "sandgate.yaml"
+    config.write_text("rules_dir: served\n")
+    code, out, _ = run(capsys, "check", "--config", str(config), "--format", "json")
+    assert code == 0
+    assert json.loads(out)["tenants"] == ["acme", "plain", "trial"]
+    assert all(f.startswith(str(tmp_path / "served")) for f in json.loads(out)["files"])
