@@ -61,7 +61,15 @@ stamp=".venv/.sandgate-installed$extras"
 current() { [[ -f "$1" && ! pyproject.toml -nt "$1" ]]; }
 # A dev install holds everything the gateway needs: after one, the plain install has nothing to do.
 if ! current "$stamp" && ! current ".venv/.sandgate-installed[dev]"; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+    # pip's whole output goes to a log; a failure shows its end and stops here (an earlier
+    # install would still import, and the stamp would hide the failure from the next run).
+    log=.venv/pip-install.log
+    if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".$extras" >"$log" 2>&1; then
+        tail -n 60 "$log" >&2
+        echo "install.sh: pip install failed (the whole output: $log)" >&2
+        exit 1
+    fi
+    grep -E "^(WARNING|DEPRECATION):" "$log" | grep -v "^WARNING: Location" >&2 || true
     .venv/bin/python -c "import sandgate.proxy.cli.main" || { echo "sandgate failed to install" >&2; exit 1; }
     touch "$stamp"
 fi
