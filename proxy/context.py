@@ -9,23 +9,36 @@ from dataclasses import dataclass, field, replace
 from sandgate.brokers import Broker
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
-from sandgate.policy.decision import Decision, EgressRequest, Identity
+from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.limiter import Limiter
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.engine import PolicyEngine
 from sandgate.policy.resolver import Resolver
+from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.audit.trail import AuditLog
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.name_bindings import NameBindings
 
-__all__ = ["ConnectionState", "GatewayContext"]
+__all__ = ["ConnectionState", "GatewayContext", "decision_context"]
 
 
 @dataclass(slots=True)
 class ConnectionState:
-    """What the gateway has established about one client connection."""
+    """What the gateway has established about one client connection.
+
+    Addons read the fields; they change them only through the transitions below, so every
+    way a connection's facts can change is in this one place (as h11's `_state.py` does):
+
+        identified(identity)              the proxy credential named a sandbox
+        arrived(original_dst, identity)   transparent: where the guest connected, who it is
+        raw_approved(address, port, name) transparent: a `protocol: tcp` rule allowed it at connect
+        tunnel_approved(host, port, d)    a CONNECT (or transparent ClientHello) was allowed
+        tls_accepted(sni, passthrough)    the ClientHello fits the tunnel
+        approve(address, port, host)      an absolute-form request was allowed to this address
+        refused(reason)                   a layer denied: no upstream connection opens after this
+    """
 
     listener: str
     client: str
@@ -49,6 +62,62 @@ class ConnectionState:
     @property
     def in_tunnel(self) -> bool:
         return self.tunnel_host is not None
+
+    # -- transitions -------------------------------------------------------------------------
+
+    def identified(self, identity: Identity) -> None:
+        """The connection's proxy credential named this sandbox."""
+        self.identity = identity
+
+    def arrived(self, original_dst: tuple[str, int], identity: Identity | None) -> None:
+        """Transparent mode: the guest connected to `original_dst`, from `identity`'s address."""
+        self.original_dst = original_dst
+        self.identity = identity
+
+    def raw_approved(self, address: str, port: int, name: str) -> None:
+        """Transparent raw TCP allowed at connect: bytes to address:port pass (upstream SNI `name`)."""
+        self.raw = True
+        self.approved[(address, port)] = name
+
+    def tunnel_approved(self, host: str, port: int, decision: Decision) -> None:
+        """A tunnel to host:port was allowed: it may dial the address the decision checked."""
+        if decision.address is None:
+            raise ValueError("an approved tunnel needs the checked address")
+        self.tunnel_host, self.tunnel_port, self.tunnel_decision = host, port, decision
+        self.approved[(decision.address, port)] = host
+
+    def tls_accepted(self, sni: str | None, *, passthrough: bool) -> None:
+        """The tunnel's ClientHello fits it: intercepted, or passed through untouched."""
+        self.sni = sni
+        self.passthrough = passthrough
+
+    def approve(self, address: str, port: int, host: str) -> None:
+        """A request to `host` was allowed: the connection may dial address:port for it."""
+        self.approved[(address, port)] = host
+
+    def refused(self, reason: Reason) -> None:
+        """A layer denied: the chokepoint opens no upstream connection for it from now on."""
+        self.denied = reason
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def decision_context(self, phase: Phase) -> DecisionContext:
+        """The audit context of a decision on this connection: who, from where, to its tunnel."""
+        return DecisionContext(
+            phase=phase,
+            listener=self.listener,
+            client=self.client,
+            host=self.tunnel_host,
+            port=self.tunnel_port,
+            identity=self.identity,
+        )
+
+
+def decision_context(state: ConnectionState | None, phase: Phase, listener: str = "-") -> DecisionContext:
+    """The state's decision context; for a connection without state, one naming only `listener`."""
+    if state is None:
+        return DecisionContext(phase=phase, listener=listener, client="-")
+    return state.decision_context(phase)
 
 
 class GatewayContext:

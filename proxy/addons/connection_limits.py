@@ -328,7 +328,7 @@ class SandboxConnectionCap:
             decision = Decision(
                 reason=Reason.CONNECTION_LIMIT, policy_version=self.ctx.policy.version, detail=limit
             )
-            state.denied = Reason.CONNECTION_LIMIT
+            state.refused(Reason.CONNECTION_LIMIT)
             if not await self.ctx.audit.emit(decision_record(dctx, decision)):
                 flow.response = denied_response(Reason.INTERNAL_ERROR, None, dctx.decision_id)
             else:

@@ -40,7 +40,7 @@ from sandgate.proxy.addons.limits import (
 )
 from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record
-from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.context import ConnectionState, GatewayContext, decision_context
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.respond import decision_response
 
@@ -93,9 +93,7 @@ class Gate:
             if not await self._record(dctx, decision):
                 await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
                 return
-            state.tunnel_host, state.tunnel_port = host, flow.request.port
-            state.tunnel_decision = decision
-            state.approved[(decision.address, flow.request.port)] = host
+            state.tunnel_approved(host, flow.request.port, decision)
             # Dial exactly the address that was checked: mitmproxy never resolves the name.
             flow.request.data.host = decision.address
         except Exception:
@@ -116,15 +114,8 @@ class Gate:
                 data.ignore_connection = True
                 return
             raw_sni = data.client_hello.sni
-            dctx = DecisionContext(
-                phase=Phase.TLS,
-                listener=state.listener,
-                client=state.client,
-                host=state.tunnel_host,
-                port=state.tunnel_port,
-                sni=raw_sni,
-                identity=state.identity,
-            )
+            dctx = state.decision_context(Phase.TLS)
+            dctx.sni = raw_sni
             decision = state.tunnel_decision
             problem = _sni_problem(raw_sni, state.tunnel_host, decision, require_sni=self.require_sni)
             if problem is not None:
@@ -140,8 +131,7 @@ class Gate:
                 self._block(state, decision.reason if queued else Reason.INTERNAL_ERROR)
                 data.ignore_connection = True
                 return
-            state.sni = raw_sni
-            state.passthrough = not decision.inspect
+            state.tls_accepted(raw_sni, passthrough=not decision.inspect)
             data.ignore_connection = state.passthrough
         except Exception:
             log.exception("hook_failed", hook="tls_clienthello")
@@ -161,14 +151,7 @@ class Gate:
         ):
             return
         try:
-            dctx = DecisionContext(
-                phase=Phase.CONNECT,
-                listener=state.listener if state else "-",
-                client=state.client if state else "-",
-                host=state.tunnel_host if state else None,
-                port=state.tunnel_port if state else None,
-                identity=state.identity if state else None,
-            )
+            dctx = decision_context(state, Phase.CONNECT)
             version = self.ctx.policy.version
             await self._record(dctx, Decision(reason=Reason.PROTOCOL_NOT_ALLOWED, policy_version=version))
         except Exception:
@@ -232,7 +215,7 @@ class Gate:
                 await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
                 return
             if not state.in_tunnel:
-                state.approved[(decision.address, port)] = host
+                state.approve(decision.address, port, host)
                 flow.request.data.host = decision.address
             flow.metadata[PENDING_KEY] = (dctx, decision)
         except Exception:
@@ -311,15 +294,13 @@ class Gate:
 
     def _context(self, flow: http.HTTPFlow, phase: Phase) -> DecisionContext:
         state = self.ctx.connections.get(flow.client_conn.id)
+        dctx = decision_context(state, phase)
+        if state is None or not state.in_tunnel:
+            dctx.host, dctx.port = flow.request.host, flow.request.port
+        # The request's identity (Identify sets it per request), not only the connection's.
         identity = flow.metadata.get(IDENTITY_KEY)
-        return DecisionContext(
-            phase=phase,
-            listener=state.listener if state else "-",
-            client=state.client if state else "-",
-            host=state.tunnel_host if state and state.in_tunnel else flow.request.host,
-            port=state.tunnel_port if state and state.in_tunnel else flow.request.port,
-            identity=identity if isinstance(identity, Identity) else None,
-        )
+        dctx.identity = identity if isinstance(identity, Identity) else None
+        return dctx
 
     def _fault(self, reason: Reason, detail: str) -> Decision:
         return Decision(allowed=False, reason=reason, policy_version=self.ctx.policy.version, detail=detail)
@@ -330,13 +311,13 @@ class Gate:
     async def _deny_flow(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> None:
         state = self.ctx.connections.get(flow.client_conn.id)
         if flow.request.method == "CONNECT" and state is not None:
-            state.denied = decision.reason
+            state.refused(decision.reason)
         response = decision_response(decision, dctx.host, dctx.decision_id)
         await refuse(self.ctx.audit, flow, response, dctx, decision)
 
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:
         if state is not None:
-            state.denied = reason
+            state.refused(reason)
 
 
 def _sni_problem(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> str | None:

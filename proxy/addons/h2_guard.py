@@ -154,7 +154,7 @@ class H2Guard:
         self.abusive += 1
         state = self.ctx.connections.get(client.id)
         if state is not None:
-            state.denied = Reason.PROTOCOL_ABUSE
+            state.refused(Reason.PROTOCOL_ABUSE)
         dctx = DecisionContext(
             phase=Phase.REQUEST,
             listener=state.listener if state else client.proxy_mode.full_spec,

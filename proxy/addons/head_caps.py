@@ -21,9 +21,9 @@ from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.flow_keys import HEAD_BYTES_KEY, PENDING_KEY
 from sandgate.proxy.addons.refusal import refuse
-from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.config import HeadsConfig
-from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.context import GatewayContext, decision_context
 from sandgate.proxy.mitm.head_caps import (
     OPT_MAX_BYTES,
     OPT_MAX_LINES,
@@ -55,16 +55,8 @@ class HeadGuard:
         # Read the connection's state first: its close is already under way.
         state = self.ctx.connections.get(refusal.client.id)
         try:
-            dctx = DecisionContext(
-                phase=Phase.REQUEST,
-                listener=state.listener if state else refusal.client.proxy_mode.full_spec,
-                client=state.client if state else "-",
-                host=state.tunnel_host if state else None,
-                port=state.tunnel_port if state else None,
-                sni=state.sni if state else None,
-                identity=state.identity if state else None,
-                decision_id=refusal.decision_id,
-            )
+            dctx = decision_context(state, Phase.REQUEST, refusal.client.proxy_mode.full_spec)
+            dctx.sni, dctx.decision_id = state.sni if state else None, refusal.decision_id
             decision = Decision(
                 reason=refusal.reason, policy_version=self.ctx.policy.version, detail=refusal.detail
             )

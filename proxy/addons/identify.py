@@ -105,7 +105,7 @@ class Identify:
                 return
             flow.metadata[IDENTITY_KEY] = identity
             if state is not None:
-                state.identity = identity
+                state.identified(identity)
         except Exception:
             log.exception("hook_failed", hook="identify")
             flow.metadata.pop(IDENTITY_KEY, None)

@@ -139,16 +139,15 @@ class TenantLimits:
         exceeded = self.ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
         if exceeded is None:
             return
-        state.denied = exceeded.reason
+        state.refused(exceeded.reason)
         data.server.error = f"sandgate: {exceeded.reason.value}"
-        dctx = DecisionContext(
-            phase=Phase.CONNECT,
-            listener=state.listener,
-            client=state.client,
-            host=state.tunnel_host or (state.original_dst[0] if state.original_dst else None),
-            port=state.tunnel_port or (state.original_dst[1] if state.original_dst else None),
-            sni=state.sni,
-            identity=state.identity,
+        dctx = state.decision_context(Phase.CONNECT)
+        # A transparent raw tunnel has no tunnel host: its original destination is recorded.
+        dst_host, dst_port = state.original_dst or (None, None)
+        dctx.host, dctx.port, dctx.sni = (
+            state.tunnel_host or dst_host,
+            state.tunnel_port or dst_port,
+            state.sni,
         )
         base = state.tunnel_decision or Decision(policy_version=self.ctx.policy.version)
         await self.ctx.audit.emit(decision_record(dctx, _limit_decision(base, exceeded)))

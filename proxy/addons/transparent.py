@@ -45,23 +45,25 @@ class Transparent:
             return
         try:
             dst = client.sockname
-            state.original_dst = (str(dst[0]), int(dst[1]))
-            state.identity = self.ctx.policy.identify_address(str(client.peername[0]))
+            state.arrived(
+                (str(dst[0]), int(dst[1])), self.ctx.policy.identify_address(str(client.peername[0]))
+            )
+            assert state.original_dst is not None
             decision = await self._connect_decision(state)
             if decision is None:
                 return  # decided later, on the ClientHello or the HTTP request
             dctx = self._dctx(state, Phase.CONNECT, state.original_dst[0])
             queued = await self.ctx.audit.emit(decision_record(dctx, decision))
             if decision.allowed and queued and decision.address is not None:
-                state.raw = True
-                state.approved[(decision.address, state.original_dst[1])] = dctx.host or decision.address
+                state.raw_approved(decision.address, state.original_dst[1], dctx.host or decision.address)
                 return
-            state.denied = decision.reason if queued else Reason.INTERNAL_ERROR
-            client.error = f"sandgate: {state.denied.value}"
+            reason = decision.reason if queued else Reason.INTERNAL_ERROR
+            state.refused(reason)
+            client.error = f"sandgate: {reason.value}"
         except Exception:
             log.exception("hook_failed", hook="transparent.client_connected")
             if state is not None:
-                state.denied = Reason.INTERNAL_ERROR
+                state.refused(Reason.INTERNAL_ERROR)
             client.error = "sandgate: internal error"
 
     async def _connect_decision(self, state: ConnectionState) -> Decision | None:
@@ -119,18 +121,16 @@ class Transparent:
             dctx.host = host
             queued = await self.ctx.audit.emit(decision_record(dctx, decision))
             if not decision.allowed or not queued or decision.address is None:
-                state.denied = decision.reason if queued else Reason.INTERNAL_ERROR
+                state.refused(decision.reason if queued else Reason.INTERNAL_ERROR)
                 data.ignore_connection = True
                 return
-            state.tunnel_host, state.tunnel_port, state.tunnel_decision = host, port, decision
-            state.sni = sni
-            state.approved[(decision.address, port)] = host
+            state.tunnel_approved(host, port, decision)
+            state.tls_accepted(sni, passthrough=not decision.inspect or decision.raw_tcp)
             data.context.server.address = (decision.address, port)
-            state.passthrough = not decision.inspect or decision.raw_tcp
             data.ignore_connection = state.passthrough
         except Exception:
             log.exception("hook_failed", hook="transparent.tls_clienthello")
-            state.denied = Reason.INTERNAL_ERROR
+            state.refused(Reason.INTERNAL_ERROR)
             data.ignore_connection = True
 
     # -- plaintext HTTP ----------------------------------------------------------------------
@@ -210,14 +210,9 @@ class Transparent:
             return False
 
     def _dctx(self, state: ConnectionState, phase: Phase, host: str | None) -> DecisionContext:
-        return DecisionContext(
-            phase=phase,
-            listener=state.listener,
-            client=state.client,
-            host=host,
-            port=state.original_dst[1] if state.original_dst else None,
-            identity=state.identity,
-        )
+        dctx = state.decision_context(phase)
+        dctx.host, dctx.port = host, state.original_dst[1] if state.original_dst else None
+        return dctx
 
     async def _deny(
         self, flow: http.HTTPFlow, state: ConnectionState, decision: Decision, host: str | None

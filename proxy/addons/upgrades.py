@@ -36,7 +36,7 @@ from sandgate.proxy.addons.flow_keys import PENDING_KEY
 from sandgate.proxy.addons.limits import tenant_limits
 from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
-from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.context import GatewayContext, decision_context
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.respond import denied_response
 
@@ -98,16 +98,9 @@ class Upgrades:
         if pending is not None:
             dctx, allowed = pending
         else:
-            state = self.ctx.connections.get(flow.client_conn.id)
-            dctx = DecisionContext(
-                phase=Phase.REQUEST,
-                listener=state.listener if state else "-",
-                client=state.client if state else "-",
-                host=flow.request.pretty_host,
-                method=flow.request.method,
-                path=flow.request.path,
-                identity=state.identity if state else None,
-            )
+            dctx = decision_context(self.ctx.connections.get(flow.client_conn.id), Phase.REQUEST)
+            dctx.host, dctx.port = flow.request.pretty_host, None
+            dctx.method, dctx.path = flow.request.method, flow.request.path
             allowed = Decision(policy_version=self.ctx.policy.version)
         # Set now (no hook or layer may take the 101 for approved) and again in `response`:
         # mitmproxy fills the message it holds with the (empty) body of the 101 it read.
