@@ -51,6 +51,7 @@ RUN_ID = new_run_id()
 os.environ[MARKER] = RUN_ID
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist stopped its workers (they carry the id too)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when a test left a process behind (gateway, follower, server); kill it."""
     left = reap(RUN_ID, exclude=frozenset({os.getpid()}))
@@ -158,7 +159,7 @@ class RunningGateway:
     root: Path
     proc: subprocess.Popen[bytes]
     log_path: Path
-    _log_offset: int = field(default=0)
+    _audit_mark: int = field(default=0)  # audit lines before it belong to earlier tests
 
     @property
     def rules_dir(self) -> Path:
@@ -182,12 +183,13 @@ class RunningGateway:
     def records(
         self, count: int | None = None, *, event: str = "decision", timeout: float = 5.0
     ) -> list[dict[str, Any]]:
-        """Audit records of one event type; with `count`, wait until at least that many exist."""
+        """Audit records of one event type since the last `mark()`; with `count`, wait until at
+        least that many exist."""
         deadline = time.monotonic() + timeout
         while True:
             found = []
             if self.audit_path.exists():
-                for line in self.audit_path.read_text().splitlines():
+                for line in self.audit_path.read_text().splitlines()[self._audit_mark :]:
                     rec = json.loads(line)  # every line must be well-formed JSON
                     if rec.get("event") == event:
                         found.append(rec)
@@ -204,6 +206,23 @@ class RunningGateway:
                 assert len(found) == 1, f"expected exactly one record for {decision_id}, found {len(found)}"
                 return found[0]
             time.sleep(0.02)
+
+    def mark(self, quiet: float = 0.15, timeout: float = 5.0) -> None:
+        """Start a test on a shared gateway: `records()` then shows only what comes after.
+        Waits until the audit file has not grown for `quiet` s, so that a record an earlier
+        test's request is still writing (the answer goes out before the record) is not taken
+        for one of this test's."""
+        deadline = time.monotonic() + timeout
+        size, still_since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            now_size = self.audit_path.stat().st_size if self.audit_path.exists() else 0
+            if now_size != size:
+                size, still_since = now_size, time.monotonic()
+            elif time.monotonic() - still_since >= quiet:
+                break
+            time.sleep(0.02)
+        text = self.audit_path.read_text() if self.audit_path.exists() else ""
+        self._audit_mark = len(text.splitlines())
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -262,21 +281,28 @@ def write_gateway_files(
 GatewayFactory = Callable[..., RunningGateway]
 
 
-@pytest.fixture
-def start_gateway(tmp_path: Path, pki: TestPKI) -> Iterator[GatewayFactory]:
-    """Start `sandgate run` on a free port with the given tenant files; stopped at teardown."""
-    started: list[RunningGateway] = []
+class Gateways:
+    """Starts `sandgate run` gateways in folders under `folder`; `close()` stops them all."""
+
+    def __init__(self, folder: Path, pki: TestPKI) -> None:
+        self.folder = folder
+        self.pki = pki
+        self.started: list[RunningGateway] = []
 
     def start(
+        self,
         tenants: dict[str, str],
         *,
         base: str | None = None,
         config: dict[str, Any] | None = None,
         expect_exit: bool = False,
         prepare: Callable[[Path], None] | None = None,
+        env: dict[str, str] | None = None,
     ) -> RunningGateway:
-        root = tmp_path / f"gw{len(started)}"
-        cfg = {"upstream": {"trusted_ca": str(pki.ca_file)}, **(config or {})}
+        """Start a gateway on a free port with these tenant files (and `env` added to its
+        environment); wait until it listens, or with `expect_exit` until it exits."""
+        root = self.folder / f"gw{len(self.started)}"
+        cfg = {"upstream": {"trusted_ca": str(self.pki.ca_file)}, **(config or {})}
         config_path, port = write_gateway_files(root, tenants, base=base, config=cfg)
         if prepare is not None:
             prepare(root)
@@ -287,10 +313,10 @@ def start_gateway(tmp_path: Path, pki: TestPKI) -> Iterator[GatewayFactory]:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 cwd=root,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             )
         gw = RunningGateway(port=port, root=root, proc=proc, log_path=log_path)
-        started.append(gw)
+        self.started.append(gw)
         if expect_exit:
             proc.wait(30)
             return gw
@@ -301,6 +327,24 @@ def start_gateway(tmp_path: Path, pki: TestPKI) -> Iterator[GatewayFactory]:
             raise AssertionError(f"gateway did not start:\n{gw.log()}") from None
         return gw
 
-    yield start
-    for gw in started:
-        gw.stop()
+    def close(self) -> None:
+        for gw in self.started:
+            gw.stop()
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, pki: TestPKI) -> Iterator[GatewayFactory]:
+    """Start `sandgate run` on a free port with the given tenant files; stopped at teardown."""
+    gateways = Gateways(tmp_path, pki)
+    yield gateways.start
+    gateways.close()
+
+
+@pytest.fixture(scope="module")
+def start_module_gateway(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[GatewayFactory]:
+    """`start_gateway` for a gateway that the tests of one module share (starting one takes
+    seconds): for tests that change nothing in it. Each test calls `mark()` on it first (a
+    function fixture does), so `records()` shows that test's records only."""
+    gateways = Gateways(tmp_path_factory.mktemp("gateways"), pki)
+    yield gateways.start
+    gateways.close()

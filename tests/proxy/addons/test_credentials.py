@@ -42,16 +42,10 @@ def tenant(
     )
 
 
-@pytest.fixture
-def gateway(
-    start_gateway: GatewayFactory,
-    https_upstream: RecordingUpstream,
-    http_upstream: RecordingUpstream,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+def start_brokering(
+    start: GatewayFactory, https_upstream: RecordingUpstream, http_upstream: RecordingUpstream
 ) -> RunningGateway:
-    monkeypatch.setenv("SANDGATE_TEST_SECRET", REAL)
-    monkeypatch.setenv("SANDGATE_TEST_OTHER", OTHER_REAL)
+    """A gateway with two tenants: t1 holds an env, a file and a broken credential, t2 one of its own."""
     tls, plain = https_upstream.port, http_upstream.port
     rules = [
         {"hosts": ["api.test", "open.test"], "ports": [tls], "inspect": True},
@@ -90,14 +84,36 @@ def gateway(
             "inject": {"header": "X-Their-Key"},
         }
     ]
-    gw = start_gateway(
+    return start(
         {
             "t1.yaml": tenant("t1", "sb1", TOKEN_REF, rules, creds),
             "t2.yaml": tenant("t2", "sb2", OTHER_TOKEN_REF, rules, other),
         },
         prepare=lambda root: _write_secret(root / "rules" / "tenants" / "filekey.secret", FILE_SECRET),
+        env={"SANDGATE_TEST_SECRET": REAL, "SANDGATE_TEST_OTHER": OTHER_REAL},
     )
-    return gw
+
+
+@pytest.fixture(scope="module")
+def shared_gateway(
+    start_module_gateway: GatewayFactory, https_upstream: RecordingUpstream, http_upstream: RecordingUpstream
+) -> RunningGateway:
+    return start_brokering(start_module_gateway, https_upstream, http_upstream)
+
+
+@pytest.fixture
+def gateway(shared_gateway: RunningGateway) -> RunningGateway:
+    """The module's brokering gateway, for a test that changes nothing in it."""
+    shared_gateway.mark()
+    return shared_gateway
+
+
+@pytest.fixture
+def own_gateway(
+    start_gateway: GatewayFactory, https_upstream: RecordingUpstream, http_upstream: RecordingUpstream
+) -> RunningGateway:
+    """A brokering gateway of the test's own, for a test that changes its files."""
+    return start_brokering(start_gateway, https_upstream, http_upstream)
 
 
 def _write_secret(path: Path, value: str) -> None:
@@ -145,6 +161,7 @@ def assert_no_secret_anywhere(gw: RunningGateway, *texts: str) -> None:
 def test_the_placeholder_becomes_the_real_key_only_at_the_bound_host(
     gateway: RunningGateway, https_upstream: RecordingUpstream
 ) -> None:
+    injected_before = injections(gateway)
     ph = placeholders(gateway, "sb1")
     assert set(ph) == {"OPENAI_API_KEY", "SANDGATE_FILEKEY", "SANDGATE_BROKEN"}
     assert all(v.startswith("sgph_") for v in ph.values())
@@ -158,13 +175,19 @@ def test_the_placeholder_becomes_the_real_key_only_at_the_bound_host(
     assert req.header("Authorization") == f"Bearer {REAL}"
     echoed = resp.text
     assert ph["OPENAI_API_KEY"] in echoed, "the echoed header comes back as the placeholder"
-    record = gateway.records(3)[-1]
+    (record,) = [r for r in gateway.records(3) if r["path"] == "/v1/models"]
     assert (record["credentials"], record["injectors"]) == (["openai"], ["header"])
     assert_no_secret_anywhere(gateway, echoed)
-    admin = httpx.HTTPTransport(uds=str(gateway.root / "state" / "admin.sock"))
+    assert injections(gateway) == injected_before + 1
+
+
+def injections(gw: RunningGateway) -> float:
+    """The gateway's count of `openai` injections for t1, from its metrics."""
+    admin = httpx.HTTPTransport(uds=str(gw.root / "state" / "admin.sock"))
     with httpx.Client(transport=admin, base_url="http://sandgate") as c:
         metrics = c.get("/metrics").text
-    assert 'sandgate_credential_injections_total{credential="openai",tenant="t1"} 1.0' in metrics
+    name = 'sandgate_credential_injections_total{credential="openai",tenant="t1"} '
+    return sum(float(line.removeprefix(name)) for line in metrics.splitlines() if line.startswith(name))
 
 
 def test_a_query_credential_is_injected_and_scrubbed_from_the_echo(
@@ -180,13 +203,13 @@ def test_a_query_credential_is_injected_and_scrubbed_from_the_echo(
 
 
 def test_a_rotated_file_secret_is_used_on_the_next_request(
-    gateway: RunningGateway, https_upstream: RecordingUpstream
+    own_gateway: RunningGateway, https_upstream: RecordingUpstream
 ) -> None:
-    ph = placeholders(gateway, "sb1")["SANDGATE_FILEKEY"]
+    ph = placeholders(own_gateway, "sb1")["SANDGATE_FILEKEY"]
     url = f"{https_upstream.url_for('api.test')}/r?api_key={ph}"
-    with client(gateway) as c:
+    with client(own_gateway) as c:
         c.get(url)
-        _write_secret(gateway.rules_dir / "tenants" / "filekey.secret", "filekey-ROTATED-abcdefghijklmn")
+        _write_secret(own_gateway.rules_dir / "tenants" / "filekey.secret", "filekey-ROTATED-abcdefghijklmn")
         c.get(url)
     assert [r.target.split("api_key=")[1] for r in https_upstream.requests] == [
         FILE_SECRET,
@@ -301,11 +324,13 @@ def test_a_placeholder_this_gateway_did_not_mint_is_refused_audited_and_never_fo
     if where == "streamed body":
         assert resp is None or resp.status_code != 200
         deadline = time.monotonic() + 10
-        while not (records := [r for r in gateway.records() if r["phase"] == "request"]):
+        while not (
+            records := [r for r in gateway.records() if r["phase"] == "request" and r["path"] == "/v1/echo"]
+        ):
             assert time.monotonic() < deadline, "no record of the streamed request"
             time.sleep(0.05)
         time.sleep(0.5)  # a moment for any second record of it to show up
-        records = [r for r in gateway.records() if r["phase"] == "request"]
+        records = [r for r in gateway.records() if r["phase"] == "request" and r["path"] == "/v1/echo"]
     else:
         assert resp is not None, "only a streamed body may be cut off"
         assert resp.status_code == 403, resp.text

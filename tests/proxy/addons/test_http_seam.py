@@ -173,11 +173,20 @@ def _read_until_close(s: socket.socket) -> bytes:
         data += chunk
 
 
-@pytest.fixture
-def plain_gateway(start_gateway: GatewayFactory, http_upstream: RecordingUpstream) -> RunningGateway:
-    return start_gateway(
+@pytest.fixture(scope="module")
+def shared_plain_gateway(
+    start_module_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> RunningGateway:
+    return start_module_gateway(
         {"t1.yaml": tenant_yaml("t1", [{"hosts": ["api.test"], "ports": [http_upstream.port]}])}
     )
+
+
+@pytest.fixture
+def plain_gateway(shared_plain_gateway: RunningGateway) -> RunningGateway:
+    """One gateway for the malformed-request tests: each finds its records by decision id."""
+    shared_plain_gateway.mark()
+    return shared_plain_gateway
 
 
 MARK = "OFFENDING9f3b"

@@ -38,15 +38,22 @@ def test_parse_proxy_authorization(value: str | None, expected: tuple[str, str] 
     assert parse_proxy_authorization(value) == expected
 
 
-@pytest.fixture
-def gateway(start_gateway: GatewayFactory, http_upstream: RecordingUpstream) -> RunningGateway:
+@pytest.fixture(scope="module")
+def shared_gateway(start_module_gateway: GatewayFactory, http_upstream: RecordingUpstream) -> RunningGateway:
     rules = [{"hosts": ["api.test"], "ports": [http_upstream.port]}]
-    return start_gateway(
+    return start_module_gateway(
         {
             "t1.yaml": tenant_yaml("t1", rules),
             "t2.yaml": tenant_yaml("t2", [], sandbox="sb2", token_ref=OTHER_TOKEN_REF),
         }
     )
+
+
+@pytest.fixture
+def gateway(shared_gateway: RunningGateway) -> RunningGateway:
+    """The module's gateway; `records()` shows this test's records only."""
+    shared_gateway.mark()
+    return shared_gateway
 
 
 def _status(gw: RunningGateway, proxy: str, url: str, *extra: str) -> tuple[str, str]:

@@ -56,6 +56,19 @@ def admin(gateway: RunningGateway) -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def shared_gateway(start_module_gateway: GatewayFactory, http_upstream: RecordingUpstream) -> RunningGateway:
+    rules = [{"hosts": ["api.test"], "ports": [http_upstream.port]}]
+    return start_module_gateway({"t1.yaml": tenant_yaml("t1", rules)})
+
+
+@pytest.fixture
+def shared_admin(shared_gateway: RunningGateway) -> Iterator[httpx.Client]:
+    """The admin API of the module's gateway, for requests that change nothing in it."""
+    with unix_client(socket_path(shared_gateway)) as c:
+        yield c
+
+
 def test_health_readiness_and_status_on_the_unix_socket(gateway: RunningGateway, admin: httpx.Client) -> None:
     path = socket_path(gateway)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -185,18 +198,19 @@ def test_the_admin_api_is_not_reachable_through_the_proxy(
     ],
 )
 def test_bad_sandbox_payloads_name_the_field(
-    admin: httpx.Client, body: bytes, status: int, field: str | None
+    shared_admin: httpx.Client, body: bytes, status: int, field: str | None
 ) -> None:
-    resp = admin.post("/v1/sandboxes", content=body)
+    resp = shared_admin.post("/v1/sandboxes", content=body)
     assert resp.status_code == status
     assert resp.json()["field"] == field
     assert resp.json()["error"]
+    assert shared_admin.get("/v1/sandboxes").json() == {"sandboxes": []}, "nothing was registered"
 
 
-def test_unknown_routes_and_wrong_methods_answer_json(admin: httpx.Client) -> None:
-    resp = admin.get("/v1/nothing")
+def test_unknown_routes_and_wrong_methods_answer_json(shared_admin: httpx.Client) -> None:
+    resp = shared_admin.get("/v1/nothing")
     assert resp.status_code == 404 and resp.json() == {"error": "no such endpoint", "field": None}
-    resp = admin.delete("/v1/status")
+    resp = shared_admin.delete("/v1/status")
     assert resp.status_code == 405 and resp.json()["error"] == "method not allowed"
     assert resp.headers["content-type"].startswith("application/json")
 
