@@ -17,21 +17,19 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-from pydantic import ValidationError
 
 from sandgate.proxy.audit.files import JsonlSource, Source, audit_files
 from sandgate.proxy.audit.format import json_line, table_header, table_row
 from sandgate.proxy.audit.query import AuditInputError, Query, Record, parse_time
 from sandgate.proxy.audit.stats import collect as collect_stats
 from sandgate.proxy.audit.stats import stats_document, stats_table
-from sandgate.proxy.audit.stream_source import BLOCK_MS, StreamSource
-from sandgate.proxy.audit.suggest import collect as collect_evidence
-from sandgate.proxy.audit.suggest import render_suggestions
-from sandgate.proxy.config import RedisConfig, load_config
-from sandgate.proxy.fleet.redis_client import Keys, connect_sync
+
+if TYPE_CHECKING:
+    from sandgate.proxy.audit.stream_source import StreamSource
+    from sandgate.proxy.config import GatewayConfig
 
 __all__ = ["build_query", "open_source", "open_stream", "run_audit_command"]
 
@@ -61,18 +59,34 @@ def open_source(args: argparse.Namespace) -> Source:
     if args.redis:
         return open_stream({"url": args.redis, "prefix": args.prefix or "sandgate:"})
     if args.stream:
-        config = load_config(args.config)
+        config = _load_config(args.config)
         if config.redis is None:
             raise AuditInputError(f"--stream: {args.config or 'the default config'} has no redis: section")
         return open_stream(config.redis.model_dump())
-    path = args.file if args.file else load_config(args.config).audit_path
+    path = args.file if args.file else _load_config(args.config).audit_path
     if not audit_files(path):
         raise AuditInputError(f"no audit file at {path}")
     return JsonlSource(path)
 
 
+def _load_config(path: Path | None) -> GatewayConfig:
+    """The gateway config, for a trail the options do not name."""
+    # Lazy: the config model (pydantic, the policy schema) that --file and --redis do not need.
+    from sandgate.proxy.config import load_config
+
+    return load_config(path)
+
+
 def open_stream(settings: dict[str, Any]) -> StreamSource:
     """The fleet audit stream of the redis `settings` describe (RedisConfig fields)."""
+    # Lazy: the config model's validation error (pydantic), needed only for the fleet stream.
+    from pydantic import ValidationError
+
+    # Lazy: the stream reader, its redis client and config: nothing but the fleet stream uses them.
+    from sandgate.proxy.audit.stream_source import BLOCK_MS, StreamSource
+    from sandgate.proxy.config import RedisConfig
+    from sandgate.proxy.fleet.redis_client import Keys, connect_sync
+
     # A reader can wait longer than a gateway; XREAD BLOCK holds the socket for BLOCK_MS too.
     timeout = min(max(float(settings.get("timeout_seconds", 0)), 5.0) + BLOCK_MS / 1000, 30.0)
     try:
@@ -180,6 +194,10 @@ def _suggest(args: argparse.Namespace, source: Source, query: Query) -> None:
     """`audit suggest`: allow rules for one sandbox's denials, as YAML to review."""
     if len(args.sandbox) != 1:
         raise AuditInputError("suggest takes exactly one --sandbox")
+    # Lazy: suggesting rules needs the policy schema, which reading records does not.
+    from sandgate.proxy.audit.suggest import collect as collect_evidence
+    from sandgate.proxy.audit.suggest import render_suggestions
+
     with contextlib.closing(source.records(query)) as records:
         evidence = collect_evidence(records, args.sandbox[0])
     sys.stdout.write(render_suggestions(evidence, args.min_count))

@@ -91,6 +91,13 @@ def test_version_loads_no_command_code(tmp_path: Path) -> None:
     assert [p for p in ("pydantic", "httpx", "redis", "yaml") if p in result["loaded"]] == []
 
 
+def test_audit_tail_of_a_file_loads_neither_redis_nor_the_config_model(config: Path) -> None:
+    # Reading one file needs no fleet stream (redis) and no config (pydantic, the policy schema).
+    result = probe("audit", "tail", "--file", str(config.parent / "audit.jsonl"), cwd=config.parent)
+    assert result["code"] == 0
+    assert [p for p in ("pydantic", "redis", "yaml") if p in result["loaded"]] == []
+
+
 def test_policy_check_does_load_regopy(config: Path) -> None:
     # The control: the probe sees a heavy package when a command does load one.
     result = probe("policy", "check", str(config.parent / "rules"), cwd=config.parent)
