@@ -7,15 +7,18 @@ message and field for any non-2xx answer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 
-from sandgate.brokers import Secret
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.errors import ProxyError
 from sandgate.proxy.stores.protocols import CredentialInfo, StoreError
+
+if TYPE_CHECKING:
+    # Annotations only: importing the brokers package would cost `sandgate status` ~0.5 s.
+    from sandgate.brokers import Secret
 
 __all__ = [
     "AdminApiError",

@@ -9,10 +9,13 @@ StoreError (backend unreachable, conflict, unknown tenant) with a message fit fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from sandgate.brokers import Secret
 from sandgate.proxy.stores.registry import DynamicSandbox
+
+if TYPE_CHECKING:
+    # Annotations only: the brokers package costs `sandgate status` ~0.5 s of start-up.
+    from sandgate.brokers import Secret
 
 __all__ = ["CredentialInfo", "CredentialStore", "SandboxStore", "StoreError"]
 

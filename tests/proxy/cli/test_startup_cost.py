@@ -20,7 +20,8 @@ from conftest import tenant_yaml, write_gateway_files
 HEAVY = ("mitmproxy", "regopy", "opa_client")
 MARK = "startup-probe: "
 
-# Runs `sandgate ARGS...` in process, then prints its exit code and the packages it loaded.
+# Runs `sandgate ARGS...` in process, then prints its exit code and the packages it loaded
+# (top-level ones, and sandgate's layers: sandgate.brokers, sandgate.policy, sandgate.proxy).
 PROBE = f"""
 import json, sys
 from sandgate.proxy.cli.main import main
@@ -28,7 +29,7 @@ try:
     code = main(sys.argv[1:])
 except SystemExit as e:
     code = e.code
-loaded = sorted({{name.split(".")[0] for name in sys.modules}})
+loaded = sorted({{".".join(name.split(".")[:2 if name.startswith("sandgate.") else 1]) for name in sys.modules}})
 print({MARK!r} + json.dumps({{"code": code, "loaded": loaded}}), file=sys.stderr)
 """
 
@@ -96,6 +97,13 @@ def test_audit_tail_of_a_file_loads_neither_redis_nor_the_config_model(config: P
     result = probe("audit", "tail", "--file", str(config.parent / "audit.jsonl"), cwd=config.parent)
     assert result["code"] == 0
     assert [p for p in ("pydantic", "redis", "yaml") if p in result["loaded"]] == []
+
+
+def test_status_loads_no_brokers(config: Path) -> None:
+    # Its admin client names the brokers' Secret in annotations only.
+    result = probe("status", "--config", str(config), cwd=config.parent)
+    assert result["code"] == 1
+    assert "sandgate.brokers" not in result["loaded"]
 
 
 def test_policy_check_does_load_regopy(config: Path) -> None:
