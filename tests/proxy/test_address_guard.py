@@ -39,10 +39,17 @@ NEVER = [
 ]
 
 
-@pytest.fixture
-def broad(start_gateway: GatewayFactory, http_upstream: RecordingUpstream) -> RunningGateway:
+@pytest.fixture(scope="module")
+def shared_broad(start_module_gateway: GatewayFactory, http_upstream: RecordingUpstream) -> RunningGateway:
     rules = [{"id": "internet", "cidrs": ["0.0.0.0/0", "::/0"], "ports": [80, http_upstream.port]}]
-    return start_gateway({"t1.yaml": tenant_yaml("t1", rules)})
+    return start_module_gateway({"t1.yaml": tenant_yaml("t1", rules)})
+
+
+@pytest.fixture
+def broad(shared_broad: RunningGateway) -> RunningGateway:
+    """The module's gateway whose tenant allows every address; `records()` shows this test's."""
+    shared_broad.mark()
+    return shared_broad
 
 
 def test_a_broad_cidr_through_the_explicit_proxy_never_opens_an_internal_address(

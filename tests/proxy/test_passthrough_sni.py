@@ -27,6 +27,27 @@ def _rules(port: int) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.fixture(scope="module")
+def shared_gateway(start_module_gateway: GatewayFactory, https_upstream: RecordingUpstream) -> RunningGateway:
+    return start_module_gateway({"t1.yaml": tenant_yaml("t1", _rules(https_upstream.port))})
+
+
+@pytest.fixture
+def gw(shared_gateway: RunningGateway) -> RunningGateway:
+    """The module's gateway with the default passthrough settings; `records()` shows this test's."""
+    shared_gateway.mark()
+    return shared_gateway
+
+
+@pytest.fixture(scope="module")
+def shared_guarded_gateway(
+    start_module_gateway: GatewayFactory, https_upstream: RecordingUpstream
+) -> RunningGateway:
+    # The upstream's loopback address is internal: the operator opens it for the cidr rule.
+    guard = {"address_guard": {"tenant_reachable": [f"{UPSTREAM_IP}/32"]}}
+    return start_module_gateway({"t1.yaml": tenant_yaml("t1", _rules(https_upstream.port))}, config=guard)
+
+
 def _tunnel(gw: RunningGateway, target: str) -> socket.socket:
     auth = base64.b64encode(f"sb1:{TOKEN}".encode()).decode()
     raw = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
@@ -61,9 +82,8 @@ def _fronted_get(
 
 
 def test_a_passthrough_tunnel_without_sni_is_refused(
-    start_gateway: GatewayFactory, https_upstream: RecordingUpstream, pki: TestPKI
+    gw: RunningGateway, https_upstream: RecordingUpstream, pki: TestPKI
 ) -> None:
-    gw = start_gateway({"t1.yaml": tenant_yaml("t1", _rules(https_upstream.port))})
     with pytest.raises((ssl.SSLError, OSError)):
         _fronted_get(gw, f"pass.test:{https_upstream.port}", None, str(pki.ca_file))
     records = gw.records(2)
@@ -77,9 +97,8 @@ def test_a_passthrough_tunnel_without_sni_is_refused(
 
 @pytest.mark.parametrize("sni", ["PASS.TEST", "pass.test."], ids=["in upper case", "with a trailing dot"])
 def test_an_sni_naming_the_host_in_another_spelling_is_the_same_name(
-    start_gateway: GatewayFactory, https_upstream: RecordingUpstream, pki: TestPKI, sni: str
+    gw: RunningGateway, https_upstream: RecordingUpstream, pki: TestPKI, sni: str
 ) -> None:
-    gw = start_gateway({"t1.yaml": tenant_yaml("t1", _rules(https_upstream.port))})
     data = _fronted_get(gw, f"pass.test:{https_upstream.port}", sni, str(pki.ca_file), inner_host="pass.test")
     assert data.startswith(b"HTTP/1.1 200")
     assert [r["reason"] for r in gw.records(2)] == ["allowed", "allowed"]
@@ -105,15 +124,13 @@ def test_the_operator_can_admit_passthrough_clients_that_send_no_sni(
     ids=["an intercepted tunnel (the gateway reads every Host)", "a tunnel to an address a cidr rule allows"],
 )
 def test_tunnels_the_gateway_can_still_judge_need_no_sni(
-    start_gateway: GatewayFactory,
+    shared_guarded_gateway: RunningGateway,
     https_upstream: RecordingUpstream,
     pki: TestPKI,
     target: str,
     inner_host: str,
 ) -> None:
-    # The upstream's loopback address is internal: the operator opens it for the cidr rule.
-    guard = {"address_guard": {"tenant_reachable": [f"{UPSTREAM_IP}/32"]}}
-    gw = start_gateway({"t1.yaml": tenant_yaml("t1", _rules(https_upstream.port))}, config=guard)
+    gw = shared_guarded_gateway
     cafile = str(gw.ca_file if target == "api.test" else pki.ca_file)
     port = https_upstream.port
     host_header = f"{inner_host}:{port}"
