@@ -68,19 +68,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _demo_token() -> Iterator[None]:
+DEMO_TOKEN = REPO / "rules" / "tenants" / "demo-1.token"
+_DEMO_TOKEN_MADE = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
     """The shipped demo tenant reads rules/tenants/demo-1.token, which quickstart creates on a
-    fresh clone; tests that load the shipped rules get one for the session (and it goes again)."""
-    path = REPO / "rules" / "tenants" / "demo-1.token"
-    created = not path.exists()
-    if created:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("test-demo-token-0123456789abcdef\n")
-    yield
-    if created:
-        path.unlink(missing_ok=True)
+    fresh clone; tests that load the shipped rules get one for the run (and it goes again).
+    Made once per run: by the one pytest process, or by pytest-xdist's controller before its
+    workers start (a worker that removed it at its end would take it from the other)."""
+    if hasattr(config, "workerinput"):
+        return
+    try:
+        fd = os.open(DEMO_TOKEN, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        config.stash[_DEMO_TOKEN_MADE] = False
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write("test-demo-token-0123456789abcdef\n")
+    config.stash[_DEMO_TOKEN_MADE] = True
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_DEMO_TOKEN_MADE, False):
+        DEMO_TOKEN.unlink(missing_ok=True)
 
 
 @pytest.fixture
