@@ -91,9 +91,19 @@ class ConnectionState:
         self.sni = sni
         self.passthrough = passthrough
 
-    def approve(self, address: str, port: int, host: str) -> None:
-        """A request to `host` was allowed: the connection may dial address:port for it."""
+    def approve(self, address: str, port: int, host: str) -> str | None:
+        """A request to `host` was allowed: the connection may dial address:port for it.
+        Returns the host approved there before (for `withdraw`)."""
+        before = self.approved.get((address, port))
         self.approved[(address, port)] = host
+        return before
+
+    def withdraw(self, address: str, port: int, before: str | None) -> None:
+        """A request approved by `approve` was refused after all: back to what was approved before."""
+        if before is None:
+            self.approved.pop((address, port), None)
+        else:
+            self.approved[(address, port)] = before
 
     def refused(self, reason: Reason) -> None:
         """A layer denied: the chokepoint opens no upstream connection for it from now on."""

@@ -126,7 +126,7 @@ class CredentialBroker:
         guard = outcome.body_guard
         if guard is not None:
             dctx, decision = flow.metadata[PENDING_KEY]
-            # The Gate's limit meter, when it set one, sees every chunk first.
+            # TenantLimits' body meter, when it set one, sees every chunk first.
             metered = flow.request.stream if callable(flow.request.stream) else None
 
             def check(chunk: bytes) -> bytes:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["CREDENTIALS_KEY", "FAILURE_KEY", "HEAD_BYTES_KEY", "PENDING_KEY"]
+__all__ = ["APPROVAL_KEY", "CREDENTIALS_KEY", "FAILURE_KEY", "HEAD_BYTES_KEY", "PENDING_KEY"]
 
 # Set by the Gate on an allowed request: (DecisionContext, Decision), its record still to write.
 # Whoever refuses the exchange later pops it and records the denial; else AuditCompletion does.
 PENDING_KEY = "sandgate.pending"
+# Set by the Gate beside PENDING_KEY: the dial approval it added, (address, port, host before),
+# so a later refusal of the same request (a tenant limit) withdraws it again.
+APPROVAL_KEY = "sandgate.approval"
 # Set by the broker addon: (credential names, injector kinds) used on this request.
 CREDENTIALS_KEY = "sandgate.credentials"
 # The request line and headers as the guest sent them, in bytes (audit `bytes.up`, byte limits).

@@ -31,7 +31,13 @@ from sandgate.policy.overrides import decide_readings
 from sandgate.policy.paths import read_target
 from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import requested_upgrade
-from sandgate.proxy.addons.flow_keys import CREDENTIALS_KEY, FAILURE_KEY, HEAD_BYTES_KEY, PENDING_KEY
+from sandgate.proxy.addons.flow_keys import (
+    APPROVAL_KEY,
+    CREDENTIALS_KEY,
+    FAILURE_KEY,
+    HEAD_BYTES_KEY,
+    PENDING_KEY,
+)
 from sandgate.proxy.addons.hop_by_hop import strip_hop_by_hop
 from sandgate.proxy.addons.identify import IDENTITY_KEY
 from sandgate.proxy.addons.limits import (
@@ -215,7 +221,8 @@ class Gate:
                 await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
                 return
             if not state.in_tunnel:
-                state.approve(decision.address, port, host)
+                before = state.approve(decision.address, port, host)
+                flow.metadata[APPROVAL_KEY] = (decision.address, port, before)
                 flow.request.data.host = decision.address
             flow.metadata[PENDING_KEY] = (dctx, decision)
         except Exception:

@@ -23,7 +23,7 @@ from sandgate.policy.limiter import Limiter, LimitExceeded
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.flow_keys import HEAD_BYTES_KEY, PENDING_KEY
+from sandgate.proxy.addons.flow_keys import APPROVAL_KEY, HEAD_BYTES_KEY, PENDING_KEY
 from sandgate.proxy.addons.refusal import refuse, refuse_now
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext
@@ -59,6 +59,7 @@ class TenantLimits:
             exceeded = self._admit(flow, dctx, decision)
             if exceeded is not None:
                 flow.metadata.pop(PENDING_KEY, None)
+                self._withdraw_approval(flow)
                 response = limited_response(
                     exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
                 )
@@ -66,6 +67,7 @@ class TenantLimits:
         except Exception:
             log.exception("hook_failed", hook="limits.requestheaders")
             flow.metadata.pop(PENDING_KEY, None)
+            self._withdraw_approval(flow)
             fault = Decision(
                 reason=Reason.INTERNAL_ERROR, policy_version=self.ctx.policy.version, detail="hook failed"
             )
@@ -83,6 +85,13 @@ class TenantLimits:
         except Exception:
             log.exception("hook_failed", hook="limits.server_connect")
             data.server.error = "sandgate: internal error"
+
+    def _withdraw_approval(self, flow: http.HTTPFlow) -> None:
+        """The Gate approved the dial for this request before its limits were counted: undo it."""
+        approval = flow.metadata.pop(APPROVAL_KEY, None)
+        state = self.ctx.connections.get(flow.client_conn.id)
+        if approval is not None and state is not None:
+            state.withdraw(*approval)
 
     async def _learn_fleet_counts(self, identity: Identity | None) -> None:
         """Fleet mode: decisions on a sandbox new to this gateway wait for one sync, so the

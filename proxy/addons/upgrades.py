@@ -106,6 +106,7 @@ class Upgrades:
         # mitmproxy fills the message it holds with the (empty) body of the 101 it read.
         flow.metadata[_REFUSED_KEY] = (dctx.host, dctx.decision_id)
         response = _refusal(flow, dctx.host, dctx.decision_id)
+        flow.response = response  # before the close: the 101 is never what the flow holds
         self.closer.close(flow.client_conn, flow.server_conn, keep_client=True)
         denial = allowed.as_denial(
             Reason.UPGRADE_NOT_ALLOWED, "the upstream switched protocols without the gateway's approval"

@@ -170,3 +170,27 @@ async def test_a_raw_tunnel_within_the_limit_opens_with_no_deny_record(start: An
     await gw.hook(ServerConnectHook(data))
     assert data.server.error is None
     assert [r["decision"] for r in gw.records()] == ["allow"]
+
+
+async def test_a_request_refused_by_a_limit_leaves_no_dial_approval_behind(start: Any) -> None:
+    gw = start(requests_per_minute=1)
+    await send(gw)
+    client = tflow.tclient_conn()
+    await gw.connect(client)
+    flow = proxy_flow(client, URL, method="POST", sandbox="sb1", token=TOKEN)
+    await gw.hook(HttpRequestHeadersHook(flow))
+    assert flow.response is not None and flow.response.status_code == 429
+    state = gw.ctx.connections.get(client.id)
+    assert state is not None and state.approved == {}
+
+
+async def test_a_refused_request_keeps_what_its_connection_had_approved_before(start: Any) -> None:
+    gw = start(requests_per_minute=1)
+    client = tflow.tclient_conn()
+    await gw.connect(client)
+    for expected in (None, 429):
+        flow = proxy_flow(client, URL, method="POST", sandbox="sb1", token=TOKEN)
+        await gw.hook(HttpRequestHeadersHook(flow))
+        assert (flow.response.status_code if flow.response else None) == expected
+    state = gw.ctx.connections.get(client.id)
+    assert state is not None and state.approved == {("127.0.0.2", PORT): "api.test"}
