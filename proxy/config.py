@@ -18,8 +18,8 @@ from sandgate.policy.addresses import parse_network
 from sandgate.policy.errors import HostError, PolicyLoadError
 from sandgate.policy.model.yamlsource import load_yaml, validate
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.net.host_table import default_table
 from sandgate.proxy.statusfile import STATUS_FILE
+from sandgate.proxy.table_name import default_table
 
 __all__ = [
     "AdminConfig",

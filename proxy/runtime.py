@@ -41,6 +41,7 @@ from sandgate.proxy.addons.audit_completion import AuditCompletion
 from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
 from sandgate.proxy.addons.connection_limits import check_seams as check_connection_seams
 from sandgate.proxy.addons.credentials import CredentialBroker
+from sandgate.proxy.addons.drain import DrainEnd, Drainer, DrainStart
 from sandgate.proxy.addons.gate import Gate
 from sandgate.proxy.addons.h2_guard import H2Guard
 from sandgate.proxy.addons.h2_guard import check_seam as check_h2_seam
@@ -50,6 +51,7 @@ from sandgate.proxy.addons.http_seam import HttpErrorSeam, check_seam
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.latency import UpstreamTiming
 from sandgate.proxy.addons.limits import TenantLimits
+from sandgate.proxy.addons.trailers import Trailers
 from sandgate.proxy.addons.transparent import Transparent
 from sandgate.proxy.addons.upgrades import Upgrades
 from sandgate.proxy.admin.server import AdminServer
@@ -61,7 +63,6 @@ from sandgate.proxy.broker_setup import configure_broker
 from sandgate.proxy.ca import ensure_ca
 from sandgate.proxy.config import DnsListenerConfig, GatewayConfig, RedisConfig, ResolverConfig
 from sandgate.proxy.context import GatewayContext
-from sandgate.proxy.drain import DrainEnd, Drainer, DrainStart
 from sandgate.proxy.errors import ListenerError
 from sandgate.proxy.fd_budget import raise_fd_limit
 from sandgate.proxy.fleet.channel import publish_reload_with
@@ -74,7 +75,7 @@ from sandgate.proxy.mitm.close_fix import install as install_close_fix
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.mitm.head_caps import install as install_head_caps
 from sandgate.proxy.mitm.head_caps import self_test as head_caps_self_test
-from sandgate.proxy.mitm.trailers import Trailers, patch_http1_trailers
+from sandgate.proxy.mitm.trailers import patch_http1_trailers
 from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
 from sandgate.proxy.net.name_bindings import NameBindings

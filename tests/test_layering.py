@@ -1,5 +1,6 @@
-"""Layering as code: the import contracts in pyproject.toml ([tool.importlinter]) and no import
-cycle between modules, checked on the tree and shown failing on deliberate violations.
+"""Layering as code: the import contracts in pyproject.toml ([tool.importlinter]: pure packages,
+proxy's layers) and no import cycle between modules, checked on the tree and shown failing on
+deliberate violations.
 
 Both checks read the import graph grimp builds (import-linter's graph), with imports under
 `if TYPE_CHECKING:` left out: they never run, so they cannot make a cycle at import time.
@@ -114,6 +115,7 @@ def test_the_import_contracts_hold() -> None:
     result = lint_imports()
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
+    assert "proxy sub-packages import only downwards KEPT" in result.stdout
 
 
 def test_no_module_is_in_an_import_cycle() -> None:
@@ -162,6 +164,24 @@ def test_the_checks_read_the_copy_not_the_installed_tree(tree: Path) -> None:
             "addons and mitm do not import the CLI",
             "sandgate.proxy.mitm.trailers -> sandgate.proxy.cli.status",
         ),
+        (
+            "proxy/addons/gate.py",
+            "import sandgate.proxy.runtime",
+            "proxy sub-packages import only downwards",
+            "sandgate.proxy.addons.gate -> sandgate.proxy.runtime",
+        ),
+        (
+            "proxy/net/nft.py",
+            "from sandgate.proxy.addons.identify import IDENTITY_KEY",
+            "proxy sub-packages import only downwards",
+            "sandgate.proxy.net.nft -> sandgate.proxy.addons.identify",
+        ),
+        (
+            "proxy/config.py",
+            "from sandgate.proxy.net.host_table import owner_comment",
+            "proxy sub-packages import only downwards",
+            "sandgate.proxy.config -> sandgate.proxy.net.host_table",
+        ),
     ],
     ids=[
         "policy importing brokers breaks the contract",
@@ -169,6 +189,9 @@ def test_the_checks_read_the_copy_not_the_installed_tree(tree: Path) -> None:
         "brokers importing proxy breaks the contract",
         "an addon importing the CLI breaks the contract",
         "a mitm fix importing the CLI breaks the contract",
+        "an addon importing the runtime breaks the proxy layers",
+        "host plumbing importing an addon breaks the proxy layers",
+        "the config importing host plumbing breaks the proxy layers",
     ],
 )
 def test_a_forbidden_import_fails_naming_it(

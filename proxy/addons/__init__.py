@@ -1,7 +1,8 @@
 """The mitmproxy addons, one concern each, in the order `runtime` adds them: identify the
 sandbox, decide at every layer (gate), count tenant limits (limits), complete the audit
 record (audit_completion), broker credentials, and the guards on connections,
-heads, HTTP/2 streams, upgrades and trailers.
+heads, HTTP/2 streams, upgrades and trailers; `drain` lets requests in flight finish on
+shutdown.
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
@@ -9,6 +10,7 @@ __all__ = [
     "audit_completion",
     "connection_limits",
     "credentials",
+    "drain",
     "flow_keys",
     "gate",
     "h2_guard",
@@ -19,6 +21,7 @@ __all__ = [
     "latency",
     "limits",
     "refusal",
+    "trailers",
     "transparent",
     "upgrades",
 ]

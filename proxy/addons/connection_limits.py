@@ -42,6 +42,7 @@ from sandgate.proxy.audit.refusals import Record, RefusalAudit
 from sandgate.proxy.config import ConnectionsConfig
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.fd_budget import FdBudget
+from sandgate.proxy.net.listen_backlog import widen_listen_backlog
 from sandgate.proxy.respond import denied_response, limited_response
 from sandgate.proxy.tasks import BackgroundTask
 
@@ -51,7 +52,6 @@ __all__ = [
     "SandboxConnectionCap",
     "check_seams",
     "source_key",
-    "widen_listen_backlog",
 ]
 
 log = structlog.get_logger("sandgate.connlimits")
@@ -340,24 +340,6 @@ class SandboxConnectionCap:
             log.exception("hook_failed", hook="connlimits.sandbox_cap")
             flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
             flow.response.headers["Connection"] = "close"
-
-
-def widen_listen_backlog(proxyserver: Proxyserver, backlog: int) -> int:
-    """Re-listen mitmproxy's TCP listeners with `backlog`; returns how many it changed.
-
-    mitmproxy listens with asyncio's default of 100: a burst of connects overflows it, and every
-    client whose SYN is dropped (other tenants too) waits a 1 s retransmit.
-    """
-    changed = 0
-    for instance in proxyserver.servers:
-        for srv in getattr(instance, "_servers", []):
-            if not isinstance(srv, asyncio.Server):
-                continue
-            for sock in srv.sockets:
-                with sock.dup() as dup:  # the same listening socket; listen() resizes its queue
-                    dup.listen(backlog)
-                changed += 1
-    return changed
 
 
 def check_seams() -> None:

@@ -7,6 +7,7 @@ __all__ = [
     "audit",
     "ca",
     "credentials",
+    "jail",
     "main",
     "parser",
     "policy",

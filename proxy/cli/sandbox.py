@@ -15,11 +15,11 @@ from pydantic import ValidationError
 from sandgate.policy.errors import PolicySetError, TokenReferenceError
 from sandgate.policy.model.sandbox_tokens import resolve_token_reference
 from sandgate.proxy.admin import client as admin_client
+from sandgate.proxy.cli.jail import run_jail
 from sandgate.proxy.config import GatewayConfig, load_config
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.fleet.channel import FleetKeys
 from sandgate.proxy.fleet.redis_client import connect
-from sandgate.proxy.net.jail import run_jail
 from sandgate.proxy.registration import apply_host_rules, interface_exists, register, registered, unregister
 from sandgate.proxy.sandbox_listing import load_error_text, rows_from_files, sandboxes_text
 from sandgate.proxy.stores.protocols import StoreError

@@ -1,24 +1,17 @@
-"""HTTP/1 trailers: refused at once, never a hung flow.
+"""HTTP/1 trailers: handed on as mitmproxy's trailers event, never a hung flow.
 
 mitmproxy 12's HTTP/1 reader raises NotImplementedError when a chunked message ends with
 trailer fields: the flow dies inside the proxy and the guest waits ~30 s for nothing.
-`patch_http1_trailers()` (called once at start-up) makes the reader hand them on as
-mitmproxy's trailers event, as its HTTP/2 reader does; the `Trailers` addon then refuses what
-its HTTP/1 writer cannot relay:
-
-- a response with trailers for an HTTP/1 guest: `502 upstream_unreachable` (the upstream's
-  answer cannot be relayed; an upstream failure, not a policy denial) and both connections
-  closed; when its body already streamed to the guest, the guest's connection is cut before
-  the last chunk (an incomplete message, never a complete one without its trailers);
-- a request with trailers from an HTTP/1 guest: a protocol error before it completes
-  upstream: both connections closed, the audit record carries the error.
-HTTP/2 carries trailers natively (gRPC): an HTTP/2 guest's trailers pass untouched.
+`patch_http1_trailers()` (called once at start-up) makes the reader hand a response's trailers
+on as mitmproxy's trailers event, as its HTTP/2 reader does, for the `Trailers` addon
+(sandgate.proxy.addons.trailers) to refuse; a request with trailers from an HTTP/1 guest is a
+protocol error before it completes upstream: both connections closed, the audit record
+carries the error. HTTP/2 carries trailers natively (gRPC): it is not touched here.
 """
 
 from __future__ import annotations
 
 import h11
-import structlog
 from mitmproxy import http
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers.http import _http1
@@ -26,14 +19,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, RequestProtocolError, ResponseTrailers
 from mitmproxy.version import VERSION
 
-from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.gate import FAILURE_KEY, PENDING_KEY
-from sandgate.proxy.mitm.closer import ConnectionCloser
-from sandgate.proxy.respond import upstream_error_response
-
-__all__ = ["Trailers", "patch_http1_trailers"]
-
-log = structlog.get_logger("sandgate.trailers")
+__all__ = ["TRAILERS_REFUSED", "patch_http1_trailers"]
 
 # The reader below restates mitmproxy's own for exactly this release (pinned in pyproject).
 _PATCHED_RELEASE = "12.3."
@@ -94,30 +80,3 @@ def patch_http1_trailers() -> None:
             f"sandgate's HTTP/1 trailers fix is for mitmproxy {_PATCHED_RELEASE}x, not {VERSION}"
         )
     _http1.Http1Connection.read_body = _read_body  # type: ignore[method-assign]
-
-
-class Trailers:
-    """Refuses HTTP/1 messages with trailers that mitmproxy's HTTP/1 writer cannot relay."""
-
-    def __init__(self, closer: ConnectionCloser) -> None:
-        self.closer = closer
-
-    def response(self, flow: http.HTTPFlow) -> None:
-        response = flow.response
-        if response is None or not response.trailers or not flow.request.http_version.startswith("HTTP/1"):
-            return
-        # Runs before the Gate's `response`, which records the exchange with this failure.
-        log.warning("trailers.refused", side="response", host=flow.request.pretty_host)
-        flow.metadata[FAILURE_KEY] = TRAILERS_REFUSED
-        if response.stream:
-            # Head and body are on their way to the guest: cut before the final chunk.
-            if flow.killable:
-                flow.kill()
-            self.closer.close(flow.client_conn, flow.server_conn)
-            return
-        pending = flow.metadata.get(PENDING_KEY)
-        decision_id = pending[0].decision_id if pending is not None else "-"
-        refusal = upstream_error_response(Reason.UPSTREAM_UNREACHABLE, flow.request.pretty_host, decision_id)
-        refusal.headers["Connection"] = "close"
-        flow.response = refusal
-        self.closer.close(flow.client_conn, flow.server_conn, keep_client=True)

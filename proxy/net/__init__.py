@@ -1,5 +1,5 @@
 """Host plumbing: the DNS listener, nftables tables and rules, the host's own addresses, name
-bindings from DNS answers, jails, and listeners opened at run time.
+bindings from DNS answers, and listeners opened at run time.
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
@@ -7,7 +7,7 @@ __all__ = [
     "dns_listener",
     "host_addresses",
     "host_table",
-    "jail",
+    "listen_backlog",
     "name_bindings",
     "nft",
     "sandbox_listeners",

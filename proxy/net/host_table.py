@@ -1,8 +1,8 @@
 """Which gateway owns an nftables table: one table per state directory.
 
-The default table name is `sandgate_<8 hex of sha256(realpath(state_dir))>`, so two gateways
-with different state directories in one network namespace never share a table (one's
-`sandbox remove` used to delete the other's); `host_rules.table` names it explicitly. The
+The default table name is `sandgate_<8 hex of sha256(realpath(state_dir))>` (proxy.table_name),
+so two gateways with different state directories in one network namespace never share a table
+(one's `sandbox remove` used to delete the other's); `host_rules.table` names it explicitly. The
 table carries its owner in its comment (`sandgate state_dir=<path>`). Before any write the
 owner is checked: a table another state directory owns is refused while that gateway runs
 (its status file's pid is alive) and taken over otherwise.
@@ -27,6 +27,9 @@ import structlog
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.statusfile import STATUS_FILE, read_status
 
+# Re-exported: the config derives the name (proxy.table_name), callers have read it from here.
+from sandgate.proxy.table_name import default_table
+
 __all__ = ["LEGACY_TABLE", "default_table", "legacy_sources", "owner_comment", "table_owner"]
 
 log = structlog.get_logger("sandgate.hosttable")
@@ -36,12 +39,6 @@ _OWNER = "sandgate state_dir="
 # nft keeps at most 128 bytes of a comment: longer paths are named by their digest.
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+@-]{0,108}$")
 _COMMENT = re.compile(r'^\tcomment "([^"]*)"$', re.MULTILINE)
-
-
-def default_table(state_path: Path) -> str:
-    """The table name for a state directory: short, stable, a valid nft identifier."""
-    digest = hashlib.sha256(str(state_path.resolve()).encode()).hexdigest()[:8]
-    return f"sandgate_{digest}"
 
 
 def owner_comment(state_path: Path) -> str:

@@ -29,10 +29,10 @@ from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
 from mitmproxy.proxy.mode_specs import ProxyMode
 
-from sandgate.proxy.addons.connection_limits import widen_listen_backlog
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.errors import ProxyError
 from sandgate.proxy.net.dns_listener import DnsListener
+from sandgate.proxy.net.listen_backlog import widen_listen_backlog
 
 __all__ = ["ANY_IPV4", "SandboxListeners", "SandboxListenersError"]
 

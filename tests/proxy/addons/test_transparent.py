@@ -434,8 +434,8 @@ def test_jail_terminated_while_setting_up_exits_with_sigterms_code(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real SIGTERM while setup runs (before the command): 128+15, not SIGINT's 130 as it said."""
+    from sandgate.proxy.cli import jail
     from sandgate.proxy.config import load_config
-    from sandgate.proxy.net import jail
 
     cleaned: list[bool] = []
 

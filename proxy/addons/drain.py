@@ -28,17 +28,16 @@ from mitmproxy import http, master
 
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
+from sandgate.proxy.addons.flow_keys import PENDING_KEY
 from sandgate.proxy.addons.identify import IDENTITY_KEY
-from sandgate.proxy.audit.records import DecisionContext, decision_record
-from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.audit.records import decision_record
+from sandgate.proxy.context import ConnectionState, GatewayContext, decision_context
 from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
 
 __all__ = ["DrainEnd", "DrainStart", "Drainer"]
 
 log = structlog.get_logger("sandgate.runtime")
 
-# The Gate's key for an allowed request whose record is written when it ends (gate.PENDING_KEY).
-_PENDING_KEY = "sandgate.pending"
 _CUT = "cut by shutdown"
 _POLL = 0.02
 
@@ -158,7 +157,7 @@ class Drainer:
         """Record the requests still in flight (their connections close next); how many."""
         cut = 0
         for flow in list(self._inflight.values()):
-            pending = flow.metadata.pop(_PENDING_KEY, None)
+            pending = flow.metadata.pop(PENDING_KEY, None)
             if pending is not None:
                 dctx, decision = pending
                 try:
@@ -182,17 +181,13 @@ class Drainer:
     def refuse(self, flow: http.HTTPFlow) -> None:
         """503 with `Connection: close` for a request that starts while draining (recorded)."""
         state = self.ctx.connections.get(flow.client_conn.id)
+        dctx = decision_context(state, Phase.REQUEST)
+        if state is None or not state.in_tunnel:
+            dctx.host, dctx.port = flow.request.host, flow.request.port
+        dctx.method, dctx.path = flow.request.method, flow.request.path
+        # The request's identity (Identify sets it per request), not only the connection's.
         identity = flow.metadata.get(IDENTITY_KEY)
-        dctx = DecisionContext(
-            phase=Phase.REQUEST,
-            listener=state.listener if state else "-",
-            client=state.client if state else "-",
-            host=state.tunnel_host if state and state.in_tunnel else flow.request.host,
-            port=state.tunnel_port if state and state.in_tunnel else flow.request.port,
-            method=flow.request.method,
-            path=flow.request.path,
-            identity=identity if isinstance(identity, Identity) else None,
-        )
+        dctx.identity = identity if isinstance(identity, Identity) else None
         decision = Decision(
             reason=Reason.INTERNAL_ERROR,
             policy_version=self.ctx.policy.version,
