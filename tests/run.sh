@@ -14,4 +14,8 @@ MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandg
 # The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
 MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
 echo "== pytest" >&2
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+# Two worker processes (pytest-xdist), a test file's tests on one of them (module fixtures such
+# as a shared gateway start once): the end-to-end tests spend most of their time waiting, and
+# every test is isolated (free ports, per-run names, per-state_dir nft tables). `-n 0` runs
+# the suite in one process; later arguments win.
+exec .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile "$@"
