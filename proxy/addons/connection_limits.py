@@ -37,10 +37,11 @@ from mitmproxy.proxy import mode_servers, mode_specs, server, server_hooks
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.identify import IDENTITY_KEY
+from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.audit.refusals import Record, RefusalAudit
 from sandgate.proxy.config import ConnectionsConfig
-from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.context import GatewayContext, decision_context
 from sandgate.proxy.fd_budget import FdBudget
 from sandgate.proxy.net.listen_backlog import widen_listen_backlog
 from sandgate.proxy.respond import denied_response, limited_response
@@ -314,28 +315,24 @@ class SandboxConnectionCap:
                 return  # transparent connections were counted at connect
             if self.limits.table.attribute(flow.client_conn.id, identity.sandbox, cap):
                 return
-            dctx = DecisionContext(
-                phase=phase,
-                listener=state.listener,
-                client=state.client,
-                host=flow.request.host,
-                port=flow.request.port,
-                method=flow.request.method,
-                path=None if phase is Phase.CONNECT else flow.request.path,
-                identity=identity,
-            )
+            dctx = decision_context(state, phase)
+            # The request's own host, in a tunnel too, and the identity its credential named.
+            dctx.host, dctx.port = flow.request.host, flow.request.port
+            dctx.method = flow.request.method
+            dctx.path = None if phase is Phase.CONNECT else flow.request.path
+            dctx.identity = identity
             limit = f"connections.max_per_sandbox ({cap})"
             decision = Decision(
                 reason=Reason.CONNECTION_LIMIT, policy_version=self.ctx.policy.version, detail=limit
             )
             state.refused(Reason.CONNECTION_LIMIT)
-            if not await self.ctx.audit.emit(decision_record(dctx, decision)):
+            response = limited_response(
+                Reason.CONNECTION_LIMIT, "connections.max_per_sandbox", 1, dctx.host, dctx.decision_id
+            )
+            response.headers["Connection"] = "close"
+            if not await refuse(self.ctx.audit, flow, response, dctx, decision):
                 flow.response = denied_response(Reason.INTERNAL_ERROR, None, dctx.decision_id)
-            else:
-                flow.response = limited_response(
-                    Reason.CONNECTION_LIMIT, "connections.max_per_sandbox", 1, dctx.host, dctx.decision_id
-                )
-            flow.response.headers["Connection"] = "close"
+                flow.response.headers["Connection"] = "close"
         except Exception:
             log.exception("hook_failed", hook="connlimits.sandbox_cap")
             flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")

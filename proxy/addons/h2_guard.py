@@ -42,9 +42,9 @@ from mitmproxy.proxy.layers.http._http2 import Http2Server
 
 from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.config import Http2Config
-from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.context import GatewayContext, decision_context
 from sandgate.proxy.tasks import TaskSet
 
 __all__ = ["GuardedHttp2Server", "H2Guard", "check_seam"]
@@ -155,15 +155,9 @@ class H2Guard:
         state = self.ctx.connections.get(client.id)
         if state is not None:
             state.refused(Reason.PROTOCOL_ABUSE)
-        dctx = DecisionContext(
-            phase=Phase.REQUEST,
-            listener=state.listener if state else client.proxy_mode.full_spec,
-            client=state.client if state else "-",
-            host=state.tunnel_host if state else None,
-            port=state.tunnel_port if state else None,
-            sni=state.sni if state else None,
-            identity=state.identity if state else None,
-        )
+        dctx = decision_context(state, Phase.REQUEST, client.proxy_mode.full_spec)
+        if state is not None:
+            dctx.sni = state.sni
         decision = Decision(
             reason=Reason.PROTOCOL_ABUSE, policy_version=self.ctx.policy.version, detail=detail
         )

@@ -49,8 +49,8 @@ from sandgate.proxy.addons.credentials import StreamDenied
 from sandgate.proxy.addons.gate import PENDING_KEY
 from sandgate.proxy.addons.identify import IDENTITY_KEY
 from sandgate.proxy.addons.limits import LimitStreamCut
-from sandgate.proxy.audit.records import DecisionContext, decision_record
-from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.audit.records import decision_record
+from sandgate.proxy.context import GatewayContext, decision_context
 from sandgate.proxy.errors import ProxyError
 from sandgate.proxy.mitm.wire_errors import INVALID_REQUEST, KILLED, Failure, failure_for, failure_of_text
 from sandgate.proxy.respond import denied_response
@@ -84,26 +84,21 @@ class _Seam:
     ) -> tuple[str, str | None]:
         """Audit a refusal that no hook decided; (decision id, host) for the answer."""
         state = self.ctx.connections.get(client.id) if self.ctx is not None else None
-        host = port = None
-        if state is not None:
-            host, port = state.tunnel_host, state.tunnel_port
-            if host is None and state.original_dst is not None:
-                host, port = state.original_dst
-        dctx = DecisionContext(
-            phase=Phase.REQUEST,
-            listener=state.listener if state else client.proxy_mode.full_spec,
-            client=state.client if state else _addr(client.peername),
-            host=host,
-            port=port,
-            identity=identity or (state.identity if state else None),
-        )
+        dctx = decision_context(state, Phase.REQUEST, client.proxy_mode.full_spec)
+        if state is None:
+            dctx.client = _addr(client.peername)
+        elif dctx.host is None and state.original_dst is not None:
+            # Transparent, before a tunnel: where the guest was connecting.
+            dctx.host, dctx.port = state.original_dst
+        if identity is not None:
+            dctx.identity = identity
         decision = Decision(
             reason=failure.reason or Reason.INVALID_REQUEST,
             policy_version=self.ctx.policy.version if self.ctx is not None else "",
             detail=failure.text,
         )
         self.record(decision_record(dctx, decision, status=failure.status, error=failure.text))
-        return dctx.decision_id, host
+        return dctx.decision_id, dctx.host
 
 
 class _GuardedHttp1Server(Http1Server):
