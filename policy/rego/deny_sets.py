@@ -16,7 +16,7 @@ them here, as the shipped rule does:
 A shape this reduction does not mirror exactly (a reason or message that is not a string)
 is handed back to rego-cpp: the engine then evaluates data.sandgate.decision itself. An
 operator who edits sandgate.rego's decision rules (or defines them elsewhere) gets the rule
-as written, always. tests/policy/test_rego_decision.py checks both paths agree.
+as written, always. tests/policy/rego/test_deny_sets.py checks both paths agree.
 """
 
 from __future__ import annotations
