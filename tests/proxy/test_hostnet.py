@@ -59,12 +59,17 @@ class Net:
     namespaces: list[str]
     links: list[str]
 
+    @property
+    def group6(self) -> str:
+        """The tag as an IPv6 group in canonical form (no leading zero, as the kernel prints it)."""
+        return f"{int(self.tag, 16):x}"
+
     def guest(self, role: str, n: int, *, route: bool = True) -> Guest:
         """A namespace joined to gw by a veth pair, with an IPv4 /30 and an IPv6 /64."""
         ns, host_if, ns_if = f"sghn-{role}-{self.tag}", f"hn{n}h-{self.tag}", f"hn{n}n-{self.tag}"
         s = int(self.tag[:2], 16)
         g = Guest(ns, host_if, f"10.203.{s}.{4 * n + 1}", f"10.203.{s}.{4 * n + 2}",
-                  f"fd5a:{self.tag}:{n}::1", f"fd5a:{self.tag}:{n}::2")  # fmt: skip
+                  f"fd5a:{self.group6}:{n}::1", f"fd5a:{self.group6}:{n}::2")  # fmt: skip
         ip("netns", "add", ns)
         self.namespaces.append(ns)
         ip("-n", self.gw, "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
@@ -170,7 +175,7 @@ def gateway_files(root: Path, net: Net, tenants: dict[str, str], **extra: Any) -
             ],
             "dns": {"host": "*", "port": free_port()},
             "resolver": {"hosts": {}, "nameservers": [f"{net.up.addr4}:53"], "ipv6": True},
-            "address_guard": {"reachable_by_name": [f"10.203.{s}.0/24", f"fd5a:{net.tag}::/32"]},
+            "address_guard": {"reachable_by_name": [f"10.203.{s}.0/24", f"fd5a:{net.group6}::/32"]},
             **extra,
         },
     )
