@@ -51,7 +51,7 @@ from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.rego import compiler as rego_compile
 from sandgate.policy.rego.cache import CachingEngine, DecisionCache
 from sandgate.policy.rego.embedded import EmbeddedEngine
-from sandgate.policy.rego.engine import PolicyEngine
+from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.resolver import CachingResolver, StaticResolver
 
 REPO = Path(__file__).resolve().parents[1]

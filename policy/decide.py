@@ -19,8 +19,9 @@ from sandgate.policy.errors import ResolveError
 from sandgate.policy.matcher import RuleMatch
 from sandgate.policy.model.policyset import PolicySet, TenantPolicy
 from sandgate.policy.reasons import Reason
-from sandgate.policy.rego.engine import PolicyEngine, RegoQuery, RegoVerdict, fault, make_engine
+from sandgate.policy.rego.engine import make_engine
 from sandgate.policy.rego.input_document import input_document
+from sandgate.policy.rego.protocol import PolicyEngine, RegoQuery, RegoVerdict, fault
 from sandgate.policy.resolver import Resolver
 from sandgate.policy.trace import AddressCheck, Outcome, RegoTrace, Step, StepName, Trace, address_checks
 

@@ -14,7 +14,7 @@ from sandgate.policy.decide import decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.overrides import decide_readings
-from sandgate.policy.rego.engine import PolicyEngine
+from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.resolver import Resolver
 from sandgate.policy.trace import AddressCheck, Outcome, RegoTrace, Step, StepName, Trace
 

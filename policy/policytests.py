@@ -48,8 +48,9 @@ from sandgate.policy.overrides import decide_readings
 from sandgate.policy.paths import normalise_path
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.compiler import RegoTestResult, run_rego_tests
-from sandgate.policy.rego.engine import PolicyEngine, make_engine
+from sandgate.policy.rego.engine import make_engine
 from sandgate.policy.rego.program import RegoModule
+from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.rego.source import module_facts, ref_text
 from sandgate.policy.resolver import Resolution, StaticResolver
 from sandgate.policy.upgrade import requested_upgrade

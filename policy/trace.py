@@ -14,7 +14,7 @@ from typing import Any
 
 from sandgate.policy.decision import Refusal
 from sandgate.policy.matcher import CompiledRule
-from sandgate.policy.rego.engine import RegoVerdict
+from sandgate.policy.rego.protocol import RegoVerdict
 
 __all__ = ["AddressCheck", "Outcome", "RegoTrace", "Step", "StepName", "Trace", "address_checks"]
 

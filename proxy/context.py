@@ -14,7 +14,7 @@ from sandgate.policy.limiter import Limiter
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
-from sandgate.policy.rego.engine import PolicyEngine
+from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.resolver import Resolver
 from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.audit.trail import AuditLog

@@ -27,7 +27,8 @@ from sandgate.policy.errors import PolicySetError, SandgateError
 from sandgate.policy.model.loader import load_policy_dir, policy_files
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.rego.compiler import use_store
-from sandgate.policy.rego.engine import PolicyEngine, make_engine
+from sandgate.policy.rego.engine import make_engine
+from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.resolver import (
     CachingResolver,
     ChainResolver,

@@ -1,8 +1,8 @@
 """Building a Rego engine: `make_engine` picks `embedded` (regopy, in process, per-tenant
 bundles; the default) or `opa` (an OPA server's Data API) and puts the decision cache in front.
 
-The protocol, query and verdict live in `protocol` (the engines import it, so building them
-here makes no cycle); they are re-exported so callers need one import.
+The protocol, query and verdict live in `protocol`: the engines import it, and a module that
+only needs those names does not load the OPA client by importing this one.
 """
 
 from __future__ import annotations
@@ -10,28 +10,9 @@ from __future__ import annotations
 from sandgate.policy.rego.cache import CachingEngine, DecisionCache
 from sandgate.policy.rego.embedded import EmbeddedEngine
 from sandgate.policy.rego.opa import OpaEngine
-from sandgate.policy.rego.protocol import (
-    REGO_REASONS,
-    UNDEFINED,
-    EngineError,
-    PolicyEngine,
-    RegoQuery,
-    RegoVerdict,
-    fault,
-    interpret,
-)
+from sandgate.policy.rego.protocol import EngineError, PolicyEngine
 
-__all__ = [
-    "REGO_REASONS",
-    "UNDEFINED",
-    "EngineError",
-    "PolicyEngine",
-    "RegoQuery",
-    "RegoVerdict",
-    "fault",
-    "interpret",
-    "make_engine",
-]
+__all__ = ["make_engine"]
 
 
 def make_engine(

@@ -24,7 +24,7 @@ from sandgate.brokers import (
 )
 from sandgate.policy.decision import Decision
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.gate import CREDENTIALS_KEY, PENDING_KEY
+from sandgate.proxy.addons.flow_keys import CREDENTIALS_KEY, PENDING_KEY
 from sandgate.proxy.addons.limits import body_length_unknown, declared_length
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import GatewayContext

@@ -33,8 +33,6 @@ from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import requested_upgrade
 from sandgate.proxy.addons.flow_keys import (
     APPROVAL_KEY,
-    CREDENTIALS_KEY,
-    FAILURE_KEY,
     HEAD_BYTES_KEY,
     PENDING_KEY,
 )
@@ -51,7 +49,7 @@ from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.respond import decision_response
 
 # The flow keys are re-exported for the modules that have always imported them from here.
-__all__ = ["CREDENTIALS_KEY", "FAILURE_KEY", "HEAD_BYTES_KEY", "PENDING_KEY", "Gate"]
+__all__ = ["Gate"]
 
 log = structlog.get_logger("sandgate.gate")
 

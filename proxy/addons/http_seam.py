@@ -46,7 +46,7 @@ from mitmproxy.proxy.layers.http._http1 import Http1Server
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.credentials import StreamDenied
-from sandgate.proxy.addons.gate import PENDING_KEY
+from sandgate.proxy.addons.flow_keys import PENDING_KEY
 from sandgate.proxy.addons.identify import IDENTITY_KEY
 from sandgate.proxy.addons.limits import LimitStreamCut
 from sandgate.proxy.audit.records import decision_record

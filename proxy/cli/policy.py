@@ -36,10 +36,11 @@ from sandgate.policy.policytests import (
 )
 from sandgate.policy.reach import reach_notes
 from sandgate.policy.rego.compiler import check_modules
-from sandgate.policy.rego.engine import EngineError, make_engine
+from sandgate.policy.rego.engine import make_engine
 from sandgate.policy.rego.input_document import input_schema
 from sandgate.policy.rego.opa import OpaEngine
 from sandgate.policy.rego.program import RegoModule
+from sandgate.policy.rego.protocol import EngineError
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
 from sandgate.proxy.cli import admin as admin_cli
 from sandgate.proxy.config import load_config

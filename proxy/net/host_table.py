@@ -28,9 +28,8 @@ from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.statusfile import STATUS_FILE, read_status
 
 # Re-exported: the config derives the name (proxy.table_name), callers have read it from here.
-from sandgate.proxy.table_name import default_table
 
-__all__ = ["LEGACY_TABLE", "default_table", "legacy_sources", "owner_comment", "table_owner"]
+__all__ = ["LEGACY_TABLE", "legacy_sources", "owner_comment", "table_owner"]
 
 log = structlog.get_logger("sandgate.hosttable")
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import SANDGATE, tenant_yaml
 from support.deployfiles import DEPLOY
 
-from sandgate.proxy.net.host_table import default_table
+from sandgate.proxy.table_name import default_table
 
 HOST_FILE = DEPLOY / "sysctl" / "90-sandgate.conf"
 # A container's view: /proc/sys read-only (the mount is private to this command).

@@ -21,8 +21,8 @@ from support.deployfiles import DEPLOY, env_refs, file_refs, parse_cli, under, u
 
 from sandgate.proxy.config import load_config
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.net.host_table import default_table
 from sandgate.proxy.stores.sealing_keys import StoreKeys
+from sandgate.proxy.table_name import default_table
 
 UNIT = DEPLOY / "systemd" / "sandgate.service"
 VENV = Path(SANDGATE).parent.parent

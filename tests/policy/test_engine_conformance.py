@@ -25,10 +25,10 @@ from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.compiler import compile_programs
 from sandgate.policy.rego.embedded import EmbeddedEngine
-from sandgate.policy.rego.engine import PolicyEngine, RegoQuery, RegoVerdict
 from sandgate.policy.rego.input_document import input_document
 from sandgate.policy.rego.opa import OpaEngine
 from sandgate.policy.rego.program import RegoModule, RegoProgram
+from sandgate.policy.rego.protocol import PolicyEngine, RegoQuery, RegoVerdict
 from sandgate.policy.rego.source import module_facts
 
 GOOD = Path(__file__).parents[1] / "data" / "rego" / "good"

@@ -10,7 +10,7 @@ from sandgate.policy.explain import Outcome, StepName, explain
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.embedded import EmbeddedEngine
-from sandgate.policy.rego.engine import RegoQuery, RegoVerdict
+from sandgate.policy.rego.protocol import RegoQuery, RegoVerdict
 from sandgate.policy.resolver import StaticResolver
 
 GOOD = Path(__file__).parents[1] / "data" / "rego" / "good"

@@ -17,7 +17,8 @@ from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.cache import CachingEngine, DecisionCache
 from sandgate.policy.rego.embedded import EmbeddedEngine
-from sandgate.policy.rego.engine import RegoQuery, RegoVerdict, fault, make_engine
+from sandgate.policy.rego.engine import make_engine
+from sandgate.policy.rego.protocol import RegoQuery, RegoVerdict, fault
 from sandgate.policy.resolver import StaticResolver
 
 GOOD = Path(__file__).parents[1] / "data" / "rego" / "good"

@@ -26,7 +26,7 @@ from conftest import SANDGATE, tenant_yaml, write_gateway_files
 from support import RecordingUpstream, ScriptedDNSServer, free_port
 from support.netns import in_namespace, ip
 
-from sandgate.proxy.net.host_table import default_table
+from sandgate.proxy.table_name import default_table
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

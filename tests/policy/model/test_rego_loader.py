@@ -12,7 +12,8 @@ from sandgate.policy.errors import PolicyError, PolicyLoadError, PolicySetError
 from sandgate.policy.model.loader import load_policy_dir, policy_files
 from sandgate.policy.rego import compiler as rego_compile
 from sandgate.policy.rego.compiler import sample_inputs
-from sandgate.policy.rego.engine import RegoQuery, make_engine
+from sandgate.policy.rego.engine import make_engine
+from sandgate.policy.rego.protocol import RegoQuery
 
 DATA = Path(__file__).parents[2] / "data" / "rego"
 GOOD = DATA / "good"

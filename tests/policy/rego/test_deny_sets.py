@@ -15,9 +15,9 @@ from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.compiler import compile_programs
 from sandgate.policy.rego.deny_sets import SHIPPED_DECISION_DIGESTS, fast_path_applies, reduce_deny_sets
 from sandgate.policy.rego.embedded import EmbeddedEngine
-from sandgate.policy.rego.engine import RegoQuery, RegoVerdict
 from sandgate.policy.rego.input_document import input_document
 from sandgate.policy.rego.program import RegoModule, RegoProgram
+from sandgate.policy.rego.protocol import RegoQuery, RegoVerdict
 from sandgate.policy.rego.source import module_facts
 
 REPO = Path(__file__).resolve().parents[3]

@@ -10,17 +10,10 @@ import pytest
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.cache import CachingEngine, DecisionCache
 from sandgate.policy.rego.embedded import EmbeddedEngine
-from sandgate.policy.rego.engine import (
-    UNDEFINED,
-    EngineError,
-    RegoQuery,
-    RegoVerdict,
-    fault,
-    interpret,
-    make_engine,
-)
+from sandgate.policy.rego.engine import make_engine
 from sandgate.policy.rego.opa import OpaEngine, module_id
 from sandgate.policy.rego.program import RegoModule, RegoProgram
+from sandgate.policy.rego.protocol import UNDEFINED, EngineError, RegoQuery, RegoVerdict, fault, interpret
 from sandgate.policy.rego.source import module_facts
 
 INTERPRET_CASES: list[tuple[object, bool, Reason, str, bool]] = [
