@@ -67,13 +67,16 @@ class TenantLimits:
         except Exception:
             log.exception("hook_failed", hook="limits.requestheaders")
             flow.metadata.pop(PENDING_KEY, None)
-            self._withdraw_approval(flow)
             fault = Decision(
                 reason=Reason.INTERNAL_ERROR, policy_version=self.ctx.policy.version, detail="hook failed"
             )
-            await refuse(
-                self.ctx.audit, flow, decision_response(fault, dctx.host, dctx.decision_id), dctx, fault
-            )
+            try:
+                await refuse(
+                    self.ctx.audit, flow, decision_response(fault, dctx.host, dctx.decision_id), dctx, fault
+                )
+            finally:
+                # Last: the refusal is on the flow before anything else here can fail.
+                self._withdraw_approval(flow)
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         if data.server.error:
