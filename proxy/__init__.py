@@ -37,4 +37,5 @@ __all__ = [
     "tasks",
     "upstream_trust",
     "version",
+    "worker_role",
 ]

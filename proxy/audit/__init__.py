@@ -4,8 +4,10 @@ them back (sources, queries, formats, stats, suggestions).
 
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
+    "collector",
     "files",
     "format",
+    "forward",
     "query",
     "records",
     "redis_stream",
