@@ -58,6 +58,11 @@ UNEXPLAINED_PCT = 20.0  # ... and so does core 0 being this many points busier t
 DISTURBED_MIN_TICKS = 3  # ... but never on fewer clock ticks than this
 
 
+NOT_AVAILABLE = (
+    "not available"  # a row note starting so: the row could not run here (said why), not a failure
+)
+
+
 class BenchError(Exception):
     """A service or client failed; the message is what to report."""
 
@@ -75,7 +80,16 @@ def pinned(core: int, argv: list[str]) -> list[str]:
 class Service:
     """A background process with its output in files; stop() is idempotent."""
 
-    def __init__(self, name: str, argv: list[str], workdir: Path, *, stdout_pipe: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        workdir: Path,
+        *,
+        stdout_pipe: bool = False,
+        pass_fds: tuple[int, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.err_path = workdir / f"{name}.stderr"
@@ -88,6 +102,8 @@ class Service:
                 stdout=subprocess.PIPE if stdout_pipe else out,
                 stderr=err,
                 start_new_session=True,  # Ctrl-C reaches only us; we stop the children
+                pass_fds=pass_fds,
+                env=env,
             )
 
     def read_json_line(self, timeout: float) -> dict[str, Any]:
@@ -245,7 +261,7 @@ class CpuWindow:
             parts.append(f"core 0 busier than the proxy by {self.unexplained_core0:.0f} points")
         return ", ".join(parts)
 
-    def fill(self, a: CpuSample, b: CpuSample, proxy: int | None, ours: set[int]) -> None:
+    def fill(self, a: CpuSample, b: CpuSample, proxy: int | set[int] | None, ours: set[int]) -> None:
         for core in a.cores.keys() & b.cores.keys():
             total = b.cores[core][1] - a.cores[core][1]
             busy = b.cores[core][0] - a.cores[core][0]
@@ -254,8 +270,12 @@ class CpuWindow:
                 self.core0_irq = round(100.0 * (b.cores[core][2] - a.cores[core][2]) / total, 0)
         scale = 100.0 / os.sysconf("SC_CLK_TCK") / max(b.at - a.at, 1e-3)
         self.ticks_per_pct = 1.0 / scale
-        if proxy is not None and proxy in a.procs and proxy in b.procs:
-            self.proxy = round((b.procs[proxy][1] - a.procs[proxy][1]) * scale, 0)
+        # The proxy may be several processes (workers, a decider): their sum. One born inside
+        # the window counts all it used.
+        pids = {proxy} if isinstance(proxy, int) else proxy
+        if pids and any(pid in a.procs and pid in b.procs for pid in pids):
+            used = sum(b.procs[p][1] - a.procs.get(p, (b.procs[p][0], 0))[1] for p in pids if p in b.procs)
+            self.proxy = round(used * scale, 0)
         # Processes that exist at both ends count their difference, ones born in the window all
         # they used; ones that ended inside it are missed (the per-core figures still show them).
         foreign: dict[str, int] = {}
@@ -334,6 +354,7 @@ class Bench:
     notes: list[str] = field(default_factory=list)
     policies: dict[int, PolicySet] = field(default_factory=dict)
     proxy: Service | None = None  # the proxy under test, for its CPU use
+    proxy_helpers: set[int] = field(default_factory=set)  # other processes of the proxy under test
     pids: set[int] = field(default_factory=set)  # our long-running processes (the upstream)
 
     @property
@@ -362,16 +383,51 @@ def _run_counted(argv: list[str], timeout: float, b: Bench) -> tuple[subprocess.
 
 
 def _ours(b: Bench) -> set[int]:
-    """This process, the upstream and the proxy under test."""
-    return {os.getpid(), *b.pids, *([b.proxy.proc.pid] if b.proxy is not None else [])}
+    """This process, the upstream and the proxy under test (with its helpers and children)."""
+    return {os.getpid(), *b.pids, *_proxy_pids(b)}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below pid (workers under a supervisor), from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _proxy_pids(b: Bench) -> set[int]:
+    """The proxy under test: its process, its descendants and any helper it needs (b.proxy_helpers)."""
+    if b.proxy is None:
+        return set()
+    return {b.proxy.proc.pid, *descendants(b.proxy.proc.pid), *b.proxy_helpers}
 
 
 def run_client(
-    b: Bench, args: list[str], *, duration: float | None = None, cpu: CpuWindow | None = None
+    b: Bench,
+    args: list[str],
+    *,
+    duration: float | None = None,
+    cpu: CpuWindow | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Run bench/loadclient.py on the client core; with `cpu`, measure CPU use in its window."""
+    """Run bench/loadclient.py on the client core; with `cpu`, measure CPU use in its window.
+
+    `prefix` goes before the command (`ip netns exec NS`, for a client in a guest namespace).
+    """
     d = b.duration if duration is None else duration
-    argv = pinned(CLIENT_CORE, [sys.executable, str(BENCH / "loadclient.py"), *args])
+    argv = [*prefix, *pinned(CLIENT_CORE, [sys.executable, str(BENCH / "loadclient.py"), *args])]
     argv += ["--duration", str(d), "--warmup", str(b.args.warmup)]
     if cpu is not None:
         argv.append("--marks")
@@ -404,7 +460,7 @@ def run_client(
     if proc.returncode != 0:
         raise BenchError(f"load client failed ({proc.returncode}): {''.join(err_lines).strip()[-800:]}")
     if cpu is not None and "measure-start" in samples and "measure-end" in samples:
-        proxy = b.proxy.proc.pid if b.proxy is not None else None
+        proxy = _proxy_pids(b) or None
         cpu.fill(samples["measure-start"], samples["measure-end"], proxy, _ours(b) | {proc.pid})
     result: dict[str, Any] = json.loads(stdout)
     return result
@@ -420,6 +476,7 @@ def load_row(
     unit: str = "req/s",
     compare: str | None = None,
     duration: float | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> Row:
     row = Row(key, label, concurrency, unit, compare=compare)
     b.rows.append(row)
@@ -433,7 +490,7 @@ def load_row(
         attempts += 1
         cpu = CpuWindow()
         try:
-            r = run_client(b, args, cpu=cpu, duration=duration)
+            r = run_client(b, args, cpu=cpu, duration=duration, prefix=prefix)
         except BenchError as e:
             row.note = f"FAILED: {e}"
             return row
@@ -982,9 +1039,11 @@ def _fmt(v: float | None, nd: int = 2) -> str:
     return "–" if v is None else f"{v:,.{nd}f}"
 
 
-def markdown(b: Bench, m: dict[str, str]) -> str:
+def markdown(
+    b: Bench, m: dict[str, str], *, title: str = "sandgate benchmark", ratio: str = "sandgate / mitmdump"
+) -> str:
     out = [
-        f"# sandgate benchmark — {m['date']}",
+        f"# {title} — {m['date']}",
         "",
         f"- machine: {m['cpu']}; {m['os']}",
         f"- code: {m['git']}",
@@ -997,7 +1056,7 @@ def markdown(b: Bench, m: dict[str, str]) -> str:
         "## Load",
         "",
         "| # | row | conc. | throughput | p50 ms | p99 ms | errors "
-        "| CPU % proxy / core 0 / core 1 / other | sandgate / mitmdump |",
+        f"| CPU % proxy / core 0 / core 1 / other | {ratio} |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for i, r in enumerate(b.rows, 1):
@@ -1006,6 +1065,8 @@ def markdown(b: Bench, m: dict[str, str]) -> str:
         if base is not None and base.value and r.value is not None:
             ratio = f"{r.value / base.value:.2f}×"
         value = "FAILED" if r.value is None else f"{r.value:,.0f} {r.unit}"
+        if r.value is None and r.note.startswith(NOT_AVAILABLE):
+            value = "not available"
         if r.cpu.disturbed:
             value += " ⚠"
             r.note = (r.note + "; " if r.note else "") + "disturbed: " + r.cpu.disturbance
