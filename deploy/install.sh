@@ -18,8 +18,9 @@ while (( $# )); do
     shift
 done
 
-packages=(curl ca-certificates iproute2 nftables)
-if (( dev )); then packages+=(redis-server wrk nginx-light); fi
+# redis-server: workers > 1 share limit counts through a private one (proxy/fleet/local_broker.py).
+packages=(curl ca-certificates iproute2 nftables redis-server)
+if (( dev )); then packages+=(wrk nginx-light); fi
 missing=()
 [[ "$only" == venv ]] && packages=()
 for p in "${packages[@]}"; do

@@ -68,6 +68,7 @@ from sandgate.proxy.errors import ListenerError
 from sandgate.proxy.fd_budget import raise_fd_limit
 from sandgate.proxy.fleet.channel import publish_reload_with
 from sandgate.proxy.fleet.limits_sync import LimitSync
+from sandgate.proxy.fleet.local_broker import worker_limit_sync
 from sandgate.proxy.fleet.redis_client import Keys, connect, connect_sync
 from sandgate.proxy.fleet.registry_sync import FleetRegistrySync, default_gateway_id
 from sandgate.proxy.metrics import METRICS, GatewayGauges
@@ -100,6 +101,7 @@ from sandgate.proxy.stores.registry_redis import RedisSandboxStore, rules_checke
 from sandgate.proxy.tasks import spawn
 from sandgate.proxy.upstream_trust import upstream_trust_file
 from sandgate.proxy.version import version_of
+from sandgate.proxy.worker_role import WorkerRole
 
 __all__ = ["Gateway", "build_resolver", "serve"]
 
@@ -307,6 +309,13 @@ class Gateway:
                 gateway_id=config.redis.gateway_id or default_gateway_id(config.state_path),
             )
             self.ctx.limit_learn = self.limit_sync.learn
+        else:
+            # Workers of one gateway without redis: the local broker their supervisor started.
+            self.limit_sync = worker_limit_sync(
+                self.ctx.limiter, config.limits.sync_interval_seconds, WorkerRole.from_env()
+            )
+            if self.limit_sync is not None:
+                self.ctx.limit_learn = self.limit_sync.learn
         self.dns: DnsListener | None = None
         if config.dns is not None:
             self.dns = DnsListener(

@@ -6,6 +6,7 @@ rate-limit counts; nothing here is on the request path.
 __all__ = [
     "channel",
     "limits_sync",
+    "local_broker",
     "redis_client",
     "registry_sync",
 ]
