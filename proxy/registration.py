@@ -21,7 +21,14 @@ from sandgate.policy.model.policyset import PolicySet
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.net.host_table import LEGACY_TABLE, check_owner, legacy_sources, owner_comment
-from sandgate.proxy.net.nft import SandboxInterface, apply_ruleset, enable_ipv6, set_interface_sysctls
+from sandgate.proxy.net.nft import (
+    Ports,
+    SandboxInterface,
+    apply_ruleset,
+    enable_ipv6,
+    set_interface_sysctls,
+    worker_ports,
+)
 from sandgate.proxy.net.static_sandboxes import StaticSandbox, desired_static, load_static, save_static
 from sandgate.proxy.statusfile import read_status
 from sandgate.proxy.stores.registry import (
@@ -35,12 +42,14 @@ from sandgate.proxy.stores.registry import (
 __all__ = [
     "SandboxExists",
     "apply_host_rules",
+    "gateway_ports",
     "interface_exists",
     "listener_ports",
     "prepare_host_table",
     "register",
     "registered",
     "static_path",
+    "steered_ports",
     "sync_static_rules",
     "unregister",
 ]
@@ -48,16 +57,63 @@ __all__ = [
 log = structlog.get_logger("sandgate.sandboxes")
 
 
-def listener_ports(config: GatewayConfig) -> tuple[int, int]:
-    """(transparent port, DNS port) of the running gateway, else of the config."""
+def listener_ports(config: GatewayConfig) -> list[Ports]:
+    """(transparent port, DNS port) of each worker of the running gateway (index = worker), else
+    of the config."""
     status = read_status(config.status_path) or {}
     transparent = status.get("transparent_port") or next(
-        (lst.port for lst in config.listeners if lst.mode == "transparent"), None
+        (_base(config, lst.port) for lst in config.listeners if lst.mode == "transparent"), None
     )
-    dns = status.get("dns_port") or (config.dns.port if config.dns else None)
+    dns = status.get("dns_port") or (_base(config, config.dns.port) if config.dns else None)
     if not transparent or not dns:
         raise ConfigError("the gateway config needs a transparent listener and a dns listener for sandboxes")
-    return int(transparent), int(dns)
+    # The gateway's status file says how many workers serve (the supervisor writes it); a worker
+    # reads its own, and knows from its config.
+    count = int(status.get("workers") or _count(config, running=bool(status)))
+    return steered_ports(config, int(transparent), int(dns), count)
+
+
+def steered_ports(config: GatewayConfig, transparent: int, dns: int, count: int) -> list[Ports]:
+    """The ports the host rules steer to, from the lead's: base + i for worker i when the config
+    gives both the transparent and the DNS listener fixed ports; otherwise every interface goes
+    to the one pair given, the lead's (listeners opened on demand exist on the lead only, and
+    port 0, any free port, has no base + i)."""
+    if count > 1 and _fixed_ports(config):
+        return worker_ports(transparent, dns, count)
+    return [(transparent, dns)]
+
+
+def gateway_ports(config: GatewayConfig, transparent: int, dns: int) -> list[Ports]:
+    """The ports the host rules steer to, as a gateway process knows them from its own bound
+    transparent and DNS ports: every worker computes the same list (its own ports are base +
+    its index), so whichever installs the rules writes the same table."""
+    index = _index(config) if _fixed_ports(config) else 0
+    return steered_ports(config, transparent - index, dns - index, _count(config, running=True))
+
+
+def _fixed_ports(config: GatewayConfig) -> bool:
+    transparent = any(lst.mode == "transparent" and lst.port for lst in config.listeners)
+    return transparent and config.dns is not None and bool(config.dns.port)
+
+
+def _index(config: GatewayConfig) -> int:
+    """This process's worker index (a worker's config has its own ports: base + index)."""
+    return int(getattr(config, "worker_index", 0))
+
+
+def _base(config: GatewayConfig, port: int) -> int:
+    """The lead's port, from a config's (a worker's has its own: base + its index)."""
+    return port - _index(config) if port else 0
+
+
+def _count(config: GatewayConfig, *, running: bool) -> int:
+    """How many workers the config's gateway runs: a worker's config knows; without a running
+    gateway, its configured count (the gateway steers again when it starts)."""
+    known = int(getattr(config, "worker_count", 1))
+    if known > 1 or running:
+        return known
+    configured = getattr(getattr(config, "workers", None), "count", None)
+    return configured if isinstance(configured, int) else 1
 
 
 @contextmanager
@@ -192,18 +248,24 @@ def static_path(config: GatewayConfig) -> Path:
 def sync_static_rules(
     config: GatewayConfig,
     policy: PolicySet,
-    ports: tuple[int, int] | None,
+    ports: list[Ports] | None,
     extra: list[DynamicSandbox],
     *,
     force: bool = False,
 ) -> list[StaticSandbox]:
     """Install the host rules for the tenant files' interface sandboxes of `policy`, beside the
-    registry's (and `extra`: a fleet registry's on this host), when they changed (or `force`).
-    Raises (and changes nothing) when they cannot be installed."""
+    registry's (and `extra`: a fleet registry's on this host), when they changed (or `force`:
+    at start, when any interface is registered). Raises (and changes nothing) when they cannot
+    be installed."""
     with _locked(config):
         installed = load_static(static_path(config))
         wanted = desired_static(policy, installed)
-        if wanted == installed and not (force and wanted):
+        registry = [*load_registry(config.registry_path), *extra]
+        # At start the whole table is written again, the registry's sandboxes included: a reboot
+        # emptied nftables, and the rules must steer to the workers that serve now (a `sandbox
+        # add` without a running gateway could not know how many would).
+        steer = ports is not None and any(s.interface for s in registry)
+        if wanted == installed and not (force and (wanted or steer)):
             return wanted
         if wanted and ports is None:
             first = wanted[0]
@@ -216,12 +278,12 @@ def sync_static_rules(
         present = [s for s in wanted if interface_exists(s.interface)]
         for s in present:
             set_interface_sysctls(s.interface, ipv6=_has_ipv6(s))
-        _apply(config, [*load_registry(config.registry_path), *extra], static=wanted, ports=ports)
+        _apply(config, registry, static=wanted, ports=ports)
         for s in present:
             if _has_ipv6(s):
                 enable_ipv6(s.interface)  # only once the rules guarding it are in force
         save_static(static_path(config), wanted)
-        log.info("host_rules.static_installed", sandboxes=[s.id for s in wanted])
+        log.info("host_rules.static_installed", sandboxes=[s.id for s in wanted], workers=len(ports or ()))
         return wanted
 
 
@@ -230,7 +292,7 @@ def _apply(
     sandboxes: list[DynamicSandbox],
     *,
     static: list[StaticSandbox] | None = None,
-    ports: tuple[int, int] | None = None,
+    ports: list[Ports] | None = None,
     drop_table: str | None = None,
 ) -> None:
     """Rewrite the table: the tenant files' interface sandboxes (those the gateway last
@@ -252,6 +314,6 @@ def _apply(
     # Never write (nor delete) a table another running gateway owns.
     check_owner(table, config.state_path)
     if not interfaces:
-        ports = (0, 0)
+        ports = [(0, 0)]
     ports = ports or listener_ports(config)
-    apply_ruleset(interfaces, *ports, table, comment=owner_comment(config.state_path), drop_table=drop_table)
+    apply_ruleset(interfaces, ports, table, comment=owner_comment(config.state_path), drop_table=drop_table)

@@ -82,7 +82,7 @@ from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
 from sandgate.proxy.net.name_bindings import NameBindings
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
-from sandgate.proxy.registration import interface_exists, prepare_host_table, sync_static_rules
+from sandgate.proxy.registration import gateway_ports, interface_exists, prepare_host_table, sync_static_rules
 from sandgate.proxy.reloader import PolicyReloader, RulesKeptError, problem_view, report_problems
 from sandgate.proxy.secret_refresh import SecretRefresher
 from sandgate.proxy.statusfile import remove_status, write_status
@@ -253,9 +253,9 @@ class Gateway:
         # (version of the policy built from them, the rules): when the files stop loading, the
         # sandbox registry is merged onto these instead.
         self._rules_in_force: tuple[str, PolicySet] | None = None
-        # (transparent port, DNS port) once the listeners are bound: from then on every load
-        # installs the host rules of the tenant files' interface sandboxes.
-        self.host_ports: tuple[int, int] | None = None
+        # (transparent port, DNS port) of each worker once the listeners are bound: from then on
+        # every load installs the host rules of the tenant files' interface sandboxes.
+        self.host_ports: list[tuple[int, int]] | None = None
         if config.rego.bundle_store:
             use_store(config.path(config.rego.bundle_store))
         self.engine = build_engine(config)
@@ -469,7 +469,8 @@ class Gateway:
         (a reboot empties nftables); False (do not serve) when they cannot be."""
         transparent = [lst.port for lst in self.config.listeners if lst.mode == "transparent"]
         if transparent and self.dns is not None:
-            self.host_ports = (transparent[0], self.dns.port)
+            # Every worker writes the same table: all workers' ports, each interface steered to one.
+            self.host_ports = gateway_ports(self.config, transparent[0], self.dns.port)
         try:
             await asyncio.to_thread(self.sync_host_rules, self.ctx.policy, force=True)
         except (SandgateError, RuntimeError, OSError) as e:

@@ -129,6 +129,11 @@ class Jail:
             ListenerConfig(mode="transparent", host="0.0.0.0", port=_free_port()).model_dump()
         ]
         cfg["dns"] = DnsListenerConfig(host="0.0.0.0", port=_free_port()).model_dump()
+        # It fronts this one jail, which the host rules steer to one worker anyway: one worker
+        # (and only the two ports found free are taken; worker i would take base + i).
+        workers = cfg.get("workers")
+        if isinstance(workers, dict):
+            workers["count"] = 1
         config_file = self.tmpdir / "gateway.yaml"
         config_file.write_text(yaml.safe_dump(cfg))
         log_path = self.tmpdir / "gateway.log"
@@ -138,6 +143,7 @@ class Jail:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, "SANDGATE_WORKERS": "1"},
             )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

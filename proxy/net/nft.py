@@ -7,6 +7,7 @@ For each registered sandbox interface (and its source addresses, IPv4 and IPv6):
   an IPv6 address only neighbour discovery passes besides the sandbox's own traffic;
 - all UDP but DNS is dropped (QUIC included, so clients fall back to TCP);
 - TCP is redirected to the transparent listener, UDP and TCP port 53 to the DNS listener;
+  with several workers, to the listeners of the one worker the interface is steered to;
 - nothing from a sandbox interface reaches any other local port or is forwarded.
 The whole table is replaced in one nft transaction, so add and remove are idempotent and
 never leave a half-applied ruleset: when nft refuses the new one, the old one stays in force.
@@ -17,14 +18,16 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandgate.proxy.errors import ConfigError
+from sandgate.proxy.worker_role import worker_for
 
 __all__ = [
     "TABLE",
+    "Ports",
     "SandboxInterface",
     "apply_ruleset",
     "enable_ipv6",
@@ -32,9 +35,18 @@ __all__ = [
     "remove_ruleset",
     "render_ruleset",
     "set_interface_sysctls",
+    "worker_ports",
 ]
 
 TABLE = "sandgate"
+
+# (transparent port, DNS port) of one worker; a list of them is indexed by worker.
+Ports = tuple[int, int]
+
+
+def worker_ports(transparent: int, dns: int, count: int) -> list[Ports]:
+    """The ports of each of `count` workers: worker i owns base + i of both (WorkerRole.port)."""
+    return [(transparent + i, dns + i) for i in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +68,15 @@ def _elements(items: Iterable[str]) -> str:
 
 def render_ruleset(
     sandboxes: Iterable[SandboxInterface],
-    transparent_port: int,
-    dns_port: int,
+    ports: Sequence[Ports],
     table: str = TABLE,
     *,
     comment: str = "",
 ) -> str:
-    """The complete `inet <table>` table for these interfaces."""
+    """The complete `inet <table>` table for these interfaces, steering each to the worker
+    `worker_for(interface, len(ports))` whose (transparent, DNS) ports are `ports[worker]`."""
+    if not ports:
+        raise ValueError("no listener ports to redirect to")
     merged: dict[str, set[str]] = {}
     for s in sandboxes:
         merged.setdefault(s.interface, set()).update(s.addresses)
@@ -79,6 +93,11 @@ def render_ruleset(
     addrs6 = _elements(a for _, a in v6)
     nd = "{ nd-neighbor-solicit, nd-neighbor-advert }"
     owner = f'  comment "{comment}"\n' if comment else ""
+    maps, tcp_to, dns_to = _steering(sorted(merged), ports)
+    # Every worker's ports: after the redirect, each guest's packets go to its own worker's.
+    dns_ports = list(dict.fromkeys(str(d) for _, d in ports))
+    tcp_ports = ", ".join(dict.fromkeys([*(str(t) for t, _ in ports), *dns_ports]))
+    udp_ports = dns_ports[0] if len(dns_ports) == 1 else f"{{ {', '.join(dns_ports)} }}"
     return f"""table inet {table} {{
 {owner}  set ifaces {{ type ifname;{ifaces} }}
   set ifaces6 {{ type ifname;{ifaces6} }}
@@ -97,16 +116,16 @@ def render_ruleset(
     iifname @ifaces meta l4proto != {{ tcp, udp }} drop
     iifname @ifaces meta l4proto udp udp dport != 53 drop
   }}
-  chain sg_nat {{
+{maps}  chain sg_nat {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname @ifaces meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns_port}
-    iifname @ifaces meta l4proto tcp redirect to :{transparent_port}
+    iifname @ifaces meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns_to}
+    iifname @ifaces meta l4proto tcp redirect to :{tcp_to}
   }}
   chain sg_input {{
     type filter hook input priority filter; policy accept;
     iifname @ifaces6 icmpv6 type {nd} ip6 hoplimit 255 accept
-    iifname @ifaces tcp dport {{ {transparent_port}, {dns_port} }} accept
-    iifname @ifaces udp dport {dns_port} accept
+    iifname @ifaces tcp dport {{ {tcp_ports} }} accept
+    iifname @ifaces udp dport {udp_ports} accept
     iifname @ifaces drop
   }}
   chain sg_forward {{
@@ -118,10 +137,28 @@ def render_ruleset(
 """
 
 
+def _steering(interfaces: list[str], ports: Sequence[Ports]) -> tuple[str, str, str]:
+    """The per-interface port maps (none with one worker) and the redirect targets.
+
+    Steering is by interface, not by source address: a hash of the source address would send
+    a dual-stack guest's IPv4 and IPv6 (its DNS over one family, its connections over the
+    other) to different workers, whose name bindings are not shared. One interface carries
+    one sandbox, so all of its addresses land on one worker."""
+    if len(ports) == 1:
+        return "", str(ports[0][0]), str(ports[0][1])
+    worker = {i: ports[worker_for(i, len(ports))] for i in interfaces}
+    tcp = _elements(f'"{i}" : {worker[i][0]}' for i in interfaces)
+    dns = _elements(f'"{i}" : {worker[i][1]}' for i in interfaces)
+    maps = (
+        f"  map tcp_port {{ type ifname : inet_service;{tcp} }}\n"
+        f"  map dns_port {{ type ifname : inet_service;{dns} }}\n"
+    )
+    return maps, " iifname map @tcp_port", " iifname map @dns_port"
+
+
 def apply_ruleset(
     sandboxes: Iterable[SandboxInterface],
-    transparent_port: int,
-    dns_port: int,
+    ports: Sequence[Ports],
     table: str = TABLE,
     *,
     comment: str = "",
@@ -129,7 +166,7 @@ def apply_ruleset(
 ) -> None:
     """Replace sandgate's table in one transaction (or remove it when there is nothing to guard);
     `drop_table` (an old table being replaced by this one) goes in the same transaction."""
-    body = render_ruleset(sandboxes, transparent_port, dns_port, table, comment=comment)
+    body = render_ruleset(sandboxes, ports, table, comment=comment)
     # "add" makes "delete" safe when the table does not exist yet; all of it is one transaction.
     old = f"add table inet {drop_table}\ndelete table inet {drop_table}\n" if drop_table else ""
     _nft(f"{old}add table inet {table}\ndelete table inet {table}\n{body}")

@@ -7,6 +7,10 @@ listener, each on a free port of every IPv4 address, kept until the gateway exit
 in its status. Jails then register with this one gateway, so their traffic is decided,
 audited and reloaded with everything else it serves.
 
+With workers, only the lead (worker 0) serves the public admin API, so only it opens them: the
+host rules send every interface to the lead's ports when the config has no transparent and DNS
+listener of its own (registration.steered_ports), never to a worker that has none.
+
 Why every address: the host rules redirect a guest to the primary address of the interface
 it came in on (one per jail), so no fixed address would do. What a source that is no
 registered sandbox gets there is what it gets on any transparent listener: its connection

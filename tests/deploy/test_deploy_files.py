@@ -21,14 +21,13 @@ def test_the_sandbox_host_config_loads_with_transparent_and_dns_listeners() -> N
 def test_the_rendered_ruleset_is_valid_nftables() -> None:
     text = render_ruleset(
         [SandboxInterface("tap0", ("10.213.0.2", "fd00:213::2")), SandboxInterface("tap1", ("10.213.0.6",))],
-        8081,
-        8053,
+        [(8081, 8053)],
     )
     check = subprocess.run(["nft", "-c", "-f", "-"], input=text, capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
     assert "iifname @ifaces meta nfproto ipv4 iifname . ip saddr != @sources4 drop" in text
     assert '"tap0" . fd00:213::2' in text
-    assert render_ruleset([], 8081, 8053) == ""
+    assert render_ruleset([], [(8081, 8053)]) == ""
 
 
 def test_the_scripts_are_executable() -> None:
