@@ -19,8 +19,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -450,20 +451,110 @@ def phase_node(b: Bench) -> None:
 TR_TOKEN = "bench-token-0123456789abcdef"
 
 
+def _stop_client(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def parallel_row(
+    b: Bench,
+    key: str,
+    label: str,
+    clients: Sequence[tuple[tuple[str, ...], list[str]]],
+    *,
+    compare: str | None = None,
+) -> Row:
+    """One row from several load clients at once (one per guest namespace), c10 split among them.
+
+    req/s and errors are summed; p50 and p99 are the highest of the clients' (each client's own
+    percentiles: the merged distribution is not kept). CPU is sampled from the moment every
+    client measures to the moment the first stops.
+    """
+    row = Row(key, label, run.CONCURRENCY, "req/s", compare=compare)
+    b.rows.append(row)
+    print(f"  {label} (c{run.CONCURRENCY} over {len(clients)} clients) ...", file=sys.stderr, flush=True)
+    per = max(1, run.CONCURRENCY // len(clients))
+    started: list[threading.Event] = []
+    ended = threading.Event()
+    procs: list[tuple[subprocess.Popen[str], Any]] = []
+    errs: list[list[str]] = []
+    samples: list[run.CpuSample] = []
+
+    def read(proc: subprocess.Popen[str], mark: threading.Event, sink: list[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("measure-start"):
+                mark.set()
+            elif line.startswith("measure-end"):
+                ended.set()
+            else:
+                sink.append(line)
+
+    with contextlib.ExitStack() as stack:
+        for prefix, args in clients:
+            argv = [*prefix, *pinned(CLIENT_CORE, [sys.executable, str(BENCH / "loadclient.py"), *args])]
+            argv += [
+                "--concurrency",
+                str(per),
+                "--duration",
+                str(b.duration),
+                "--warmup",
+                str(b.args.warmup),
+                "--marks",
+            ]
+            out = stack.enter_context(tempfile.TemporaryFile("w+"))
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True)
+            stack.callback(_stop_client, proc)
+            procs.append((proc, out))
+            mark, sink = threading.Event(), list[str]()
+            started.append(mark)
+            errs.append(sink)
+            threading.Thread(target=read, args=(proc, mark, sink), daemon=True).start()
+        deadline = time.monotonic() + b.args.warmup + 30
+        while not all(m.is_set() for m in started) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        samples.append(run.CpuSample.now())
+        ended.wait(timeout=b.duration + 30)
+        samples.append(run.CpuSample.now())
+        results: list[dict[str, Any]] = []
+        for (proc, out), sink in zip(procs, errs, strict=True):
+            proc.wait(timeout=b.duration + b.args.warmup + 60)
+            out.seek(0)
+            text = out.read()
+            if proc.returncode != 0 or not text:
+                row.note = f"FAILED: a load client exited {proc.returncode}: {''.join(sink).strip()[-300:]}"
+                return row
+            results.append(json.loads(text))
+        ours = run._ours(b) | {p.pid for p, _ in procs}
+        row.cpu.fill(samples[0], samples[1], run._proxy_pids(b) or None, ours)
+    row.value = sum(r["rps"] for r in results)
+    row.p50_ms = max(r["p50_ms"] for r in results)
+    row.p99_ms = max(r["p99_ms"] for r in results)
+    row.errors = sum(r["errors"] for r in results)
+    notes = [f"{len(results)} guests × c{per}: " + ", ".join(f"{r['rps']:.0f}" for r in results) + " req/s"]
+    if row.errors:
+        first = next(r["first_error"] for r in results if r["errors"])
+        notes.append(f"{row.errors} errors, first: {first}")
+    row.note = "; ".join(notes)
+    return row
+
+
 def phase_transparent(b: Bench) -> None:
-    """Plain HTTP c10 from a guest namespace through the transparent listener (nft redirect) vs
-    the explicit listener of the same gateway, to an upstream in its own namespace."""
-    rows = [
-        ("tr-explicit", "sandgate, 1 worker, explicit listener, plain HTTP (upstream in a namespace)"),
-        ("tr-transparent", "sandgate, 1 worker, transparent listener, plain HTTP from a guest namespace"),
-    ]
+    """Plain HTTP c10 from guest namespaces through the transparent listener (nft redirect) vs
+    the explicit listener of the same gateway, to an upstream in its own namespace; with 1
+    worker and with N. There are N guests (one per core) with c10 split among them, for both
+    worker counts, so the host rules can steer each guest to its own worker."""
+    counts = [1, CORES] if CORES > 1 else [1]
+    has_flag = workers_flag()
     if os.geteuid() != 0 or shutil.which("nft") is None:
-        for key, label in rows:
-            unavailable(b, key, label, "needs root and nft (network namespaces, nftables redirect)")
+        for n in counts:
+            for key, label in _transparent_rows(n):
+                unavailable(b, key, label, "needs root and nft (network namespaces, nftables redirect)")
         return
-    print("sandgate, transparent mode (guest namespace)", file=sys.stderr)
     with netns_lab() as lab:
-        up_ns, guest = lab.add("bup"), lab.add("bg")
+        up_ns = lab.add("bup")
+        guests = [lab.add(f"bg{i}") for i in range(max(counts))]
         up_argv = [
             "ip",
             "netns",
@@ -474,76 +565,108 @@ def phase_transparent(b: Bench) -> None:
         with service("upstream-ns", up_argv, b.tmp, stdout_pipe=True) as up:
             b.pids.add(up.proc.pid)
             http_port = int(up.read_json_line(15)["http_port"])
-            root = b.tmp / "transparent"
-            (root / "rules" / "tenants").mkdir(parents=True)
-            digest = hashlib.sha256(TR_TOKEN.encode()).hexdigest()
-            tenant = {
-                "tenant": "t",
-                "sandboxes": [{"id": "sb", "token": f"sha256:{digest}"}],
-                "allow": [{"hosts": ["web.test"], "ports": [http_port]}],
+            try:
+                for n in counts:
+                    if n > 1 and not has_flag:
+                        for key, label in _transparent_rows(n):
+                            unavailable(b, key, label, "`sandgate run --workers` not in this build")
+                        continue
+                    print(
+                        f"sandgate, {n} worker(s), transparent mode ({len(guests)} guest namespaces)",
+                        file=sys.stderr,
+                    )
+                    _transparent_gateway(b, lab, up_ns, guests, http_port, n, has_flag)
+            finally:
+                b.pids.discard(up.proc.pid)
+
+
+def _transparent_rows(n: int) -> list[tuple[str, str]]:
+    what = f"sandgate, {n} worker{'s' if n > 1 else ''}"
+    return [
+        (f"tr{n}-explicit", f"{what}, explicit listener, plain HTTP (upstream in a namespace)"),
+        (f"tr{n}-transparent", f"{what}, transparent listener, plain HTTP from {CORES} guest namespaces"),
+    ]
+
+
+def _transparent_gateway(
+    b: Bench, lab: Any, up_ns: Any, guests: list[Any], http_port: int, workers: int, has_flag: bool
+) -> None:
+    root = b.tmp / f"transparent-w{workers}"
+    (root / "rules" / "tenants").mkdir(parents=True)
+    digest = hashlib.sha256(TR_TOKEN.encode()).hexdigest()
+    tenant = {
+        "tenant": "t",
+        "sandboxes": [{"id": "sb", "token": f"sha256:{digest}"}],
+        "allow": [{"hosts": ["web.test"], "ports": [http_port]}],
+    }
+    (root / "rules" / "tenants" / "t.yaml").write_text(yaml.safe_dump(tenant))
+    # Worker i listens on transparent and DNS port base + i (the supervisor checks they are free).
+    explicit, transparent, dns_port = free_port(), free_port(), free_port()
+    config = root / "sandgate.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "listeners": [
+                    {"host": PROXY_IP, "port": explicit},
+                    {"mode": "transparent", "host": "0.0.0.0", "port": transparent},
+                ],
+                "dns": {"host": "0.0.0.0", "port": dns_port},
+                "rules_dir": str(root / "rules"),
+                "state_dir": str(root / "state"),
+                "resolver": {"hosts": {"web.test": [up_ns.addr]}},
+                "address_guard": {"reachable_by_name": [f"10.200.{lab.subnet}.0/24"]},
+                "log": {"level": "warning"},
+                "host_rules": {"table": f"sgbench_{lab.tag}_{workers}"},
             }
-            (root / "rules" / "tenants" / "t.yaml").write_text(yaml.safe_dump(tenant))
-            explicit, transparent, dns_port = free_port(), free_port(), free_port()
-            config = root / "sandgate.yaml"
-            config.write_text(
-                yaml.safe_dump(
-                    {
-                        "listeners": [
-                            {"host": PROXY_IP, "port": explicit},
-                            {"mode": "transparent", "host": "0.0.0.0", "port": transparent},
-                        ],
-                        "dns": {"host": "0.0.0.0", "port": dns_port},
-                        "rules_dir": str(root / "rules"),
-                        "state_dir": str(root / "state"),
-                        "resolver": {"hosts": {"web.test": [up_ns.addr]}},
-                        "address_guard": {"reachable_by_name": [f"10.200.{lab.subnet}.0/24"]},
-                        "log": {"level": "warning"},
-                        "host_rules": {"table": f"sgbench_{lab.tag}"},
-                    }
-                )
-            )
-            argv = [str(BIN / "sandgate"), "run", "--config", str(config)]
-            if workers_flag():
-                argv += ["--workers", "1"]
-            with service("sandgate-transparent", pinned(PROXY_CORE, argv), b.tmp) as sg, under_test(b, sg):
-                sg.wait_listening(explicit, 60)
+        )
+    )
+    argv = [str(BIN / "sandgate"), "run", "--config", str(config)]
+    if has_flag:
+        argv += ["--workers", str(workers)]
+    argv = all_cores(argv) if workers > 1 else pinned(PROXY_CORE, argv)
+    rows = _transparent_rows(workers)
+    sandgate_bin = str(BIN / "sandgate")
+    with service(f"sandgate-transparent-w{workers}", argv, b.tmp) as sg, under_test(b, sg):
+        sg.wait_listening(explicit, 60)
+        _wait_workers(sg, workers)
+        added: list[str] = []
+        try:
+            for i, guest in enumerate(guests):
+                sid = f"bench-guest-{i}"
                 add = [
-                    str(BIN / "sandgate"), "sandbox", "add", "--interface", guest.host_if, "--address", guest.addr,
-                    "--tenant", "t", "--id", "bench-guest", "--config", str(config),
+                    sandgate_bin, "sandbox", "add", "--interface", guest.host_if, "--address", guest.addr,
+                    "--tenant", "t", "--id", sid, "--config", str(config),
                 ]  # fmt: skip
                 cp = subprocess.run(add, capture_output=True, text=True, timeout=60, check=False)
                 if cp.returncode != 0:
                     raise BenchError(f"sandgate sandbox add failed: {cp.stderr.strip()[-300:]}")
-                try:
-                    time.sleep(1.0)
-                    url = f"http://web.test:{http_port}/"
-                    load_row(
-                        b,
-                        rows[0][0],
-                        rows[0][1],
-                        [
-                            "--address",
-                            f"{PROXY_IP}:{explicit}",
-                            "--url",
-                            url,
-                            "--proxy",
-                            "--auth",
-                            f"sb:{TR_TOKEN}",
-                        ],
-                    )
-                    load_row(
-                        b, rows[1][0], rows[1][1], ["--address", f"{up_ns.addr}:{http_port}", "--url", url],
-                        compare=rows[0][0], prefix=("ip", "netns", "exec", guest.name),
-                    )  # fmt: skip
-                finally:
-                    subprocess.run(
-                        [str(BIN / "sandgate"), "sandbox", "remove", "bench-guest", "--config", str(config)],
-                        capture_output=True,
-                        timeout=60,
-                        check=False,
-                    )
-                run._stderr_note(b, sg)
-            b.pids.discard(up.proc.pid)
+                added.append(sid)
+            time.sleep(1.0)
+            url = f"http://web.test:{http_port}/"
+            explicit_args = [
+                "--address",
+                f"{PROXY_IP}:{explicit}",
+                "--url",
+                url,
+                "--proxy",
+                "--auth",
+                f"sb:{TR_TOKEN}",
+            ]
+            load_row(b, rows[0][0], rows[0][1], explicit_args)
+            clients = [
+                (("ip", "netns", "exec", g.name), ["--address", f"{up_ns.addr}:{http_port}", "--url", url])
+                for g in guests
+            ]
+            parallel_row(b, rows[1][0], rows[1][1], clients, compare=rows[0][0])
+        finally:
+            for sid in added:
+                subprocess.run(
+                    [sandgate_bin, "sandbox", "remove", sid, "--config", str(config)],
+                    capture_output=True,
+                    timeout=60,
+                    check=False,
+                )
+        run._stderr_note(b, sg)
 
 
 # -- ratios ----------------------------------------------------------------------------------------
@@ -592,9 +715,15 @@ def ratios(b: Bench) -> list[Ratio]:
         Ratio("passthrough bulk MB/s, 1 worker / squid", "sg1-bulk", "squid-bulk", 1.0),
         Ratio(
             "transparent / explicit listener, plain HTTP c10 (1 worker)",
-            "tr-transparent",
-            "tr-explicit",
+            "tr1-transparent",
+            "tr1-explicit",
             None,
+        ),
+        Ratio(
+            f"transparent, {CORES} workers / 1 worker, plain HTTP c10 from {CORES} guests",
+            f"tr{CORES}-transparent",
+            "tr1-transparent",
+            1.8,
         ),
     ]
     for r in out:
