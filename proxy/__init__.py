@@ -1,7 +1,8 @@
 """sandgate proxy: the mitmproxy side. `runtime` builds the master and its addons in pipeline
 order; `addons/` are the hooks, `mitm/` what sandgate changes inside mitmproxy, `net/` host
 plumbing, `audit/` the trail, `stores/` credential and sandbox stores, `fleet/` redis sync,
-`admin/` the admin API and `cli/` the `sandgate` command.
+`admin/` the admin API, `workers/` the supervisor of N gateway processes and `cli/` the
+`sandgate` command.
 """
 
 # The public modules, named but not imported: re-exporting their names here would make any
@@ -38,4 +39,5 @@ __all__ = [
     "upstream_trust",
     "version",
     "worker_role",
+    "workers",
 ]

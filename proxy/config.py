@@ -20,6 +20,7 @@ from sandgate.policy.model.yamlsource import load_yaml, validate
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.statusfile import STATUS_FILE
 from sandgate.proxy.table_name import default_table
+from sandgate.proxy.worker_role import SINGLE, WorkerRole
 
 __all__ = [
     "AdminConfig",
@@ -35,6 +36,8 @@ __all__ = [
     "RedisConfig",
     "ResolverConfig",
     "TransparentConfig",
+    "WorkersConfig",
+    "for_worker",
     "load_config",
     "split_listen",
 ]
@@ -445,6 +448,35 @@ class HostRulesConfig(_Strict):
     table: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")] | None = None
 
 
+class WorkersConfig(_Strict):
+    """How many gateway processes serve (proxy/workers/): one per core by default."""
+
+    count: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] | None = Field(
+        default=None,
+        description=(
+            "gateway processes under one supervisor; 'auto': one per core this process may run on; "
+            "unset: $SANDGATE_WORKERS, else one per core (`sandgate run --workers N` wins over both)"
+        ),
+    )
+    restart_backoff_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
+        default=0.5, description="wait before restarting a worker that died; doubles per quick death"
+    )
+    max_backoff_seconds: Annotated[float, Field(gt=0, le=600)] = Field(
+        default=30.0, description="the longest wait between restarts of one worker"
+    )
+    start_attempts: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=3,
+        description=(
+            "starts in a row a worker may fail before it served (a port it cannot bind) before the "
+            "supervisor stops every worker and exits 1"
+        ),
+    )
+    stop_margin_seconds: Annotated[float, Field(ge=0, le=600)] = Field(
+        default=5.0,
+        description="on SIGTERM: how long past shutdown.drain_seconds a worker may take before it is killed",
+    )
+
+
 class LogConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "console"
@@ -488,8 +520,12 @@ class GatewayConfig(_Strict):
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     http2: Http2Config = Field(default_factory=Http2Config)
     heads: HeadsConfig = Field(default_factory=HeadsConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
     # Filled in by load_config: the folder relative paths are resolved against.
     base_dir: str = Field(default=".", exclude=True)
+    # Filled in by for_worker: this process's place among the gateway's workers.
+    worker_index: int = Field(default=0, exclude=True)
+    worker_count: int = Field(default=1, exclude=True)
 
     def path(self, value: str) -> Path:
         """A config path made absolute (with ~ expanded)."""
@@ -503,6 +539,31 @@ class GatewayConfig(_Strict):
     @property
     def state_path(self) -> Path:
         return self.path(self.state_dir)
+
+    @property
+    def worker(self) -> WorkerRole:
+        """Which of the gateway's worker processes this config is for (SINGLE: no workers)."""
+        return WorkerRole(self.worker_index, self.worker_count) if self.worker_count > 1 else SINGLE
+
+    @property
+    def worker_dir(self) -> Path:
+        """This process's own files: the state dir itself, or its worker folder under workers."""
+        role = self.worker
+        return role.folder(self.state_path) if role.count > 1 else self.state_path
+
+    @property
+    def fleet_epoch_path(self) -> Path:
+        return self.worker_dir / "fleet-epoch"
+
+    @property
+    def stream_spool_path(self) -> Path:
+        folder = self.worker_dir if self.worker.count > 1 else self.state_path / "audit"
+        return folder / "stream.spool"
+
+    @property
+    def worker_suffix(self) -> str:
+        """Appended to this process's fleet gateway id: each worker is a member of the fleet."""
+        return f"-w{self.worker_index}" if self.worker.count > 1 else ""
 
     @property
     def ca_dir(self) -> Path:
@@ -533,15 +594,41 @@ class GatewayConfig(_Strict):
 
     @property
     def status_path(self) -> Path:
-        return self.state_path / STATUS_FILE
+        """The gateway's status file; a worker's own in its folder (the supervisor writes the
+        gateway's from them)."""
+        return self.worker_dir / STATUS_FILE
 
     @property
     def admin_socket_path(self) -> Path:
+        if not self.worker.lead:
+            return self.worker_dir / "admin.sock"  # a peer's private socket; the lead's is public
         return self.path(self.admin.socket) if self.admin.socket else self.state_path / "admin.sock"
 
     @property
     def audit_path(self) -> Path:
         return self.path(self.audit.path) if self.audit.path else self.state_path / "audit" / "audit.jsonl"
+
+
+def for_worker(config: GatewayConfig, role: WorkerRole) -> GatewayConfig:
+    """The config of worker `role` of a gateway with workers: transparent and DNS ports moved to
+    base + index (the host rules steer each sandbox to one worker), its own files in its folder,
+    and no admin TCP listener but the lead's. SINGLE leaves the config as it is."""
+    if role.count <= 1:
+        return config
+    listeners = [
+        lst.model_copy(update={"port": role.port(lst.port)}) if lst.mode == "transparent" else lst
+        for lst in config.listeners
+    ]
+    update: dict[str, object] = {
+        "listeners": listeners,
+        "worker_index": role.index,
+        "worker_count": role.count,
+    }
+    if config.dns is not None:
+        update["dns"] = config.dns.model_copy(update={"port": role.port(config.dns.port)})
+    if not role.lead:
+        update["admin"] = config.admin.model_copy(update={"listen": None})
+    return config.model_copy(update=update)
 
 
 def load_config(path: Path | None) -> GatewayConfig:

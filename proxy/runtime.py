@@ -77,6 +77,7 @@ from sandgate.proxy.mitm.close_fix import install as install_close_fix
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.mitm.head_caps import install as install_head_caps
 from sandgate.proxy.mitm.head_caps import self_test as head_caps_self_test
+from sandgate.proxy.mitm.reuse_port import install as install_reuse_port
 from sandgate.proxy.mitm.trailers import patch_http1_trailers
 from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
@@ -85,7 +86,7 @@ from sandgate.proxy.net.sandbox_listeners import SandboxListeners
 from sandgate.proxy.registration import gateway_ports, interface_exists, prepare_host_table, sync_static_rules
 from sandgate.proxy.reloader import PolicyReloader, RulesKeptError, problem_view, report_problems
 from sandgate.proxy.secret_refresh import SecretRefresher
-from sandgate.proxy.statusfile import remove_status, write_status
+from sandgate.proxy.statusfile import STATUS_FILE, read_status, remove_status, write_status
 from sandgate.proxy.stores.credentials_factory import stored_secrets
 from sandgate.proxy.stores.credentials_watch import CredentialWatcher
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key
@@ -103,7 +104,7 @@ from sandgate.proxy.upstream_trust import upstream_trust_file
 from sandgate.proxy.version import version_of
 from sandgate.proxy.worker_role import WorkerRole
 
-__all__ = ["Gateway", "build_resolver", "serve"]
+__all__ = ["Gateway", "build_resolver", "fleet_gateway_id", "serve"]
 
 log = structlog.get_logger("sandgate.runtime")
 
@@ -137,12 +138,17 @@ def build_resolver(cfg: ResolverConfig) -> Resolver:
     return CachingResolver(base, min_ttl=cfg.min_ttl, max_ttl=cfg.max_ttl)
 
 
+def fleet_gateway_id(config: GatewayConfig, rcfg: RedisConfig) -> str:
+    """This process's name in the fleet: the gateway's, and `-w<i>` for worker i of several."""
+    return (rcfg.gateway_id or default_gateway_id(config.state_path)) + config.worker_suffix
+
+
 def build_stream_sink(config: GatewayConfig, rcfg: RedisConfig) -> RedisStreamSink:
     """The fleet audit stream, spooling under the state dir while redis is away."""
     return RedisStreamSink(
         connect_sync(rcfg),
         Keys(rcfg.prefix),
-        config.state_path / "audit" / "stream.spool",
+        config.stream_spool_path,
         maxlen=rcfg.audit_stream_maxlen,
         dedupe_ttl=config.audit.stream_dedupe_ttl_seconds,
         gateway=config.audit.gateway_name or socket.gethostname(),
@@ -306,7 +312,7 @@ class Gateway:
                 connect(config.redis),
                 Keys(config.redis.prefix),
                 config.limits.sync_interval_seconds,
-                gateway_id=config.redis.gateway_id or default_gateway_id(config.state_path),
+                gateway_id=fleet_gateway_id(config, config.redis),
             )
             self.ctx.limit_learn = self.limit_sync.learn
         else:
@@ -333,12 +339,12 @@ class Gateway:
         if config.redis is not None:
             self.fleet = FleetRegistrySync(
                 config.redis,
-                config.redis.gateway_id or default_gateway_id(config.state_path),
+                fleet_gateway_id(config, config.redis),
                 self.reloader.reload,
                 lambda: self.ctx.policy.version,
                 poll_interval=config.redis.sync_interval_seconds,
                 last_reload=lambda: self.reloader.report(),
-                epoch_file=config.state_path / "fleet-epoch",
+                epoch_file=config.fleet_epoch_path,
             )
         # The admin API's registry: the file on one machine; in a fleet, redis through the sync's client.
         self.sandbox_store: SandboxStore = (
@@ -506,19 +512,19 @@ class Gateway:
 
     def _write_status(self) -> None:
         cfg = self.config
-        write_status(
-            cfg.status_path,
-            {
-                "policy_version": self.ctx.policy.version,
-                "registry_digest": registry_digest(load_registry(cfg.registry_path)),
-                "listeners": [f"{h}:{p}" for h, p in self.listen_addrs],
-                "transparent_port": self.sandbox_listeners.transparent_port(),
-                "dns_port": self.dns.port if self.dns else None,
-                "opened_on_demand": self.sandbox_listeners.opened,
-                "ca_cert": str(cfg.ca_dir / "mitmproxy-ca-cert.pem"),
-                "policy_problems": [problem_view(p) for p in self.ctx.policy.problems],
-            },
-        )
+        status: dict[str, Any] = {
+            "policy_version": self.ctx.policy.version,
+            "registry_digest": registry_digest(load_registry(cfg.registry_path)),
+            "listeners": [f"{h}:{p}" for h, p in self.listen_addrs],
+            "transparent_port": self.sandbox_listeners.transparent_port(),
+            "dns_port": self.dns.port if self.dns else None,
+            "opened_on_demand": self.sandbox_listeners.opened,
+            "ca_cert": str(cfg.ca_dir / "mitmproxy-ca-cert.pem"),
+            "policy_problems": [problem_view(p) for p in self.ctx.policy.problems],
+        }
+        write_status(cfg.status_path, status)
+        if cfg.worker.count > 1 and cfg.worker.lead:
+            _mirror_gateway_status(cfg.state_path / STATUS_FILE, status)
 
     def ready_info(self, servers: Iterable[Any]) -> banner.Ready:
         """What the start-up banner says (mitmproxy's running servers give the bound ports)."""
@@ -692,7 +698,12 @@ async def serve(config: GatewayConfig) -> int:
     Raises ListenerError (one line) when an address to listen on cannot be bound: checked
     before anything starts, and again when the bind itself fails.
     """
-    check_endpoints(config)
+    if config.worker.count > 1:
+        # The supervisor checked every address before it started the workers (and the
+        # explicit port is shared with the other workers now: a probe would find it taken).
+        install_reuse_port()
+    else:
+        check_endpoints(config)
     gateway = Gateway(config)
     # Start-up objects (mitmproxy, the policy, compiled rules) live as long as the process: out
     # of the collector's sight, a full collection with thousands of connections open costs
@@ -702,6 +713,17 @@ async def serve(config: GatewayConfig) -> int:
     if gateway.start_failure is not None:
         raise ListenerError(gateway.start_failure)
     return code
+
+
+def _mirror_gateway_status(path: Path, status: dict[str, Any]) -> None:
+    """The lead worker's change, in the gateway's status file as soon as it is made (a jail
+    reads the listeners it opened right after the admin answer); the supervisor writes the
+    same, a poll later. Before the supervisor wrote it (not every worker serves yet): nothing."""
+    current = read_status(path)
+    if current is None or "workers" not in current:
+        return
+    kept: dict[str, Any] = {k: current[k] for k in ("pid", "workers", "worker_pids") if k in current}
+    write_status(path, {**status, **kept})
 
 
 async def _prepare_host_table(config: GatewayConfig) -> None:

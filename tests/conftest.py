@@ -50,6 +50,10 @@ TEST_HOSTS = {
 RUN_ID = new_run_id()
 os.environ[MARKER] = RUN_ID
 
+# Every gateway this run starts has this many workers (its subprocesses inherit it as the
+# default count): 1 unless the run asks for more (tests/run.sh runs a subset with 2).
+os.environ["SANDGATE_WORKERS"] = os.environ.get("SANDGATE_TEST_WORKERS", "1")
+
 
 @pytest.hookimpl(trylast=True)  # after pytest-xdist stopped its workers (they carry the id too)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

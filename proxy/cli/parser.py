@@ -36,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
         "0: any free port",
     )
     run.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N",
+        help="gateway processes, one supervisor over them; default: the config's workers.count, "
+        "else $SANDGATE_WORKERS, else one per core; 1: the gateway alone in this process",
+    )
+    run.add_argument(
         "--strict",
         action="store_true",
         help="refuse to start (and to reload) when any policy file is broken; default: a broken "
@@ -64,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(sub)
     _add_policy(sub)
     return p
+
+
+def _workers(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a worker count of at least 1, got {text!r}")
+    return int(text)
 
 
 def _port(text: str) -> int:

@@ -1,4 +1,9 @@
-"""`sandgate run`: the gateway, from a config file and the command line's overrides."""
+"""`sandgate run`: the gateway, from a config file and the command line's overrides.
+
+One worker (`--workers 1`, or a one-core host): the gateway runs in this process. More: this
+process becomes the supervisor (proxy/workers/supervisor.py) of that many gateway processes,
+each `sandgate run` again with `SANDGATE_WORKER=i/N` in its environment.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,12 @@ import sys
 from pathlib import Path
 
 from sandgate.policy.errors import PolicySetError
-from sandgate.proxy.config import GatewayConfig, load_config
+from sandgate.proxy.config import GatewayConfig, for_worker, load_config
 from sandgate.proxy.errors import ConfigError, ListenerError
 from sandgate.proxy.logsetup import configure_logging
-from sandgate.proxy.runtime import serve
+from sandgate.proxy.worker_role import WorkerRole
 
-__all__ = ["run_command", "with_proxy_port"]
+__all__ = ["run_command", "with_proxy_port", "worker_argv"]
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
@@ -26,6 +31,23 @@ def run_command(args: argparse.Namespace) -> int:
     if args.port is not None:
         config = with_proxy_port(config, args.port, args.config)
     configure_logging(config.log.level, config.log.format)
+    role = WorkerRole.from_env()
+    if role.count > 1:
+        return _serve_worker(for_worker(config, role))
+    # Lazy: the count needs no runtime, and a supervisor never loads it (nor mitmproxy).
+    from sandgate.proxy.workers.count import worker_count
+
+    count = worker_count(getattr(args, "workers", None), config)
+    if count > 1:
+        return _supervise(args, config, count)
+    return _serve(config)
+
+
+def _serve(config: GatewayConfig) -> int:
+    """The gateway in this process (one worker, as sandgate always ran)."""
+    # Lazy: the runtime loads mitmproxy, which a supervisor never needs.
+    from sandgate.proxy.runtime import serve
+
     try:
         return asyncio.run(serve(config))
     except PolicySetError as e:
@@ -34,6 +56,58 @@ def run_command(args: argparse.Namespace) -> int:
     except ListenerError as e:
         print(f"sandgate: {e}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _serve_worker(config: GatewayConfig) -> int:
+    """One worker under a supervisor: a listener it cannot bind is left for the supervisor to
+    report (once, not once per attempt)."""
+    # Lazy: the runtime loads mitmproxy, which a supervisor never needs.
+    from sandgate.proxy.runtime import serve
+    from sandgate.proxy.workers.child import bind_to_supervisor, leave_start_failure
+
+    bind_to_supervisor()
+    try:
+        return asyncio.run(serve(config))
+    except PolicySetError as e:
+        print(f"sandgate: the policy is invalid, not starting:\n{e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ListenerError as e:
+        leave_start_failure(config, str(e))
+        return EXIT_FAILED
+
+
+def _supervise(args: argparse.Namespace, config: GatewayConfig, count: int) -> int:
+    """Check, prepare and run `count` workers under this process."""
+    # Lazy: a gateway of one worker needs none of the supervisor.
+    from sandgate.proxy.workers.prepare import check_all_endpoints, free_port, make_shared_files
+    from sandgate.proxy.workers.supervisor import Supervisor
+
+    port = args.port
+    explicit = [lst for lst in config.listeners if lst.mode == "regular"]
+    if len(explicit) == 1 and explicit[0].port == 0:
+        # "Any free port": the workers must agree on one, so the supervisor picks it.
+        port = free_port(explicit[0].host)
+        config = with_proxy_port(config, port, args.config)
+    try:
+        check_all_endpoints(config, count)
+    except ListenerError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    make_shared_files(config)
+    argv = worker_argv(args.config, port, strict=args.strict)
+    return asyncio.run(Supervisor(config, count, argv).run())
+
+
+def worker_argv(config_path: Path | None, port: int | None, *, strict: bool) -> list[str]:
+    """The command line a worker runs: this `sandgate run`, without --workers."""
+    argv = [sys.executable, "-m", "sandgate.proxy.cli.main", "run"]
+    if config_path is not None:
+        argv += ["--config", str(config_path.resolve())]
+    if port is not None:
+        argv += ["--port", str(port)]
+    if strict:
+        argv.append("--strict")
+    return argv
 
 
 def with_proxy_port(config: GatewayConfig, port: int, source: Path | None) -> GatewayConfig:

@@ -1,5 +1,6 @@
 """What sandgate changes inside mitmproxy's layers, each checked at start (its seams are no
-promise): head caps, backpressure, close fixes, trailers and wire error texts.
+promise): head caps, backpressure, close fixes, trailers, wire error texts and the shared
+explicit port of workers (SO_REUSEPORT).
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
@@ -8,6 +9,7 @@ __all__ = [
     "close_fix",
     "closer",
     "head_caps",
+    "reuse_port",
     "trailers",
     "wire_errors",
 ]

@@ -1,0 +1,208 @@
+"""A gateway with two workers: real `sandgate run --workers 2` processes, real connections, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SANDGATE, GatewayFactory, RunningGateway, curl, tenant_yaml, write_gateway_files
+from support import RecordingUpstream
+
+pytestmark = pytest.mark.slow
+
+TWO = {"SANDGATE_WORKERS": "2"}
+
+
+def wait_until[T](probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    """Poll `probe` until it returns something (not None, not False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None and value is not False:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def gateway_status(gw: RunningGateway) -> dict[str, Any] | None:
+    """The gateway's status file once the supervisor wrote it (every worker serves)."""
+    try:
+        status: dict[str, Any] = json.loads((gw.root / "state" / "gateway.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return status if status.get("workers") == 2 else None
+
+
+def worker_status(gw: RunningGateway, index: int) -> dict[str, Any] | None:
+    try:
+        status: dict[str, Any] = json.loads(
+            (gw.root / "state" / "workers" / f"w{index}" / "gateway.json").read_text()
+        )
+    except (OSError, ValueError):
+        return None
+    return status
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def status_of(gw: RunningGateway, url: str) -> str:
+    """The status code of one request through the gateway (a new connection each time)."""
+    done = curl("-o", "/dev/null", "-w", "%{http_code}", "-x", gw.proxy(), url)
+    return done.stdout if done.stdout != "000" else f"000: {done.stderr.strip()}"
+
+
+def accepted_by(pid: int, port: int) -> int:
+    """Established connections to local `port` whose socket the process `pid` holds."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].split(":")[1], 16)
+        if local_port == port and fields[3] == "01" and fields[9] in inodes:
+            count += 1
+    return count
+
+
+@pytest.fixture
+def two_workers(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> tuple[RunningGateway, str]:
+    rules = [{"hosts": ["api.test"], "ports": [http_upstream.port]}]
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", rules)}, config={"reload": {"watch": False}}, env=TWO)
+    wait_until(lambda: gateway_status(gw), "both workers to serve")
+    return gw, f"{http_upstream.url_for('api.test')}/x"
+
+
+def test_both_workers_accept_on_the_one_explicit_port(two_workers: tuple[RunningGateway, str]) -> None:
+    gw, url = two_workers
+    status = gateway_status(gw)
+    assert status is not None and status["pid"] == gw.proc.pid
+    pids = status["worker_pids"]
+    assert len(set(pids)) == 2 and gw.proc.pid not in pids
+    # Forty connections held open: the kernel spreads them over both listening workers.
+    conns = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(40)]
+    try:
+
+        def counts() -> list[int] | None:
+            found = [accepted_by(pid, gw.port) for pid in pids]
+            return found if sum(found) == 40 else None
+
+        spread = wait_until(counts, "every connection accepted")
+        assert all(n > 0 for n in spread), spread
+    finally:
+        for conn in conns:
+            conn.close()
+    assert status_of(gw, url) == "200"
+
+
+def test_sighup_reloads_every_worker(two_workers: tuple[RunningGateway, str]) -> None:
+    gw, _ = two_workers
+
+    def version(status: dict[str, Any] | None) -> str | None:
+        return None if status is None else str(status["policy_version"])
+
+    before = {version(worker_status(gw, 0)), version(worker_status(gw, 1))}
+    assert len(before) == 1 and None not in before
+    gw.write_tenant("t2.yaml", tenant_yaml("t2", [], sandbox="sb2"))
+    gw.reload()
+
+    def reloaded() -> bool:
+        versions = [version(worker_status(gw, 0)), version(worker_status(gw, 1)), version(gateway_status(gw))]
+        # Every worker, and the gateway's status (the lead's), on the new version.
+        return len(set(versions)) == 1 and versions[0] not in before
+
+    wait_until(reloaded, "every worker to reload")
+
+
+def test_sigterm_drains_both_workers_and_exits_0(two_workers: tuple[RunningGateway, str]) -> None:
+    gw, _ = two_workers
+    status = gateway_status(gw)
+    assert status is not None
+    assert gw.stop() == 0
+    for pid in status["worker_pids"]:
+        assert not alive(pid), f"worker {pid} outlived the supervisor"
+    assert not (gw.root / "state" / "gateway.json").exists()
+    assert gw.log().count('"gateway.ready"') == 2
+
+
+def test_a_killed_worker_is_replaced_and_the_gateway_keeps_serving(
+    two_workers: tuple[RunningGateway, str],
+) -> None:
+    gw, url = two_workers
+    status = gateway_status(gw)
+    assert status is not None
+    first, second = status["worker_pids"]
+    os.kill(second, signal.SIGKILL)
+    # Gone (its listening socket closed with it: what was queued there is lost, as with any
+    # crash), the other worker serves every new connection meanwhile.
+    wait_until(lambda: not alive(second), "the worker to die")
+    for _ in range(5):
+        assert status_of(gw, url) == "200"
+
+    def replacement() -> list[int] | None:
+        status, own = gateway_status(gw), worker_status(gw, 1)
+        if status is None or own is None or status["worker_pids"][1] == second:
+            return None
+        return list(status["worker_pids"]) if own["pid"] == status["worker_pids"][1] else None
+
+    replaced = wait_until(replacement, "worker 1 replaced")
+    assert replaced[0] == first and alive(replaced[1])
+    for _ in range(10):
+        assert status_of(gw, url) == "200"
+    assert '"worker.exited"' in gw.log()
+    assert gw.stop() == 0
+
+
+def test_a_killed_supervisor_takes_its_workers_down(two_workers: tuple[RunningGateway, str]) -> None:
+    gw, _ = two_workers
+    status = gateway_status(gw)
+    assert status is not None
+    gw.proc.kill()
+    gw.proc.wait(5)
+    pids: list[int] = status["worker_pids"]
+    wait_until(lambda: not any(alive(pid) for pid in pids), "the workers to exit", timeout=20)
+
+
+@pytest.mark.parametrize("reuse_port", [False, True], ids=["a plain listener", "a SO_REUSEPORT listener"])
+def test_a_taken_explicit_port_stops_the_start_with_one_line(tmp_path: Path, reuse_port: bool) -> None:
+    config_path, port = write_gateway_files(tmp_path / "gw", {"t1.yaml": tenant_yaml("t1", [])})
+    with socket.socket() as holder:
+        if reuse_port:
+            # Another gateway's worker, say: the workers' own option does not get a third process in.
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        proc = subprocess.run(
+            [SANDGATE, "run", "--config", str(config_path), "--workers", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert proc.stderr == f"sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass --port\n"
+    assert not (tmp_path / "gw" / "state" / "workers").exists(), "no worker was started"
