@@ -1,6 +1,7 @@
 """What sandgate changes inside mitmproxy's layers, each checked at start (its seams are no
 promise): head caps, backpressure, close fixes, trailers, wire error texts and the shared
-explicit port of workers (SO_REUSEPORT).
+explicit port of workers (SO_REUSEPORT); and the per-event costs of mitmproxy's own that it
+cuts (hook dispatch, message field checks).
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
@@ -8,8 +9,11 @@ __all__ = [
     "backpressure",
     "close_fix",
     "closer",
+    "dispatch",
     "head_caps",
+    "message_check",
     "reuse_port",
+    "speedups",
     "trailers",
     "wire_errors",
 ]

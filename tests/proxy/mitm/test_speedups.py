@@ -1,0 +1,164 @@
+"""mitmproxy's per-event costs cut (proxy/mitm/dispatch.py, message_check.py): same behaviour,
+on a real mitmproxy master and real HTTP messages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from mitmproxy import addonmanager, exceptions, http, master, options
+from mitmproxy.proxy.layers.http._hooks import HttpRequestHook
+from mitmproxy.test import tflow
+
+from sandgate.proxy.mitm import dispatch, message_check, speedups
+
+speedups.install()
+
+
+class _Recorder:
+    """An addon that notes each request hook it sees, under its name."""
+
+    def __init__(self, name: str, seen: list[str], *, action: str = "") -> None:
+        self.name = name
+        self.seen = seen
+        self.action = action
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        self.seen.append(self.name)
+        if self.action == "halt":
+            raise exceptions.AddonHalt
+        if self.action == "raise":
+            raise ValueError("boom")
+
+
+class _AsyncRecorder(_Recorder):
+    async def request(self, flow: http.HTTPFlow) -> None:  # type: ignore[override]
+        await asyncio.sleep(0)
+        self.seen.append(self.name)
+
+
+class _Parent:
+    """An addon with sub-addons (mitmproxy's own walk dispatches such a chain)."""
+
+    def __init__(self, seen: list[str]) -> None:
+        self.name = "parent"
+        self.addons = [_Recorder("child", seen)]
+
+
+def _master() -> master.Master:
+    return master.Master(options.Options())
+
+
+async def _fire(m: master.Master) -> None:
+    await m.addons.trigger_event(HttpRequestHook(tflow.tflow()))
+
+
+async def test_handlers_run_in_chain_order_sync_and_async() -> None:
+    seen: list[str] = []
+    m = _master()
+    m.addons.add(_Recorder("a", seen), _AsyncRecorder("b", seen), _Recorder("c", seen))
+    await _fire(m)
+    assert seen == ["a", "b", "c"]
+    assert [a.name for a, _ in dispatch.handlers(m.addons, "request") or ()] == ["a", "b", "c"]
+    assert dispatch.handlers(m.addons, "responseheaders") == ()
+
+
+async def test_addon_halt_stops_the_event() -> None:
+    seen: list[str] = []
+    m = _master()
+    m.addons.add(_Recorder("a", seen, action="halt"), _Recorder("b", seen))
+    await _fire(m)
+    assert seen == ["a"]
+
+
+async def test_a_raising_handler_is_logged_and_the_next_runs(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[str] = []
+    m = _master()
+    m.addons.add(_Recorder("a", seen, action="raise"), _Recorder("b", seen))
+    with caplog.at_level(logging.ERROR, logger="mitmproxy.addonmanager"):
+        await _fire(m)
+    assert seen == ["a", "b"]
+    assert any("Addon error: boom" in r.getMessage() for r in caplog.records)
+
+
+async def test_options_errors_are_raised() -> None:
+    class _Bad:
+        def request(self, flow: Any) -> None:
+            raise exceptions.OptionsError("bad option")
+
+    m = _master()
+    m.addons.add(_Bad())
+    with pytest.raises(exceptions.OptionsError):
+        await _fire(m)
+
+
+async def test_the_table_follows_the_chain_as_it_changes() -> None:
+    seen: list[str] = []
+    m = _master()
+    a = _Recorder("a", seen)
+    m.addons.add(a)
+    await _fire(m)
+    m.addons.add(_Recorder("b", seen))
+    await _fire(m)
+    m.addons.remove(a)
+    await _fire(m)
+    m.addons.clear()
+    await _fire(m)
+    assert seen == ["a", "a", "b", "b"]
+
+
+async def test_a_chain_with_sub_addons_is_walked_by_mitmproxy() -> None:
+    seen: list[str] = []
+    m = _master()
+    m.addons.add(_Recorder("a", seen), _Parent(seen))
+    assert dispatch.handlers(m.addons, "request") is None
+    await _fire(m)
+    assert seen == ["a", "child"]
+
+
+def test_the_patch_is_in_place() -> None:
+    assert addonmanager.AddonManager.trigger_event is dispatch._trigger_event
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("host", b"bytes-not-str"), ("port", "80"), ("content", "text"), ("timestamp_end", "x")],
+)
+def test_message_fields_of_the_wrong_type_are_refused(field: str, value: Any) -> None:
+    kwargs: dict[str, Any] = {
+        "host": "example.com",
+        "port": 80,
+        "method": b"GET",
+        "scheme": b"http",
+        "authority": b"",
+        "path": b"/",
+        "http_version": b"HTTP/1.1",
+        "headers": http.Headers(),
+        "content": b"",
+        "trailers": None,
+        "timestamp_start": 1.0,
+        "timestamp_end": None,
+    }
+    http.RequestData(**kwargs)  # the right types pass
+    kwargs[field] = value
+    with pytest.raises(TypeError, match=f"for {field}, but got"):
+        http.RequestData(**kwargs)
+
+
+def test_message_checks_accept_what_mitmproxy_accepts() -> None:
+    # An int stands for a float, None for an optional field.
+    r = http.Response.make(200, b"ok")
+    r.data.timestamp_start = 1
+    http.ResponseData(
+        http_version=b"HTTP/1.1",
+        headers=http.Headers(),
+        content=None,
+        trailers=None,
+        timestamp_start=1,
+        timestamp_end=None,
+        status_code=200,
+        reason=b"OK",
+    )
+    assert message_check._installed
