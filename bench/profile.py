@@ -8,7 +8,8 @@ It starts the benchmark upstream (bench/upstream.py) and one sandgate gateway wi
 (`SANDGATE_WORKERS=1`, 10 tenants from bench/tenantgen.py, the same config as bench/run.py), on
 loopback, pinned like bench/run.py (gateway on core 0, client and upstream on core 1). For each
 mode it drives bench/loadclient.py at concurrency 10 while `py-spy record --format raw
---function` samples the gateway, then prints the request rate and the top frames by self time,
+--function` samples the gateway, then prints the request rate and the top frames by self time
+(samples of the thread holding the GIL: Python work, whichever thread does it),
 each labelled mitmproxy / sandgate / stdlib / other (third-party), and the share of samples
 spent inside sandgate code at all (inclusive).
 
@@ -226,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-seconds", type=float, default=5.0, help="length of each rate-only run")
     ap.add_argument("--concurrency", type=int, default=10)
     ap.add_argument("--no-spy", action="store_true", help="measure rates only")
+    ap.add_argument(
+        "--all-threads",
+        action="store_true",
+        help="sample every running thread, not only the one holding the GIL (py-spy --gil)",
+    )
     ap.add_argument("--keep", type=Path, help="write py-spy raw output and the report here")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -293,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                 raw = tmp / f"{mode}.raw"
                 spy_argv = [spy, "record", "--format", "raw", "--function", "--nonblocking"]
                 spy_argv += ["--rate", str(args.rate), "--duration", str(int(args.duration) + 1)]
+                # Only the thread running Python code: py-spy's idle detection counts threads
+                # waiting on a lock or in select() as busy on some VMs.
+                spy_argv += [] if args.all_threads else ["--gil"]
                 spy_argv += ["--pid", str(sg.proc.pid), "--output", str(raw)]
                 spy_proc = subprocess.Popen(
                     spy_argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
