@@ -233,6 +233,7 @@ class CpuWindow:
     others_ticks: int = 0
     core0_irq: float = 0.0  # % of core 0 spent in interrupts and softirqs (loopback traffic)
     ticks_per_pct: float = 0.0  # clock ticks that make 1 % of a core over the window
+    proxy_parts: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid: (name, % of a core)
 
     @property
     def unexplained_core0(self) -> float:
@@ -274,8 +275,10 @@ class CpuWindow:
         # the window counts all it used.
         pids = {proxy} if isinstance(proxy, int) else proxy
         if pids and any(pid in a.procs and pid in b.procs for pid in pids):
-            used = sum(b.procs[p][1] - a.procs.get(p, (b.procs[p][0], 0))[1] for p in pids if p in b.procs)
-            self.proxy = round(used * scale, 0)
+            for p in pids & b.procs.keys():
+                name, ticks = b.procs[p]
+                self.proxy_parts[p] = (name, (ticks - a.procs.get(p, (name, 0))[1]) * scale)
+            self.proxy = round(sum(pct for _, pct in self.proxy_parts.values()), 0)
         # Processes that exist at both ends count their difference, ones born in the window all
         # they used; ones that ended inside it are missed (the per-core figures still show them).
         foreign: dict[str, int] = {}

@@ -164,6 +164,7 @@ class Gateway:
     proxy: str
     cred: str
     ca: str
+    pid: int  # the gateway process (the supervisor, with N workers)
 
 
 def _wait_workers(sg: Service, workers: int, timeout: float = 60.0) -> None:
@@ -192,9 +193,8 @@ def sandgate(b: Bench, name: str, rules: Path, cred: str, workers: int | None) -
         _wait_workers(sg, workers or 1)
         b.notes.append(f"{name}: ready in {ready:.1f} s")
         run._sanity(b, port, cred)
-        yield Gateway(
-            f"{PROXY_IP}:{port}", cred, str(b.tmp / f"{name}-state" / "ca" / "mitmproxy-ca-cert.pem")
-        )
+        ca = str(b.tmp / f"{name}-state" / "ca" / "mitmproxy-ca-cert.pem")
+        yield Gateway(f"{PROXY_IP}:{port}", cred, ca, sg.proc.pid)
         run._stderr_note(b, sg)
 
 
@@ -270,6 +270,7 @@ def phase_sandgate(b: Bench) -> None:
         with sandgate(b, f"sandgate-w{n}", rules, cred, n) as gw:
             if n == CORES:
                 gateway_rows(b, key, what, gw, nagle=True)
+                SUPERVISORS[key] = gw.pid
             else:  # the curve: only the scaling rows
                 tls = tls_args(gw.proxy, f"https://api.test:{b.tls_port}/", gw.ca, gw.cred)
                 load_row(b, f"{key}-int10", f"{what}, intercepted HTTPS", tls, compare="md-int10")
@@ -629,6 +630,8 @@ def _transparent_gateway(
     with service(f"sandgate-transparent-w{workers}", argv, b.tmp) as sg, under_test(b, sg):
         sg.wait_listening(explicit, 60)
         _wait_workers(sg, workers)
+        if workers > 1:
+            SUPERVISORS[f"tr{workers}"] = sg.proc.pid
         added: list[str] = []
         try:
             for i, guest in enumerate(guests):
@@ -746,6 +749,47 @@ def ratio_markdown(rs: list[Ratio]) -> str:
         met = "–" if r.value is None or r.target is None else ("yes" if r.value >= r.target else "no")
         out.append(f"| {r.name} | {value} | {target} | {met} | {r.note} |")
     return "\n".join(out) + "\n"
+
+
+# -- what the workers share ---------------------------------------------------------------------
+
+SUPERVISORS: dict[str, int] = {}  # row-key prefix of an N-worker gateway: its supervisor's pid
+
+
+def shared_markdown(b: Bench) -> str:
+    """Per N-worker row: CPU of the supervisor (audit collector, reloads), the local broker
+    (redis-server: shared limits) and the workers, and the shared part per request."""
+    out: list[str] = []
+    for prefix, sup in SUPERVISORS.items():
+        for r in b.rows:
+            parts = r.cpu.proxy_parts
+            if not r.key.startswith(prefix + "-") or not parts or not r.value or r.unit == "MB/s":
+                continue
+            sup_pct = sum(pct for pid, (_, pct) in parts.items() if pid == sup)
+            broker = sum(pct for pid, (name, pct) in parts.items() if pid != sup and name.startswith("redis"))
+            workers = sorted(
+                (pct for pid, (name, pct) in parts.items() if pid != sup and not name.startswith("redis")),
+                reverse=True,
+            )
+            shared_us = (sup_pct + broker) / 100 * 1e6 / r.value
+            out.append(
+                f"| {r.label} (c{r.concurrency}) | {r.value:,.0f} {r.unit} | {sup_pct:.0f} | {broker:.0f} | "
+                f"{' + '.join(f'{w:.0f}' for w in workers) or '–'} | {shared_us:.0f} |"
+            )
+    if not out:
+        return ""
+    head = [
+        "",
+        "## What N workers share, per request (CPU in the measured window, % of one core)",
+        "",
+        "The supervisor owns the audit file (the workers forward their records to it in batches) and",
+        "the local broker (redis-server) holds the shared limits; the last column is their CPU per",
+        "request or connection, in µs: what the workers pay to act as one gateway.",
+        "",
+        "| row | throughput | supervisor % | broker % | workers % | shared µs per request |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    return "\n".join(head + out) + "\n"
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -876,7 +920,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         rs = ratios(b)
         report = run.markdown(b, m, title="sandgate workers matrix", ratio="vs bare mitmdump (same row)")
-        report += "\n" + ratio_markdown(rs)
+        report += "\n" + ratio_markdown(rs) + shared_markdown(b)
         if quick:
             report = report.replace("## Load", "## Load (--quick: short loads, noisy figures)", 1)
     sys.stdout.write(report)
