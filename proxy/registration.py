@@ -98,7 +98,7 @@ def _fixed_ports(config: GatewayConfig) -> bool:
 
 def _index(config: GatewayConfig) -> int:
     """This process's worker index (a worker's config has its own ports: base + index)."""
-    return int(getattr(config, "worker_index", 0))
+    return config.worker.index
 
 
 def _base(config: GatewayConfig, port: int) -> int:
@@ -108,12 +108,10 @@ def _base(config: GatewayConfig, port: int) -> int:
 
 def _count(config: GatewayConfig, *, running: bool) -> int:
     """How many workers the config's gateway runs: a worker's config knows; without a running
-    gateway, its configured count (the gateway steers again when it starts)."""
-    known = int(getattr(config, "worker_count", 1))
-    if known > 1 or running:
-        return known
-    configured = getattr(getattr(config, "workers", None), "count", None)
-    return configured if isinstance(configured, int) else 1
+    gateway, the count its config gives (else 1: the gateway steers again when it starts)."""
+    if config.worker.count > 1 or running:
+        return config.worker.count
+    return config.workers.count if isinstance(config.workers.count, int) else 1
 
 
 @contextmanager

@@ -11,18 +11,19 @@ from typing import Any
 import pytest
 from conftest import write_gateway_files
 
-from sandgate.proxy.config import GatewayConfig, load_config
+from sandgate.proxy.config import GatewayConfig, for_worker, load_config
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.registration import gateway_ports, listener_ports
 from sandgate.proxy.statusfile import write_status
+from sandgate.proxy.worker_role import WorkerRole
 
 T, D = 18081, 18053
 
 
-def _config(tmp_path: Path, *, listeners: bool = True) -> GatewayConfig:
-    extra: dict[str, Any] = {}
+def _config(tmp_path: Path, *, listeners: bool = True, **more: Any) -> GatewayConfig:
+    extra: dict[str, Any] = dict(more)
     if listeners:
-        extra = {
+        extra |= {
             "listeners": [
                 {"host": "127.0.0.1", "port": 18080},
                 {"mode": "transparent", "host": "0.0.0.0", "port": T},
@@ -68,3 +69,26 @@ def test_no_listeners_and_no_gateway_is_an_error(tmp_path: Path) -> None:
 
 def test_a_single_gateway_process_steers_to_its_own_ports(tmp_path: Path) -> None:
     assert gateway_ports(_config(tmp_path), T, D) == [(T, D)]
+
+
+def test_without_a_running_gateway_the_configured_count(tmp_path: Path) -> None:
+    """`sandbox add` before the gateway runs: its configured count (the gateway rewrites the
+    table with the count it serves with when it starts)."""
+    assert listener_ports(_config(tmp_path, workers={"count": 3})) == [(T + i, D + i) for i in range(3)]
+    assert listener_ports(_config(tmp_path / "auto", workers={"count": "auto"})) == [(T, D)]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_a_worker_derives_every_workers_ports_from_its_own(tmp_path: Path, index: int) -> None:
+    worker = for_worker(_config(tmp_path), WorkerRole(index, 3))
+    own = (T + index, D + index)
+    assert (worker.listeners[1].port, worker.dns.port if worker.dns else None) == own
+    assert gateway_ports(worker, *own) == [(T + i, D + i) for i in range(3)]
+
+
+def test_the_lead_registering_reads_its_own_status_and_knows_the_count(tmp_path: Path) -> None:
+    """The lead's admin API registers with the lead's config: its own status file has no
+    "workers" (the supervisor adds it to the gateway's), its config has the count."""
+    lead = for_worker(_config(tmp_path), WorkerRole(0, 2))
+    write_status(lead.status_path, {"transparent_port": T, "dns_port": D})
+    assert listener_ports(lead) == [(T, D), (T + 1, D + 1)]
