@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import nginx_upstream  # noqa: E402
 import peers  # noqa: E402
 import run  # noqa: E402
 import tenantgen  # noqa: E402
@@ -98,6 +100,86 @@ def tls_args(
     if connect_to:
         args += ["--connect-to", connect_to]
     return args
+
+
+# -- the upstream ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def upstream(b: Bench, name: str, host: str, prefix: tuple[str, ...]) -> Iterator[tuple[int, int]]:
+    """The upstream on core 1 (nginx, or bench/upstream.py with `--upstream python`): its
+    (plain, TLS) ports; its processes count as the benchmark's own."""
+    if b.args.upstream == "nginx":
+        http_port, tls_port = free_port(), free_port()
+        s = nginx_upstream.start(
+            b.tmp,
+            host,
+            http_port,
+            tls_port,
+            b.pki.cert_file,
+            b.pki.key_file,
+            [*prefix, *core_prefix(CLIENT_CORE)],
+            name,
+        )
+        mine: set[int] = set()
+        try:
+            _wait_port(s, host, tls_port)
+            mine = {s.proc.pid, *run.descendants(s.proc.pid)}
+            b.pids |= mine
+            yield http_port, tls_port
+        finally:
+            b.pids -= mine
+            if s.proc.poll() is not None:
+                b.notes.append(f"{name} died during the run: {s.failure()}")
+            s.stop()
+        return
+    argv = [*prefix, *pinned(CLIENT_CORE, [sys.executable, str(BENCH / "upstream.py"), "--host", host])]
+    argv += ["--cert", str(b.pki.cert_file), "--key", str(b.pki.key_file)]
+    with service(name, argv, b.tmp, stdout_pipe=True) as up:
+        ports = up.read_json_line(15)
+        b.pids.add(up.proc.pid)
+        try:
+            yield int(ports["http_port"]), int(ports["tls_port"])
+        finally:
+            b.pids.discard(up.proc.pid)
+            if up.proc.poll() is not None:
+                b.notes.append(f"{name} died during the run: {up.failure()}")
+
+
+def _wait_port(s: Service, host: str, port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if s.proc.poll() is not None:
+            raise BenchError(f"{s.name} exited: {s.failure()}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"{s.name} not listening on {host}:{port}: {s.failure()}")
+        time.sleep(0.05)
+
+
+# -- the ceiling ---------------------------------------------------------------------------------
+
+
+def phase_direct(b: Bench) -> None:
+    """Client straight to the upstream, both on core 1: the most any proxied row can show."""
+    print("direct to upstream (the client's ceiling)", file=sys.stderr)
+    h, t = b.http_port, b.tls_port
+    plain = ["--address", f"{UPSTREAM_IP}:{h}", "--url", f"http://api.test:{h}/"]
+    tls = [
+        "--address",
+        f"{UPSTREAM_IP}:{t}",
+        "--url",
+        f"https://api.test:{t}/",
+        "--cafile",
+        str(b.pki.ca_file),
+    ]
+    load_row(
+        b, "direct-plain", "direct → upstream, plain HTTP (reference: client + upstream on core 1)", plain
+    )
+    load_row(
+        b, "direct-tls", "direct → upstream, HTTPS keep-alive (reference: client + upstream on core 1)", tls
+    )
 
 
 # -- bare mitmdump -------------------------------------------------------------------------------
@@ -556,29 +638,17 @@ def phase_transparent(b: Bench) -> None:
     with netns_lab() as lab:
         up_ns = lab.add("bup")
         guests = [lab.add(f"bg{i}") for i in range(max(counts))]
-        up_argv = [
-            "ip",
-            "netns",
-            "exec",
-            up_ns.name,
-            *pinned(CLIENT_CORE, [sys.executable, str(BENCH / "upstream.py"), "--host", up_ns.addr]),
-        ]
-        with service("upstream-ns", up_argv, b.tmp, stdout_pipe=True) as up:
-            b.pids.add(up.proc.pid)
-            http_port = int(up.read_json_line(15)["http_port"])
-            try:
-                for n in counts:
-                    if n > 1 and not has_flag:
-                        for key, label in _transparent_rows(n):
-                            unavailable(b, key, label, "`sandgate run --workers` not in this build")
-                        continue
-                    print(
-                        f"sandgate, {n} worker(s), transparent mode ({len(guests)} guest namespaces)",
-                        file=sys.stderr,
-                    )
-                    _transparent_gateway(b, lab, up_ns, guests, http_port, n, has_flag)
-            finally:
-                b.pids.discard(up.proc.pid)
+        with upstream(b, "upstream-ns", up_ns.addr, ("ip", "netns", "exec", up_ns.name)) as (http_port, _):
+            for n in counts:
+                if n > 1 and not has_flag:
+                    for key, label in _transparent_rows(n):
+                        unavailable(b, key, label, "`sandgate run --workers` not in this build")
+                    continue
+                print(
+                    f"sandgate, {n} worker(s), transparent mode ({len(guests)} guest namespaces)",
+                    file=sys.stderr,
+                )
+                _transparent_gateway(b, lab, up_ns, guests, http_port, n, has_flag)
 
 
 def _transparent_rows(n: int) -> list[tuple[str, str]]:
@@ -838,6 +908,12 @@ def main(argv: list[str] | None = None) -> int:
         help="re-run a disturbed row up to N times (default 1)",
     )
     p.add_argument(
+        "--upstream",
+        choices=("nginx", "python"),
+        default="nginx" if nginx_upstream.available() else "python",
+        help="the upstream on core 1: nginx (default when installed) or bench/upstream.py",
+    )
+    p.add_argument(
         "--wait-quiet",
         type=float,
         default=30.0,
@@ -849,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--only",
-        default="mitmdump,sandgate,rego,squid,node,transparent",
+        default="direct,mitmdump,sandgate,rego,squid,node,transparent",
         help="comma-separated phases to run (default: all)",
     )
     args = p.parse_args(argv)
@@ -861,6 +937,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {CLIENT_CORE})
     started = time.monotonic()
     phases = {
+        "direct": phase_direct,
         "mitmdump": phase_mitmdump,
         "sandgate": phase_sandgate,
         "rego": phase_rego,
@@ -884,31 +961,13 @@ def main(argv: list[str] | None = None) -> int:
         # run.Bench.duration reads args.quick: give it this script's quick length.
         args.duration = QUICK_SECONDS if args.quick else args.duration
         args.quick = False
-        up_argv = pinned(
-            CLIENT_CORE,
-            [
-                sys.executable,
-                str(BENCH / "upstream.py"),
-                "--host",
-                UPSTREAM_IP,
-                "--cert",
-                str(pki.cert_file),
-                "--key",
-                str(pki.key_file),
-            ],
-        )
-        up = stack.enter_context(service("upstream", up_argv, tmp, stdout_pipe=True))
-        ports = up.read_json_line(15)
-        b.pids.add(up.proc.pid)
-        b.http_port, b.tls_port = int(ports["http_port"]), int(ports["tls_port"])
+        b.http_port, b.tls_port = stack.enter_context(upstream(b, "upstream", UPSTREAM_IP, ()))
         for name in wanted:
             try:
                 phases[name](b)
             except BenchError as e:
                 b.notes.append(f"{name} FAILED: {e}")
                 print(f"{name} FAILED: {e}", file=sys.stderr)
-        if up.proc.poll() is not None:
-            b.notes.append(f"the upstream died during the run: {up.failure()}")
         b.notes.append(f"whole run took {time.monotonic() - started:.0f} s")
         m = run.machine()
         m["pinning"] = (
@@ -921,6 +980,10 @@ def main(argv: list[str] | None = None) -> int:
         rs = ratios(b)
         report = run.markdown(b, m, title="sandgate workers matrix", ratio="vs bare mitmdump (same row)")
         report += "\n" + ratio_markdown(rs) + shared_markdown(b)
+        if args.upstream == "nginx":
+            report = report.replace(
+                "upstream `bench/upstream.py`", "upstream nginx (`bench/nginx_upstream.py`, 1 worker)", 1
+            )
         if quick:
             report = report.replace("## Load", "## Load (--quick: short loads, noisy figures)", 1)
     sys.stdout.write(report)
