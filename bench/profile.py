@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--keep", type=Path, help="write py-spy raw output and the report here")
     args = ap.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the gateway and the upstream are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = [m for m in args.modes.split(",") if m]
     for m in modes:
         if m not in MODES:

@@ -1,7 +1,7 @@
 """What sandgate changes inside mitmproxy's layers, each checked at start (its seams are no
 promise): head caps, backpressure, close fixes, trailers, wire error texts and the shared
 explicit port of workers (SO_REUSEPORT); and the per-event costs of mitmproxy's own that it
-cuts (hook dispatch, message field checks).
+cuts (hook dispatch, message field checks, option reads).
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
@@ -12,6 +12,7 @@ __all__ = [
     "dispatch",
     "head_caps",
     "message_check",
+    "option_reads",
     "reuse_port",
     "speedups",
     "trailers",

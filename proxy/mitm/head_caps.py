@@ -138,16 +138,21 @@ _WATCHES: weakref.WeakKeyDictionary[_http1.Http1Connection, _Watch] = weakref.We
 _ORIGINAL: Callable[..., Commands] | None = None
 
 
+_LIMITS: dict[tuple[Any, ...], HeadLimits] = {}  # read on every HTTP/1 event: built once
+
+
 def _limits(options: Options) -> HeadLimits | None:
     """The master's caps, or None when no HeadGuard declared them (leave mitmproxy alone)."""
     try:
-        return HeadLimits(
-            int(getattr(options, OPT_MAX_BYTES)),
-            int(getattr(options, OPT_MAX_LINES)),
-            float(getattr(options, OPT_TIMEOUT)),
-        )
+        key = tuple(getattr(options, name) for name in (OPT_MAX_BYTES, OPT_MAX_LINES, OPT_TIMEOUT))
     except AttributeError:
         return None
+    limits = _LIMITS.get(key)
+    if limits is None:
+        if len(_LIMITS) > 64:
+            _LIMITS.clear()
+        limits = _LIMITS[key] = HeadLimits(int(key[0]), int(key[1]), float(key[2]))
+    return limits
 
 
 def install() -> None:

@@ -12,7 +12,7 @@ from mitmproxy import addonmanager, exceptions, http, master, options
 from mitmproxy.proxy.layers.http._hooks import HttpRequestHook
 from mitmproxy.test import tflow
 
-from sandgate.proxy.mitm import dispatch, message_check, speedups
+from sandgate.proxy.mitm import dispatch, message_check, option_reads, speedups
 
 speedups.install()
 
@@ -162,3 +162,19 @@ def test_message_checks_accept_what_mitmproxy_accepts() -> None:
         reason=b"OK",
     )
     assert message_check._installed
+
+
+def test_option_reads_give_values_not_shared_mutables() -> None:
+    opts = options.Options()
+    assert option_reads._installed
+    assert opts.listen_host == ""
+    opts.update(listen_host="127.0.0.1", listen_port=8080)
+    assert (opts.listen_host, opts.listen_port) == ("127.0.0.1", 8080)
+    # A sequence option still comes back as a copy: changing it changes no option.
+    opts.update(mode=["regular@8080"])
+    read = opts.mode
+    read.append("socks5")
+    assert opts.mode == ["regular@8080"]
+    default = opts.ignore_hosts
+    default.append("x")
+    assert opts.ignore_hosts == []
