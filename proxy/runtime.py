@@ -55,6 +55,7 @@ from sandgate.proxy.addons.limits import TenantLimits
 from sandgate.proxy.addons.trailers import Trailers
 from sandgate.proxy.addons.transparent import Transparent
 from sandgate.proxy.addons.upgrades import Upgrades
+from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
@@ -102,7 +103,6 @@ from sandgate.proxy.stores.registry_redis import RedisSandboxStore, rules_checke
 from sandgate.proxy.tasks import spawn
 from sandgate.proxy.upstream_trust import upstream_trust_file
 from sandgate.proxy.version import version_of
-from sandgate.proxy.worker_role import WorkerRole
 
 __all__ = ["Gateway", "build_resolver", "fleet_gateway_id", "serve"]
 
@@ -318,7 +318,7 @@ class Gateway:
         else:
             # Workers of one gateway without redis: the local broker their supervisor started.
             self.limit_sync = worker_limit_sync(
-                self.ctx.limiter, config.limits.sync_interval_seconds, WorkerRole.from_env()
+                self.ctx.limiter, config.limits.sync_interval_seconds, config.worker
             )
             if self.limit_sync is not None:
                 self.ctx.limit_learn = self.limit_sync.learn
@@ -567,7 +567,11 @@ class Gateway:
             credentials=self.credential_store,
             credentials_changed=self.credential_watch.source.invalidate,
             sandbox_listeners=self.sandbox_listeners,
+            role=self.config.worker,
         )
+        if state.role.lead and state.role.count > 1:
+            # The lead answers for the gateway: it fans changes and reads out to the other workers.
+            state.peers = Peers(self.config.state_path, state.role)
         fleet = self.fleet
         if fleet is not None:
             state.gateway_id = fleet.gateway_id

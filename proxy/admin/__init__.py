@@ -5,7 +5,10 @@ CLI's client.
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
     "client",
+    "fanout",
     "handlers",
+    "metrics_merge",
+    "peers",
     "server",
     "state",
 ]

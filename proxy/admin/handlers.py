@@ -13,7 +13,7 @@ import os
 import re
 import time
 from types import TracebackType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -22,6 +22,19 @@ from tornado.web import Application, HTTPError, RequestHandler
 
 from sandgate.brokers import Secret
 from sandgate.policy.model.tenant import NAME_PATTERN
+from sandgate.proxy.admin.fanout import (
+    CREDENTIALS_PATH,
+    METRICS_PATH,
+    RELOAD_PATH,
+    WORKER_PATH,
+    What,
+    failed,
+    gateway_metrics,
+    invalidate_credentials,
+    reload_peers,
+    worker_view,
+    workers_status,
+)
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.sandbox_listeners import SandboxListenersError
@@ -214,12 +227,45 @@ def _sandbox_listener_status(state: AdminState) -> dict[str, Any]:
 
 
 class Status(_Handler):
-    def get(self) -> None:
-        self.reply(_status(self.state))
+    async def get(self) -> None:
+        body = _status(self.state)
+        if self.state.role.count > 1:
+            body["worker"] = {"index": self.state.role.index, "count": self.state.role.count}
+        if self.state.peers is not None:
+            body["workers"] = await workers_status(self.state)
+        self.reply(body)
 
 
 async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = False) -> dict[str, Any]:
-    """Reload this gateway; the errors of a failed reload in an ApiError (the old policy stays)."""
+    """Reload this worker, then (the lead of several) every peer; an ApiError when any did not
+    (a failed reload keeps the old policy; a peer that did not confirm is named)."""
+    try:
+        body = await _reload_here(state, trigger, registry_changed=registry_changed)
+    except ApiError as e:
+        if state.peers is not None:
+            # The others reload even so: each keeps or replaces its policy as its load decides.
+            what: What = "registry" if registry_changed else "policy"
+            e.extra["workers"], _ = await reload_peers(state, what, trigger, lead_ok=False)
+        raise
+    if state.peers is None:
+        return body
+    body["workers"], answers = await reload_peers(
+        state, "registry" if registry_changed else "policy", trigger, lead_ok=True
+    )
+    problem = failed(answers)
+    if problem is not None:
+        change = "the registry change is" if registry_changed else "the reloaded policy is"
+        raise ApiError(
+            503,
+            f"{change} in force on worker {state.role.index}, not confirmed by every worker: {problem}",
+            workers=body["workers"],
+            policy_version=state.ctx.policy.version,
+        )
+    return body
+
+
+async def _reload_here(state: AdminState, trigger: str, *, registry_changed: bool = False) -> dict[str, Any]:
+    """Reload this worker; the errors of a failed reload in an ApiError (the old policy stays)."""
     previous = state.ctx.policy.version
     if registry_changed and state.refresh is not None:
         if not await state.refresh(trigger):
@@ -266,7 +312,7 @@ class PolicyReload(_Handler):
         except ApiError as e:
             # The fleet reloads even when this gateway's copy of the files does not load:
             # the others may load theirs, and each answers for itself.
-            if e.status == 422 and self.state.publish_reload is not None:
+            if e.status in (422, 503) and self.state.publish_reload is not None:
                 e.extra.update(await _publish(self.state, self.state.ctx.policy.version))
             raise
         if self.state.publish_reload is not None:
@@ -387,17 +433,27 @@ class Credential(_Handler):
             raise ApiError(404, f"unknown tenant {tenant!r}", "tenant")
         return tenant, name
 
-    def _changed(self) -> None:
-        """This gateway stops using the old value now, not at its watcher's next look."""
+    async def _changed(self, tenant: str, name: str) -> None:
+        """Every worker stops using the old value now, not at its watcher's next look."""
         if self.state.credentials_changed is not None:
             self.state.credentials_changed()
+        if self.state.peers is None:
+            return
+        problem = failed(await invalidate_credentials(self.state))
+        if problem is not None:
+            raise ApiError(
+                503,
+                f"credential {name!r} of tenant {tenant!r} changed in the store; "
+                f"not every worker confirmed it dropped its cached value: {problem}",
+                "name",
+            )
 
     async def put(self, tenant: str, name: str) -> None:
         store = _credentials(self.state)
         tenant, name = self._target(tenant, name)
         value = Secret(self.parse(CredentialValue).value)
         info = await store.put(tenant, name, value)
-        self._changed()
+        await self._changed(tenant, name)
         log.info("admin.credential_set", tenant=tenant, name=name, version=info.version)
         self.reply({"credential": _info(info)})
 
@@ -406,21 +462,92 @@ class Credential(_Handler):
         tenant, name = self._target(tenant, name)
         if not await store.remove(tenant, name):
             raise ApiError(404, f"no credential {name!r} for tenant {tenant!r}", "name")
-        self._changed()
+        await self._changed(tenant, name)
         log.info("admin.credential_removed", tenant=tenant, name=name)
         self.reply({"removed": {"tenant": tenant, "name": name}})
 
 
 class Metrics(_Handler):
-    def get(self) -> None:
+    async def get(self) -> None:
+        """This worker's metrics; on the lead of several, the whole gateway's, merged."""
+        text = METRICS.exposition() if self.state.peers is None else await gateway_metrics(self.state)
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(METRICS.exposition())
+        self.finish(text)
 
 
-def make_app(state: AdminState, token: Secret | None, *, require_token: bool) -> Application:
-    """The admin API for one transport (TCP requires the token; the unix socket accepts it)."""
+class InternalReload(_Handler):
+    """A peer: reload its policy or its copy of the registry, as the lead asks."""
+
+    async def post(self) -> None:
+        ask = self.parse(ReloadAsk)
+        self.reply(await _reload_here(self.state, ask.trigger, registry_changed=ask.what == "registry"))
+
+
+class InternalCredentials(_Handler):
+    """A peer: drop cached stored credentials (the lead changed one)."""
+
+    def post(self) -> None:
+        if self.state.credentials_changed is not None:
+            self.state.credentials_changed()
+        self.reply({"ok": True})
+
+
+class InternalWorker(_Handler):
+    def get(self) -> None:
+        self.reply(worker_view(self.state))
+
+
+class InternalMetrics(_Handler):
+    def get(self) -> None:
+        self.reply({"worker": worker_view(self.state), "exposition": METRICS.exposition().decode()})
+
+
+class LeadOnly(_Handler):
+    """A peer's private socket changes nothing itself: changes go through the lead."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        raise ApiError(
+            403,
+            f"this is worker {self.state.role.index}'s private socket: use the gateway's admin API "
+            "(served by worker 0)",
+        )
+
+
+class ReloadAsk(BaseModel):
+    """`POST /internal/v1/reload` body (the lead to a peer)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    what: Literal["policy", "registry"]
+    trigger: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+def make_app(
+    state: AdminState, token: Secret | None, *, require_token: bool, private: bool = False
+) -> Application:
+    """The admin API for one transport (TCP requires the token; the unix socket accepts it).
+
+    `private`: a peer worker's socket: reads of this worker and the lead's internal calls."""
     kw = {"state": state, "token": token, "require_token": require_token}
     segment = r"([^/]+)"
+    if private:
+        return Application(
+            [
+                (r"/healthz", Health, kw),
+                (r"/readyz", Ready, kw),
+                (r"/metrics", Metrics, kw),
+                (r"/v1/status", Status, kw),
+                (RELOAD_PATH, InternalReload, kw),
+                (CREDENTIALS_PATH, InternalCredentials, kw),
+                (WORKER_PATH, InternalWorker, kw),
+                (METRICS_PATH, InternalMetrics, kw),
+                (r"/v1/.*", LeadOnly, kw),
+            ],
+            default_handler_class=NotFound,
+            default_handler_args=kw,
+            log_function=_log_request,
+        )
     return Application(
         [
             (r"/healthz", Health, kw),

@@ -1,5 +1,9 @@
 """The admin API server: a unix socket (mode 0600) always, TCP with a bearer token when asked.
 
+With several workers, the lead (worker 0) serves the gateway's socket and TCP listener; each
+other worker serves only a private socket in its folder (`<state_dir>/workers/w<i>/admin.sock`),
+for the lead's fan-out (proxy/admin/fanout.py) and for looking at one worker.
+
 It runs on the gateway's event loop (tornado over asyncio) and is never one of the
 guest-facing listeners. Start-up refuses a socket path another live gateway answers on and
 replaces a stale one; the socket is removed on exit when it is still this process's.
@@ -19,6 +23,7 @@ from tornado.netutil import bind_sockets
 
 from sandgate.brokers import Secret
 from sandgate.proxy.admin.handlers import make_app
+from sandgate.proxy.admin.peers import peer_socket
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.bindcheck import Endpoint, failure_line
 from sandgate.proxy.config import GatewayConfig, split_listen
@@ -93,7 +98,9 @@ class AdminServer:
     def __init__(self, config: GatewayConfig, state: AdminState) -> None:
         self.config = config
         self.state = state
-        self.socket_path = config.admin_socket_path
+        role = state.role
+        self.private = not role.lead
+        self.socket_path = peer_socket(config.state_path, role) if self.private else config.admin_socket_path
         self.addresses: list[str] = []
         self._servers: list[HTTPServer] = []
         self._inode: int | None = None
@@ -107,11 +114,12 @@ class AdminServer:
             self.state.redis_timeout = self.config.redis.timeout_seconds
         sock = await asyncio.to_thread(bind_admin_socket, self.socket_path)
         self._inode = os.stat(self.socket_path).st_ino
-        unix = HTTPServer(make_app(self.state, token, require_token=False), max_body_size=MAX_BODY_BYTES)
+        app = make_app(self.state, token, require_token=False, private=self.private)
+        unix = HTTPServer(app, max_body_size=MAX_BODY_BYTES)
         unix.add_socket(sock)
         self._servers.append(unix)
         self.addresses.append(f"unix:{self.socket_path}")
-        if admin.listen is not None:
+        if admin.listen is not None and not self.private:
             assert token is not None  # the config refuses listen without a token
             host, port = split_listen(admin.listen)
             try:

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
 from sandgate.proxy.reloader import PolicyReloader
 from sandgate.proxy.stores.protocols import CredentialStore, SandboxStore
+from sandgate.proxy.worker_role import SINGLE, WorkerRole
 
 __all__ = ["AdminState", "PublishReload"]
 
@@ -41,3 +43,7 @@ class AdminState:
     # The transparent and DNS listeners jails need, opened on demand (`POST /v1/listeners/sandbox`).
     sandbox_listeners: SandboxListeners | None = None
     started: float = field(default_factory=time.time)
+    # Which worker serves this API: the lead (public socket) or a peer (private socket).
+    role: WorkerRole = SINGLE
+    # The lead of several workers: the peers it fans changes and reads out to.
+    peers: Peers | None = None

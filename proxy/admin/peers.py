@@ -1,0 +1,93 @@
+"""The lead worker's calls to the other workers' private admin sockets (asyncio, concurrent).
+
+Worker i > 0 serves its admin API, unauthenticated, on `<state_dir>/workers/w<i>/admin.sock`
+(mode 0600). The lead asks every peer at once and gets one answer per peer: what it said,
+or why it did not (not running, no answer within the timeout, an error answer). A peer
+that did not confirm is never counted as done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sandgate.proxy.worker_role import WorkerRole
+
+__all__ = ["READ_TIMEOUT", "WRITE_TIMEOUT", "PeerAnswer", "Peers", "peer_socket"]
+
+# Scrapes and status: a peer slower than this is shown as not answering.
+READ_TIMEOUT = 1.0
+# Changes: a peer's reload builds its policy (seconds for large rule sets or Rego).
+WRITE_TIMEOUT = 10.0
+
+
+def peer_socket(state_path: Path, role: WorkerRole) -> Path:
+    """Where worker `role` serves its private admin socket."""
+    return role.folder(state_path) / "admin.sock"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAnswer:
+    """One peer's answer: `ok` when it answered 2xx; otherwise `error` says why."""
+
+    index: int
+    ok: bool
+    status: int | None = None
+    body: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        """What an admin answer shows of it."""
+        out: dict[str, Any] = {"index": self.index, "ok": self.ok}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+class Peers:
+    """The lead's view of workers 1..count-1."""
+
+    def __init__(self, state_path: Path, role: WorkerRole) -> None:
+        self.count = role.count
+        self.sockets = {i: peer_socket(state_path, WorkerRole(i, role.count)) for i in range(1, role.count)}
+
+    async def call(
+        self, method: str, path: str, *, within: float, json: dict[str, Any] | None = None
+    ) -> list[PeerAnswer]:
+        """Ask every peer at once; one answer each, in worker order."""
+        return list(
+            await asyncio.gather(
+                *(self._one(i, sock, method, path, within, json) for i, sock in self.sockets.items())
+            )
+        )
+
+    async def _one(
+        self, index: int, sock: Path, method: str, path: str, within: float, json: dict[str, Any] | None
+    ) -> PeerAnswer:
+        transport = httpx.AsyncHTTPTransport(uds=str(sock))
+        try:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://sandgate", timeout=within
+            ) as client:
+                # The whole exchange within `within` (httpx's timeout applies per read, not in total).
+                resp = await asyncio.wait_for(client.request(method, path, json=json), within)
+        except (TimeoutError, httpx.TimeoutException):
+            return PeerAnswer(index, False, error=f"worker {index} did not answer within {within:g} s")
+        except (httpx.TransportError, OSError):
+            return PeerAnswer(
+                index, False, error=f"worker {index} is not running (nothing answers on {sock})"
+            )
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        if not resp.is_success:
+            message = str(body.get("error") or f"HTTP {resp.status_code}")
+            return PeerAnswer(index, False, resp.status_code, body, f"worker {index}: {message}")
+        return PeerAnswer(index, True, resp.status_code, body)

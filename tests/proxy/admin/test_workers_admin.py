@@ -1,0 +1,207 @@
+"""End to end: the lead worker's admin API answers for a gateway of two worker processes.
+
+Workers 0 and 1 of 2 run as the supervisor would start them (same state_dir, SANDGATE_WORKER
+set), each on its own explicit port so a test can send a request to one worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, Gateways, RunningGateway, tenant_yaml
+from prometheus_client.parser import text_string_to_metric_families
+from support import RecordingUpstream, TestPKI
+
+from sandgate.proxy.worker_role import ENV as WORKER_ENV
+
+pytestmark = pytest.mark.slow
+
+
+def unix_client(path: Path) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://sandgate", timeout=30)
+
+
+class Pair:
+    """Two workers of one gateway and the lead's admin API."""
+
+    def __init__(self, gateways: Gateways, state: Path, upstream: RecordingUpstream) -> None:
+        rules = [{"hosts": ["api.test"], "ports": [upstream.port]}]
+        tenants = {"t1.yaml": tenant_yaml("t1", rules)}
+        self.state = state
+        # No file watching: what a peer serves changes only when the lead tells it.
+        config = {"state_dir": str(state), "reload": {"watch": False}}
+        self.workers: list[RunningGateway] = [
+            gateways.start(tenants, config=config, env={WORKER_ENV: f"{i}/2"}) for i in range(2)
+        ]
+        self.lead = unix_client(state / "admin.sock")
+        self.peer_socket = state / "workers" / "w1" / "admin.sock"
+        wait_ready(self.lead)
+
+    def close(self) -> None:
+        self.lead.close()
+
+
+def wait_ready(admin: httpx.Client, timeout: float = 30.0) -> None:
+    """Until the lead reports both workers ready (the peer's admin socket comes up last)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            workers = admin.get("/v1/status").json().get("workers", [])
+            if len(workers) == 2 and all(w["ready"] for w in workers):
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the workers did not become ready"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def pair(
+    tmp_path_factory: pytest.TempPathFactory, pki: TestPKI, http_upstream: RecordingUpstream
+) -> Iterator[Pair]:
+    folder = tmp_path_factory.mktemp("wa")
+    gateways = Gateways(folder, pki)
+    p = Pair(gateways, folder / "st", http_upstream)
+    yield p
+    p.close()
+    gateways.close()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples `name` whose labels include `labels`."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def send(
+    gw: RunningGateway,
+    upstream: RecordingUpstream,
+    count: int,
+    *,
+    sandbox: str = "sb1",
+    token: str | None = None,
+) -> list[int]:
+    proxy = gw.proxy(sandbox, token) if token else gw.proxy()
+    with httpx.Client(proxy=proxy, timeout=10) as c:
+        return [c.get(f"{upstream.url_for('api.test')}/w{i}").status_code for i in range(count)]
+
+
+def test_metrics_on_the_lead_sum_the_decisions_of_both_workers(
+    pair: Pair, http_upstream: RecordingUpstream
+) -> None:
+    allowed = "sandgate_decisions_total"
+    before = pair.lead.get("/metrics").text
+    w0, w1 = pair.workers
+    assert send(w0, http_upstream, 2) == [200, 200]
+    assert send(w1, http_upstream, 3) == [200] * 3
+    text = pair.lead.get("/metrics").text
+    grown = metric(text, allowed, tenant="t1", decision="allow") - metric(
+        before, allowed, tenant="t1", decision="allow"
+    )
+    assert grown == 5
+    assert metric(text, "sandgate_workers") == 2
+    assert metric(text, "sandgate_workers_ready") == 2
+    # The policy version is the gateway's: one sample, value 1, not one per worker summed.
+    infos = [
+        s
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "sandgate_policy_version_info"
+    ]
+    assert len(infos) == 1 and infos[0].value == 1
+    # Each worker's own count is on its private socket (the lead's own socket shows the sum).
+    with unix_client(pair.peer_socket) as peer:
+        own = peer.get("/metrics").text
+    assert metric(own, allowed, tenant="t1", decision="allow") < metric(
+        text, allowed, tenant="t1", decision="allow"
+    )
+
+
+def test_status_on_the_lead_lists_every_worker(pair: Pair) -> None:
+    status = pair.lead.get("/v1/status").json()
+    workers = status["workers"]
+    assert [w["index"] for w in workers] == [0, 1]
+    assert [w["pid"] for w in workers] == [gw.proc.pid for gw in pair.workers]
+    assert all(w["ready"] and w["answered"] for w in workers)
+    assert {w["policy_version"] for w in workers} == {status["policy_version"]}
+
+
+def test_a_sandbox_registered_through_the_lead_is_usable_on_the_peer_at_once(
+    pair: Pair, http_upstream: RecordingUpstream
+) -> None:
+    peer = pair.workers[1]
+    assert send(peer, http_upstream, 1, sandbox="reg1", token=OTHER_TOKEN) == [407]
+    resp = pair.lead.post("/v1/sandboxes", json={"id": "reg1", "tenant": "t1", "token": OTHER_TOKEN_REF})
+    assert resp.status_code == 201, resp.text
+    body = resp.json()
+    assert [(w["index"], w["ok"]) for w in body["workers"]] == [(0, True), (1, True)]
+    assert {w["policy_version"] for w in body["workers"]} == {body["policy_version"]}
+    # Straight to the peer's port, right after the answer: no wait for a file watcher.
+    assert send(peer, http_upstream, 1, sandbox="reg1", token=OTHER_TOKEN) == [200]
+    removed = pair.lead.delete("/v1/sandboxes/reg1")
+    assert removed.status_code == 200, removed.text
+    assert send(peer, http_upstream, 1, sandbox="reg1", token=OTHER_TOKEN) == [407]
+
+
+def test_a_policy_reload_through_the_lead_reloads_every_worker(pair: Pair) -> None:
+    resp = pair.lead.post("/v1/policy/reload")
+    assert resp.status_code == 200, resp.text
+    assert [(w["index"], w["ok"]) for w in resp.json()["workers"]] == [(0, True), (1, True)]
+    with unix_client(pair.peer_socket) as peer:
+        last = peer.get("/v1/status").json()["last_reload"]
+    assert (last["ok"], last["trigger"]) == (True, "admin")
+
+
+def test_the_peers_private_socket_changes_nothing(pair: Pair) -> None:
+    with unix_client(pair.peer_socket) as peer:
+        refused = peer.post("/v1/policy/reload")
+        assert refused.status_code == 403
+        assert "private socket" in refused.json()["error"]
+        assert peer.post("/v1/sandboxes", json={"id": "x", "tenant": "t1"}).status_code == 403
+    assert pair.peer_socket.stat().st_mode & 0o777 == 0o600
+    # The lead's public API has no internal routes.
+    assert pair.lead.post("/internal/v1/reload", json={"what": "policy", "trigger": "x"}).status_code == 404
+
+
+def test_a_peer_that_does_not_answer_is_named_and_never_counted_as_done(
+    tmp_path: Path, pki: TestPKI, http_upstream: RecordingUpstream
+) -> None:
+    gateways = Gateways(tmp_path, pki)
+    p = Pair(gateways, tmp_path / "st", http_upstream)
+    try:
+        peer = p.workers[1]
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            text = p.lead.get("/metrics").text
+            assert time.monotonic() - started < 5
+            assert metric(text, "sandgate_workers") == 2
+            assert metric(text, "sandgate_workers_ready") == 1
+            workers = p.lead.get("/v1/status").json()["workers"]
+            assert workers[1]["answered"] is False and "did not answer" in workers[1]["error"]
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        peer.stop()
+        resp = p.lead.post("/v1/policy/reload")
+        assert resp.status_code == 503
+        body = resp.json()
+        assert "worker 1 is not running" in body["error"]
+        assert [(w["index"], w["ok"]) for w in body["workers"]] == [(0, True), (1, False)]
+        added = p.lead.post("/v1/sandboxes", json={"id": "reg2", "tenant": "t1", "token": OTHER_TOKEN_REF})
+        assert added.status_code == 503 and "worker 1" in added.json()["error"]
+        cred = p.lead.put("/v1/credentials/t1/key", json={"value": "v-0123456789"})
+        assert cred.status_code == 503 and "worker 1" in cred.json()["error"]
+        assert "v-0123456789" not in cred.text
+    finally:
+        p.close()
+        gateways.close()
