@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -52,9 +53,11 @@ from run import (  # noqa: E402
     pinned,
     service,
 )
-from support.netns import netns_lab  # noqa: E402
+from support.netns import NetnsLab  # noqa: E402
 from support.pki import TestPKI  # noqa: E402
 from support.ports import free_port  # noqa: E402
+
+from sandgate.proxy.worker_role import worker_for  # noqa: E402
 
 CORES = os.cpu_count() or 1
 QUICK_SECONDS = 2.0
@@ -635,7 +638,7 @@ def phase_transparent(b: Bench) -> None:
             for key, label in _transparent_rows(n):
                 unavailable(b, key, label, "needs root and nft (network namespaces, nftables redirect)")
         return
-    with netns_lab() as lab:
+    with balanced_lab(max(counts)) as lab:
         up_ns = lab.add("bup")
         guests = [lab.add(f"bg{i}") for i in range(max(counts))]
         with upstream(b, "upstream-ns", up_ns.addr, ("ip", "netns", "exec", up_ns.name)) as (http_port, _):
@@ -649,6 +652,22 @@ def phase_transparent(b: Bench) -> None:
                     file=sys.stderr,
                 )
                 _transparent_gateway(b, lab, up_ns, guests, http_port, n, has_flag)
+
+
+@contextlib.contextmanager
+def balanced_lab(workers: int) -> Iterator[NetnsLab]:
+    """A namespace lab whose guests 1..workers (namespace 0 is the upstream) are steered one to
+    each worker: the host rules pick a worker by a hash of the interface name, which embeds the
+    lab's tag, so a tag is drawn until the hash gives each worker one guest."""
+    for _ in range(1000):
+        tag = secrets.token_hex(2)
+        if {worker_for(f"sgh{n}-{tag}", workers) for n in range(1, workers + 1)} == set(range(workers)):
+            break
+    lab = NetnsLab(tag=tag)
+    try:
+        yield lab
+    finally:
+        lab.close()
 
 
 def _transparent_rows(n: int) -> list[tuple[str, str]]:
