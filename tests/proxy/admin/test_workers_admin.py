@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, Gateways, RunningGateway, tenant_yaml
+import yaml
+from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, SANDGATE, TOKEN_REF, Gateways, RunningGateway, tenant_yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support import RecordingUpstream, TestPKI
 
 from sandgate.proxy.worker_role import ENV as WORKER_ENV
+
+from ..addons.test_credentials import placeholders
 
 pytestmark = pytest.mark.slow
 
@@ -204,4 +209,84 @@ def test_a_peer_that_does_not_answer_is_named_and_never_counted_as_done(
         assert "v-0123456789" not in cred.text
     finally:
         p.close()
+        gateways.close()
+
+
+STORED = "sk-live-STORED-0123456789abcdef"
+ROTATED = "sk-live-ROTATED-9876543210fedcba"
+
+
+def stored_tenant(port: int) -> str:
+    return yaml.safe_dump(
+        {
+            "tenant": "acme",
+            "sandboxes": [{"id": "sb1", "token": TOKEN_REF}],
+            "allow": [{"hosts": ["api.test"], "ports": [port], "inspect": True}],
+            "credentials": [
+                {
+                    "name": "openai",
+                    "secret": "stored:openai",
+                    "hosts": ["api.test"],
+                    "ports": [port],
+                    "env": "OPENAI_API_KEY",
+                    "inject": {"header": "Authorization", "format": "Bearer {secret}"},
+                }
+            ],
+        },
+        sort_keys=False,
+    )
+
+
+def injected(gw: RunningGateway, state: Path, upstream: RecordingUpstream, placeholder: str) -> str | None:
+    """The Authorization the upstream got for one request through `gw` with the placeholder."""
+    upstream.reset()
+    ca = ssl.create_default_context(cafile=str(state / "ca" / "mitmproxy-ca-cert.pem"))
+    with httpx.Client(proxy=gw.proxy(), verify=ca, timeout=10) as c:
+        resp = c.get(f"{upstream.url_for('api.test')}/v1", headers={"Authorization": f"Bearer {placeholder}"})
+    assert resp.status_code == 200, resp.text
+    assert STORED not in resp.text and ROTATED not in resp.text
+    return upstream.requests[0].header("Authorization") if upstream.requests else None
+
+
+def test_a_credential_rotated_through_the_lead_is_used_by_the_peer_at_once(
+    tmp_path: Path, pki: TestPKI, https_upstream: RecordingUpstream
+) -> None:
+    gateways = Gateways(tmp_path, pki)
+    state = tmp_path / "st"
+    # The peer learns of the change only from the lead: no file watching, a cache kept 300 s.
+    config = {"state_dir": str(state), "reload": {"watch": False, "interval_seconds": 600}}
+
+    def set_value(root: Path) -> None:
+        done = subprocess.run(
+            [
+                SANDGATE,
+                "credentials",
+                "set",
+                "--tenant",
+                "acme",
+                "openai",
+                "--config",
+                str(root / "sandgate.yaml"),
+            ],
+            input=STORED + "\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+
+    tenants = {"acme.yaml": stored_tenant(https_upstream.port)}
+    try:
+        w0 = gateways.start(tenants, config=config, env={WORKER_ENV: "0/2"}, prepare=set_value)
+        w1 = gateways.start(tenants, config=config, env={WORKER_ENV: "1/2"})
+        with unix_client(state / "admin.sock") as lead:
+            wait_ready(lead)
+            ph = placeholders(w0, "sb1")["OPENAI_API_KEY"]
+            assert injected(w1, state, https_upstream, ph) == f"Bearer {STORED}"  # now cached on the peer
+            resp = lead.put("/v1/credentials/acme/openai", json={"value": ROTATED})
+            assert resp.status_code == 200, resp.text
+            assert ROTATED not in resp.text
+        assert injected(w1, state, https_upstream, ph) == f"Bearer {ROTATED}"
+        assert injected(w0, state, https_upstream, ph) == f"Bearer {ROTATED}"
+    finally:
         gateways.close()
