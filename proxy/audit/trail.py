@@ -45,10 +45,12 @@ log = structlog.get_logger("sandgate.audit")
 Record = Mapping[str, Any]
 
 _BATCH = 512
-# Without acknowledgement the writer, once woken, lets records gather this long before it
-# takes a batch: one wake-up (a GIL hand-off and a write) per few milliseconds of records
-# rather than per record, which the event loop paid for in `notify` and lost GIL time.
-_LINGER = 0.005
+# Without acknowledgement, a writer that wrote in the last _BUSY seconds looks for records
+# every _POLL_WRITER seconds instead of being woken for each: one wake-up (a GIL hand-off and
+# a write) per few milliseconds of records, not a `notify` (a futex wake the event loop paid
+# for, the loop's costliest frame) per record. Idle for _BUSY, it sleeps until notified.
+_POLL_WRITER = 0.005
+_BUSY = 1.0
 _POLL = 0.005  # how often a decision waiting for a place looks again
 _LOG_EVERY = 1.0  # seconds between two `audit.unrecorded` lines
 _FAILED_IDS = 4096  # decision ids remembered as unrecordable (so a denial does not wait twice)
@@ -193,6 +195,7 @@ class AuditLog:
         self._reserved: set[str] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._sleeping = False  # the writer waits to be notified (else it polls, being busy)
         # Decision ids that found no place: True once counted as unrecorded.
         self._failed: OrderedDict[str, bool] = OrderedDict()
         self._last_log = 0.0
@@ -310,7 +313,8 @@ class AuditLog:
             else:
                 return False
             self._items.append(entry)
-            self._cond.notify()
+            if self._sleeping:
+                self._cond.notify()  # else the busy writer finds it within _POLL_WRITER
         return True
 
     def _remember_failed(self, decision_id: str, *, counted: bool = False) -> None:
@@ -338,23 +342,27 @@ class AuditLog:
     # -- the writer thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        wrote = -_BUSY  # monotonic time of the last batch written
         while True:
             with self._cond:
-                if not self._items and not self._closed:
-                    while not self._items and not self._closed:
-                        self._cond.wait()
-                    linger = not self._acknowledge and not self._closed and len(self._items) < _BATCH
-                else:
-                    linger = False
-            if linger:
-                time.sleep(_LINGER)
-            with self._cond:
+                while not self._items and not self._closed:
+                    if self._acknowledge or time.monotonic() - wrote >= _BUSY:
+                        # Asleep: whoever queues a record wakes it (under this lock, so no
+                        # record is queued between the check above and the wait).
+                        self._sleeping = True
+                        try:
+                            self._cond.wait()
+                        finally:
+                            self._sleeping = False
+                    else:
+                        self._cond.wait(_POLL_WRITER)
                 if not self._items:
                     return  # closed and drained
                 batch = [self._items.popleft() for _ in range(min(_BATCH, len(self._items)))]
                 self._used -= len(batch)
             self._write([e.record for e in batch])
             self._acknowledge_batch(batch)
+            wrote = time.monotonic()
 
     def _acknowledge_batch(self, batch: list[_Entry]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}

@@ -252,3 +252,41 @@ def test_a_torn_last_line_is_cut_when_the_file_is_opened(tmp_path: Path) -> None
     sink.write(['{"n":4}\n'])
     sink.close()
     assert [r["n"] for r in _lines(path)] == [1, 2, 4]
+
+
+def _asleep(audit: AuditLog) -> bool:
+    """Whether the writer waits to be notified (rather than polling, busy)."""
+    return audit._sleeping
+
+
+async def test_the_writer_finds_records_while_busy_and_is_woken_after_idling() -> None:
+    sink = BlockedSink()
+    sink.release.set()
+    audit = AuditLog([sink], log_events=False)
+    audit.start()
+
+    async def written(n: int) -> None:
+        for _ in range(400):
+            if len(sink.lines) >= n:
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{len(sink.lines)} of {n} records written")
+
+    # Idle: the writer sleeps until a record wakes it.
+    await asyncio.sleep(0.05)
+    assert _asleep(audit)
+    assert await audit.emit({"event": "decision", "n": 0})
+    await written(1)
+    # Busy: it polls, nobody notifies it, and it still writes each record promptly.
+    for i in range(1, 50):
+        assert await audit.emit({"event": "decision", "n": i})
+        assert not _asleep(audit)
+        await asyncio.sleep(0.001)
+    await written(50)
+    # Idle again past _BUSY (1 s): asleep, and woken by the next record.
+    await asyncio.sleep(1.5)
+    assert _asleep(audit)
+    assert await audit.emit({"event": "decision", "n": 50})
+    await written(51)
+    audit.close()
+    assert [json.loads(x)["n"] for x in sink.lines] == list(range(51))
