@@ -143,7 +143,7 @@ async def decide(
 
     # Rules for the name, and deny rules for the network the dialled address is in, may need
     # per-request checks: either one means the tunnel must be intercepted.
-    dial_ip = ipaddress.ip_address(dial)
+    dial_ip = _parse_ip(dial)
     inspect = any(
         index.needs_inspection(request.host, ip, request.port)
         for index in (tenant.allow, tenant.deny, tenant.base_deny)
@@ -258,8 +258,9 @@ def _rules(
     )
 
 
-# Resolver answers repeat: parse each address text once.
+# Resolver answers repeat: parse each address text once, and render each address once.
 _parse_ip = functools.lru_cache(maxsize=65_536)(ipaddress.ip_address)
+_ip_text = functools.lru_cache(maxsize=65_536)(str)
 
 
 _NO_DECISION = Decision()
@@ -313,7 +314,7 @@ async def pick_address(
             public_only=public_only,
         )
         if found is None:
-            return AddressChoice(candidates, tuple(refused), str(ip))
+            return AddressChoice(candidates, tuple(refused), _ip_text(ip))
         _keep(refused, found)
     if denied_by is not None:
         denial = Decision(
