@@ -309,6 +309,9 @@ def test_an_ipv6_guest_resolves_aaaa_and_reaches_the_upstream_over_ipv6(lab: Lab
     assert got.returncode == 0, got.stderr + lab.a.log()
     assert json.loads(got.stdout)["path"] == "/by-v6"
     assert [r.target for r in lab.web6.requests] == ["/by-v6"], "it arrived at the IPv6 upstream"
+    # The request's record is written once the exchange completes (through the collector with
+    # workers): wait for it rather than read the trail at once.
+    assert _wait_for(lambda: any(r.get("path") == "/by-v6" for r in lab.a.records()))
     records = lab.a.records()
     # The AAAA query came in over IPv6 from sb1's IPv6 address and was answered.
     assert any(
