@@ -60,7 +60,7 @@ from sandgate.proxy.worker_role import worker_for  # noqa: E402
 
 CORES = os.cpu_count() or 1
 STARTED = time.monotonic()
-RETRY_BUDGET = 420.0  # seconds into the run after which a disturbed row is not run again
+RETRY_BUDGET = 300.0  # seconds into the run after which a disturbed row is not run again
 
 
 def load_row(b: Bench, key: str, label: str, client_args: list[str], **kw: Any) -> Row:
