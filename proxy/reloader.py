@@ -87,6 +87,7 @@ class PolicyReloader:
         interval: float,
         settle: float = 1.0,
         on_reload: Callable[[PolicySet], None] | None = None,
+        audit: bool = True,
     ) -> None:
         self.ctx = ctx
         self.load = load
@@ -95,6 +96,10 @@ class PolicyReloader:
         self.interval = interval
         self.settle = settle
         self.on_reload = on_reload
+        # False on workers other than the lead: every worker loads the same files on the same
+        # triggers, so the gateway's one trail records each reload once (the lead's); a
+        # peer's outcome is in its log and in the lead's admin answer.
+        self.audit = audit
         self._lock = asyncio.Lock()
         self._task = BackgroundTask("sandgate-policy-watch", self._watch)
         self._fingerprint: Fingerprint = ()
@@ -144,7 +149,8 @@ class PolicyReloader:
             tenants=len(policy.tenants),
         )
         report_problems(policy)
-        await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, [], policy.problems))
+        if self.audit:
+            await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, [], policy.problems))
         return True
 
     def report(self) -> ReloadReport | None:
@@ -157,7 +163,7 @@ class PolicyReloader:
     async def record_start(self) -> None:
         """Audit the problems of the policy the gateway started with (the log has them already)."""
         policy = self.ctx.policy
-        if policy.problems:
+        if policy.problems and self.audit:
             record = self._record("start", "ok", "", policy.version, [], policy.problems)
             await self.ctx.audit.emit(record)
 
@@ -193,7 +199,8 @@ class PolicyReloader:
         self.failures += 1
         log.error("policy.reload_failed", trigger=trigger, kept_version=old, errors=errors)
         self.last = ReloadOutcome(False, trigger, time.time(), served, tuple(errors))
-        await self.ctx.audit.emit(self._record(trigger, "error", old, served, errors))
+        if self.audit:
+            await self.ctx.audit.emit(self._record(trigger, "error", old, served, errors))
 
     async def _watch(self) -> None:
         pause = self.interval

@@ -335,6 +335,7 @@ class Gateway:
             interval=config.reload.interval_seconds,
             settle=config.reload.settle_seconds,
             on_reload=lambda _: self._write_status(),
+            audit=config.worker.lead,
         )
         if config.redis is not None:
             self.fleet = FleetRegistrySync(

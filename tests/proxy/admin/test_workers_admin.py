@@ -6,6 +6,7 @@ set), each on its own explicit port so a test can send a request to one worker.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import ssl
@@ -165,6 +166,19 @@ def test_a_policy_reload_through_the_lead_reloads_every_worker(pair: Pair) -> No
     with unix_client(pair.peer_socket) as peer:
         last = peer.get("/v1/status").json()["last_reload"]
     assert (last["ok"], last["trigger"]) == (True, "admin")
+    # Both reloaded; the gateway's trail records the reload once (the lead's record).
+    deadline = time.monotonic() + 5
+    while not admin_reloads(pair.state) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert len(admin_reloads(pair.state)) == 1
+
+
+def admin_reloads(state: Path) -> list[dict[str, object]]:
+    path = state / "audit" / "audit.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    records = [json.loads(line) for line in lines]
+    return [r for r in records if r.get("event") == "policy_reload" and r.get("trigger") == "admin"]
 
 
 def test_the_peers_private_socket_changes_nothing(pair: Pair) -> None:
