@@ -40,9 +40,13 @@ def strip_hop_by_hop(message: http.Message) -> None:
     own: list[bytes] = []
     named: set[bytes] = set()
     te_values: list[bytes] = []
+    hop = False  # any field this could remove or rewrite at all
     for name, value in headers.fields:
         lowered = name.lower()
+        if lowered in _ALWAYS:
+            hop = True
         if lowered == b"connection":
+            hop = True
             for token in value.split(b","):
                 token = token.strip()
                 if token.lower() in _CONNECTION_OWN:
@@ -51,6 +55,8 @@ def strip_hop_by_hop(message: http.Message) -> None:
                     named.add(token.lower())
         elif lowered == b"te":
             te_values.append(value.strip().lower())
+    if not hop:
+        return  # most requests and responses: nothing to drop, the fields stay as they are
     drop = (_ALWAYS | named) - _NEVER_NAMED
     if message.http_version in ("HTTP/2.0", "HTTP/3") and all(v == b"trailers" for v in te_values):
         drop = drop - {b"te"}
