@@ -54,6 +54,22 @@ class Peers:
     def __init__(self, state_path: Path, role: WorkerRole) -> None:
         self.count = role.count
         self.sockets = {i: peer_socket(state_path, WorkerRole(i, role.count)) for i in range(1, role.count)}
+        # One client per peer, made once: building one loads a CA bundle (tens of ms). No
+        # pooled connections: a new one per call (cheap on a unix socket) never meets a
+        # restarted peer's closed one.
+        self._clients = {
+            i: httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(
+                    uds=str(sock), limits=httpx.Limits(max_keepalive_connections=0)
+                ),
+                base_url="http://sandgate",
+            )
+            for i, sock in self.sockets.items()
+        }
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
 
     async def call(
         self, method: str, path: str, *, within: float, json: dict[str, Any] | None = None
@@ -68,13 +84,10 @@ class Peers:
     async def _one(
         self, index: int, sock: Path, method: str, path: str, within: float, json: dict[str, Any] | None
     ) -> PeerAnswer:
-        transport = httpx.AsyncHTTPTransport(uds=str(sock))
+        client = self._clients[index]
         try:
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://sandgate", timeout=within
-            ) as client:
-                # The whole exchange within `within` (httpx's timeout applies per read, not in total).
-                resp = await asyncio.wait_for(client.request(method, path, json=json), within)
+            # The whole exchange within `within` (httpx's timeout applies per read, not in total).
+            resp = await asyncio.wait_for(client.request(method, path, json=json, timeout=within), within)
         except (TimeoutError, httpx.TimeoutException):
             return PeerAnswer(index, False, error=f"worker {index} did not answer within {within:g} s")
         except (httpx.TransportError, OSError):

@@ -140,6 +140,9 @@ class AdminServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.close_all_connections(), 5)
         self._servers.clear()
+        if self.state.peers is not None:
+            with contextlib.suppress(Exception):
+                await self.state.peers.aclose()
         if self.state.redis is not None:
             with contextlib.suppress(Exception):
                 await self.state.redis.aclose()
