@@ -39,8 +39,9 @@ from sandgate.proxy.config import DnsListenerConfig, GatewayConfig, ListenerConf
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.net.host_addresses import own_addresses
 from sandgate.proxy.registration import register, unregister
-from sandgate.proxy.statusfile import read_status
+from sandgate.proxy.statusfile import STATUS_FILE, read_status
 from sandgate.proxy.stores.registry import DynamicSandbox, load_registry, registry_digest
+from sandgate.proxy.worker_role import WorkerRole
 
 __all__ = ["JAIL_NETWORK", "Jail", "run_jail"]
 
@@ -178,15 +179,25 @@ class Jail:
         (etc / "resolv.conf").write_text(f"nameserver {self.host_addr}\noptions timeout:2 attempts:2\n")
 
     def _wait_for_registry(self, timeout: float = 15.0) -> None:
-        """Wait until the gateway has loaded the registry that names this sandbox."""
+        """Wait until the gateway has loaded the registry that names this sandbox: every worker
+        of it (the jail's traffic goes to the one the host rules steer it to, which reloads on
+        its own when the registry file changes)."""
         want = registry_digest(load_registry(self.config.registry_path))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            status = read_status(self.config.status_path)
-            if status and status.get("registry_digest") == want:
+            if all(s and s.get("registry_digest") == want for s in self._worker_statuses()):
                 return
             time.sleep(0.05)
         raise ConfigError("the gateway did not pick up the sandbox registration in time")
+
+    def _worker_statuses(self) -> list[dict[str, object] | None]:
+        """The gateway's status, or with workers each worker's own (in its folder)."""
+        status = read_status(self.config.status_path)
+        count = int(status.get("workers") or 1) if status else 1
+        if count == 1:
+            return [status]
+        folders = [WorkerRole(i, count).folder(self.config.state_path) for i in range(count)]
+        return [read_status(folder / STATUS_FILE) for folder in folders]
 
     def _environment(self, ca_cert: Path) -> dict[str, str]:
         assert self.tmpdir is not None

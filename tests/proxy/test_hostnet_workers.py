@@ -203,3 +203,16 @@ def test_each_guest_is_served_through_its_names(lab: Lab) -> None:
         got = netns_exec(lab.guests[role].ns, "curl", "-4", "-sS", "-m", "10", f"http://api.test/{role}")
         assert got.returncode == 0, got.stderr + lab.log()
         assert json.loads(got.stdout)["path"] == f"/{role}"
+
+
+def test_a_jail_through_the_running_gateway_is_steered_and_served(lab: Lab) -> None:
+    """`jail` registers with the running two-worker gateway: its interface is steered like any
+    other, and the command runs once the worker it lands on knows it."""
+    got = netns_exec(
+        lab.gw, SANDGATE, "jail", "--config", str(lab.config), "--tenant", "t1", "--",
+        "curl", "-sS", "-m", "10", "http://api.test/jailed",
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr + lab.log()
+    assert json.loads(got.stdout)["path"] == "/jailed"
+    # Cleaned up: only the two registered guests are left in the maps.
+    assert set(_map(lab, "tcp_port")) == {lab.guests["g1"].host_if, lab.guests["g2"].host_if}
