@@ -561,6 +561,11 @@ class GatewayConfig(_Strict):
         return folder / "stream.spool"
 
     @property
+    def audit_socket_path(self) -> Path:
+        """Where the supervisor's audit collector takes the workers' batches."""
+        return self.state_path / "workers" / "audit.sock"
+
+    @property
     def worker_suffix(self) -> str:
         """Appended to this process's fleet gateway id: each worker is a member of the fleet."""
         return f"-w{self.worker_index}" if self.worker.count > 1 else ""

@@ -58,6 +58,7 @@ from sandgate.proxy.addons.upgrades import Upgrades
 from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
+from sandgate.proxy.audit.forward import ForwardSink
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, JsonlFileSink, StdoutSink
 from sandgate.proxy.bindcheck import check_endpoints, endpoints, failure_line, quiet_mitmproxy_bind_errors
@@ -141,6 +142,19 @@ def build_resolver(cfg: ResolverConfig) -> Resolver:
 def fleet_gateway_id(config: GatewayConfig, rcfg: RedisConfig) -> str:
     """This process's name in the fleet: the gateway's, and `-w<i>` for worker i of several."""
     return (rcfg.gateway_id or default_gateway_id(config.state_path)) + config.worker_suffix
+
+
+def build_file_sink(config: GatewayConfig) -> AuditSink:
+    """The audit file; a worker of several forwards to the supervisor's collector, its one writer."""
+    role = config.worker
+    if role.count > 1:
+        return ForwardSink(config.audit_socket_path, f"w{role.index}")
+    return JsonlFileSink(
+        config.audit_path,
+        max_bytes=config.audit.max_bytes,
+        backups=config.audit.backups,
+        fsync=config.audit.fsync == "per_batch",
+    )
 
 
 def build_stream_sink(config: GatewayConfig, rcfg: RedisConfig) -> RedisStreamSink:
@@ -270,14 +284,7 @@ class Gateway:
         ensure_ca(config.ca_dir)
         guard_cfg = config.address_guard
         own = own_addresses() if guard_cfg.own_addresses == "auto" else guard_cfg.own_addresses
-        sinks: list[AuditSink] = [
-            JsonlFileSink(
-                config.audit_path,
-                max_bytes=config.audit.max_bytes,
-                backups=config.audit.backups,
-                fsync=config.audit.fsync == "per_batch",
-            )
-        ]
+        sinks: list[AuditSink] = [build_file_sink(config)]
         if config.audit.stdout:
             sinks.append(StdoutSink())
         if config.redis is not None:

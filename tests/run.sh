@@ -16,13 +16,12 @@ MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
 echo "== pytest" >&2
 WORKERS_SUBSET=(
     tests/proxy/workers
-    tests/proxy/addons/test_gate.py
+    tests/proxy/addons/test_identify.py
     tests/proxy/addons/test_limits.py
     tests/proxy/addons/test_drain.py
     tests/proxy/test_runtime.py
     tests/proxy/cli/test_policy_reload.py
     tests/proxy/test_audit_durability.py
-    tests/proxy/test_fleet_registry.py
     tests/proxy/net/test_static_sandboxes.py
 )
 # Two worker processes (pytest-xdist), a test file's tests on one of them (module fixtures such
@@ -34,7 +33,7 @@ status=0
 # Every gateway above ran as one process (tests/conftest.py: SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,
 # SO_REUSEPORT, per-worker transparent/DNS ports, one audit writer, shared limits): decisions,
-# limits, reloads, audit, drain, fleet, transparent guests in network namespaces. Only on a
+# limits, reloads, audit, drain, transparent guests in network namespaces. Only on a
 # whole run: with arguments (a selection), the run above is the one asked for.
 if [ "$#" -eq 0 ]; then
     echo "== pytest, two workers per gateway" >&2

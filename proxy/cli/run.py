@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig, count: int) -> i
     """Check, prepare and run `count` workers under this process."""
     # Lazy: a gateway of one worker needs none of the supervisor.
     from sandgate.proxy.workers.prepare import check_all_endpoints, free_port, make_shared_files
+    from sandgate.proxy.workers.services import SharedServices
     from sandgate.proxy.workers.supervisor import Supervisor
 
     port = args.port
@@ -95,7 +97,13 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig, count: int) -> i
         return EXIT_FAILED
     make_shared_files(config)
     argv = worker_argv(args.config, port, strict=args.strict)
-    return asyncio.run(Supervisor(config, count, argv).run())
+    try:
+        services = SharedServices(config).start()
+    except ListenerError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    with services:
+        return asyncio.run(Supervisor(config, count, argv, env={**os.environ, **services.env()}).run())
 
 
 def worker_argv(config_path: Path | None, port: int | None, *, strict: bool) -> list[str]:

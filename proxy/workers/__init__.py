@@ -6,4 +6,4 @@ checks every address first, makes the CA and keys once, re-executes `sandgate ru
 SIGTERM and SIGINT, and writes the gateway's status file once every worker serves.
 """
 
-__all__ = ["child", "count", "gateway_status", "prepare", "supervisor"]
+__all__ = ["child", "count", "gateway_status", "prepare", "services", "supervisor"]

@@ -148,6 +148,9 @@ def test_sigterm_drains_both_workers_and_exits_0(two_workers: tuple[RunningGatew
         assert not alive(pid), f"worker {pid} outlived the supervisor"
     assert not (gw.root / "state" / "gateway.json").exists()
     assert gw.log().count('"gateway.ready"') == 2
+    # The collector and the local broker went with the supervisor.
+    assert not (gw.root / "state" / "workers" / "audit.sock").exists()
+    assert not (gw.root / "state" / "workers" / "broker.sock").exists()
 
 
 def test_a_killed_worker_is_replaced_and_the_gateway_keeps_serving(
@@ -157,6 +160,10 @@ def test_a_killed_worker_is_replaced_and_the_gateway_keeps_serving(
     status = gateway_status(gw)
     assert status is not None
     first, second = status["worker_pids"]
+    # Twenty connections, spread over both workers, each recorded in the one audit file.
+    for _ in range(20):
+        assert status_of(gw, url) == "200"
+    assert len(gw.records(20)) == 20
     os.kill(second, signal.SIGKILL)
     # Gone (its listening socket closed with it: what was queued there is lost, as with any
     # crash), the other worker serves every new connection meanwhile.
@@ -176,6 +183,10 @@ def test_a_killed_worker_is_replaced_and_the_gateway_keeps_serving(
         assert status_of(gw, url) == "200"
     assert '"worker.exited"' in gw.log()
     assert gw.stop() == 0
+    # The supervisor's collector kept every record the other workers sent: none lost, none twice.
+    records = gw.records()
+    assert len(records) == 35
+    assert len({r["decision_id"] for r in records}) == 35
 
 
 def test_a_killed_supervisor_takes_its_workers_down(two_workers: tuple[RunningGateway, str]) -> None:
