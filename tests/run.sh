@@ -17,7 +17,7 @@ echo "== pytest" >&2
 WORKERS_SUBSET=(
     tests/proxy/workers
     tests/proxy/addons/test_identify.py
-    tests/proxy/addons/test_limits.py
+    tests/proxy/fleet/test_worker_limits.py
     tests/proxy/addons/test_drain.py
     tests/proxy/test_runtime.py
     tests/proxy/cli/test_policy_reload.py
