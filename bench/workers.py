@@ -54,7 +54,7 @@ from run import (  # noqa: E402
 )
 from support.netns import NetnsLab  # noqa: E402
 from support.pki import TestPKI  # noqa: E402
-from support.ports import free_port  # noqa: E402
+from support.ports import free_port, free_port_run  # noqa: E402
 
 from sandgate.proxy.worker_role import worker_for  # noqa: E402
 
@@ -702,8 +702,9 @@ def _transparent_gateway(
         "allow": [{"hosts": ["web.test"], "ports": [http_port]}],
     }
     (root / "rules" / "tenants" / "t.yaml").write_text(yaml.safe_dump(tenant))
-    # Worker i listens on transparent and DNS port base + i (the supervisor checks they are free).
-    explicit, transparent, dns_port = free_port(), free_port(), free_port()
+    # Worker i listens on transparent and DNS port base + i: one run of free ports for all.
+    transparent = free_port_run(2 * workers + 1)
+    dns_port, explicit = transparent + workers, transparent + 2 * workers
     config = root / "sandgate.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -80,6 +80,7 @@ from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.mitm.head_caps import install as install_head_caps
 from sandgate.proxy.mitm.head_caps import self_test as head_caps_self_test
 from sandgate.proxy.mitm.reuse_port import install as install_reuse_port
+from sandgate.proxy.mitm.speedups import install as install_speedups
 from sandgate.proxy.mitm.trailers import patch_http1_trailers
 from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
@@ -373,6 +374,8 @@ class Gateway:
         check_seam()
         # Bytes that pile up behind a pending hook pause the reader (one value per process).
         install_backpressure(config.connections.max_held_bytes)
+        # mitmproxy's per-event costs (hook dispatch, field checks, option reads), cut in place.
+        install_speedups()
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
         self.drainer = Drainer(self.ctx, self.master)
         self._drain_task: asyncio.Future[None] | None = None

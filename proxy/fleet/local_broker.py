@@ -12,6 +12,7 @@ counts meanwhile, and what it sends from then on is shared again).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -42,11 +43,18 @@ PREFIX = "sandgate:local:"
 # sockaddr_un.sun_path is 108 bytes on Linux, the terminating NUL included.
 MAX_SOCKET_PATH = 107
 START_TIMEOUT = 10.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 RESTART_BACKOFF_MIN, RESTART_BACKOFF_MAX = 0.1, 5.0
 
 
 class LocalBrokerError(ConfigError):
     """The local broker cannot be started (redis-server missing, socket path too long, no answer)."""
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent thread ends (prctl PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def broker_url_from_env() -> str | None:
@@ -155,6 +163,9 @@ class LocalBroker:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            # It dies with the thread that started it (the supervisor's, or this watchdog's),
+            # even when the supervisor is killed with SIGKILL: no broker outlives its gateway.
+            preexec_fn=_die_with_parent,
         )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT
         while not self._answers():

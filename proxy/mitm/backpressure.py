@@ -23,8 +23,6 @@ from mitmproxy.proxy import events, layer, server
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.http._events import RequestData, ResponseData
 
-from sandgate.proxy.mitm.speedups import install as install_speedups
-
 __all__ = ["install", "queued_bytes"]
 
 _POLL = 0.005
@@ -56,9 +54,6 @@ def install(max_queued: int) -> None:
     if _installed:
         return
     _installed = True
-    # mitmproxy's per-event costs are cut with the other per-event patch (the gateway's
-    # runtime calls this one; see sandgate.proxy.mitm.speedups).
-    install_speedups()
     init: Callable[..., None] = layer.Layer.__init__
     server_event: Callable[..., Coroutine[Any, Any, None]] = server.ConnectionHandler.server_event
 

@@ -15,12 +15,12 @@ import sys
 
 from sandgate.proxy.bindcheck import Endpoint, endpoints, failure_line, probe
 from sandgate.proxy.config import GatewayConfig, for_worker
-from sandgate.proxy.errors import CAError, ListenerError
+from sandgate.proxy.errors import CAError, ConfigError, ListenerError
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key
 from sandgate.proxy.stores.sealing_keys import StoreKeys
 from sandgate.proxy.worker_role import WorkerRole
 
-__all__ = ["check_all_endpoints", "free_port", "make_shared_files"]
+__all__ = ["check_all_endpoints", "check_worker_ports", "free_port", "make_shared_files"]
 
 # Made in a short-lived child: sandgate.proxy.ca loads mitmproxy's certs module, which the
 # supervisor (a long-lived process that serves nothing) does not carry.
@@ -30,15 +30,42 @@ _MAKE_CA = (
 
 
 def check_all_endpoints(config: GatewayConfig, count: int) -> None:
-    """Raise ListenerError (one line) for the first address of any worker that cannot be bound."""
-    seen: set[tuple[str, str, int]] = set()
+    """Raise ListenerError (one line) for the first address of any worker that cannot be bound,
+    or that two listeners would share (worker i's transparent and DNS ports are base + i: a
+    range may run into another listener's port)."""
+    check_worker_ports(config, count)
+    seen: dict[tuple[str, str, int], str] = {}
     for index in range(count):
         for endpoint in endpoints(for_worker(config, WorkerRole(index, count))):
             key = (endpoint.protocol, endpoint.host, endpoint.port)
+            # Every worker shares the explicit listener (SO_REUSEPORT) and the admin listener
+            # is the lead's: the same endpoint again is no clash; another one on its port is.
+            name = f"{endpoint.what} {endpoint.address}"
             if key in seen:
+                if seen[key] != name and endpoint.port:
+                    raise ListenerError(
+                        f"{name} (worker {index}) would share {endpoint.protocol} port "
+                        f"{endpoint.port} with the {seen[key]}: worker i of {count} listens on the "
+                        "transparent and DNS base ports + i; move the base ports apart"
+                    )
                 continue
-            seen.add(key)
+            seen[key] = name
             _check(endpoint)
+
+
+def check_worker_ports(config: GatewayConfig, count: int) -> None:
+    """Transparent and DNS listeners need fixed base ports with workers: the host rules send
+    each sandbox to worker i's port, which "any free port" would not tell them."""
+    named = [("dns.port", config.dns.port)] if config.dns is not None else []
+    named += [
+        ("the transparent listener's port", lst.port) for lst in config.listeners if lst.mode == "transparent"
+    ]
+    for what, port in named:
+        if port == 0:
+            raise ConfigError(
+                f"{what} is 0 (any free port): with {count} workers it must be fixed "
+                "(worker i listens on it + i), or run with --workers 1"
+            )
 
 
 def _check(endpoint: Endpoint) -> None:

@@ -52,6 +52,9 @@ class WorkerSlot:
     restarts: int = 0
     failed_starts: int = 0
     streak: int = 0  # deaths in a row, each young: the backoff doubles with it
+    # A SIGHUP that came while this worker was starting: sent once it serves (before its
+    # handler is set, SIGHUP's default action would kill it; a reload it missed is still due).
+    hangup_due: bool = False
     pids: list[int] = field(default_factory=list)
 
     @property
@@ -111,8 +114,12 @@ class Supervisor:
         return self.exit_code
 
     def hangup(self) -> None:
-        """SIGHUP: every worker reloads its policy."""
-        self._forward(signal.SIGHUP)
+        """SIGHUP: every worker reloads its policy (one still starting, once it serves)."""
+        for slot in self.slots:
+            if slot.ready:
+                self._signal(slot, signal.SIGHUP)
+            else:
+                slot.hangup_due = True
 
     def terminate(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """SIGTERM/SIGINT: forward (a worker drains, then exits); again: forward again (cut now)."""
@@ -124,9 +131,13 @@ class Supervisor:
 
     def _forward(self, sig: signal.Signals) -> None:
         for slot in self.slots:
-            if slot.alive and slot.proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    slot.proc.send_signal(sig)
+            self._signal(slot, sig)
+
+    @staticmethod
+    def _signal(slot: WorkerSlot, sig: signal.Signals) -> None:
+        if slot.alive and slot.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                slot.proc.send_signal(sig)
 
     def _give_up(self, slot: WorkerSlot, code: int, reason: str | None) -> None:
         """A worker cannot start: stop every worker; exit with its code and reason."""
@@ -207,6 +218,9 @@ class Supervisor:
                     if worker_status(path, slot.proc.pid) is not None:
                         slot.ready = True
                         log.info("worker.ready", worker=slot.role.index, pid=slot.proc.pid)
+                        if slot.hangup_due:
+                            slot.hangup_due = False
+                            self._signal(slot, signal.SIGHUP)
             self._write_status()
             await asyncio.sleep(_POLL_SECONDS)
 

@@ -7,7 +7,7 @@ from a child process), and is used as a context manager or with start()/stop().
 from .dnsserver import DNSQuery, ScriptedDNSServer
 from .nginx import NginxRequest, NginxServer
 from .pki import TestPKI
-from .ports import free_port, wait_for_port
+from .ports import free_port, free_port_run, wait_for_port
 from .redisserver import RedisServer
 from .reflector import ReflectingUpstream, header_value
 from .smalldisk import SmallDisk
@@ -26,6 +26,7 @@ __all__ = [
     "SmallDisk",
     "TestPKI",
     "free_port",
+    "free_port_run",
     "header_value",
     "wait_for_port",
 ]

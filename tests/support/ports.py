@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 
-__all__ = ["free_port", "wait_for_port"]
+__all__ = ["free_port", "free_port_run", "wait_for_port"]
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -22,6 +23,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def free_port_run(count: int, host: str = "0.0.0.0") -> int:
+    """The first of `count` consecutive ports free for TCP and UDP on `host` a moment ago.
+
+    Drawn below the kernel's ephemeral range (32768 and up by default), where no client's
+    outgoing connection takes one between the check and the bind: for a gateway with workers,
+    whose worker i listens on base + i.
+    """
+    for _ in range(500):
+        first = random.randrange(20000, 32000 - count)
+        held: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                    sock = socket.socket(_family(host), kind)
+                    held.append(sock)
+                    sock.bind((host, port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
 
 
 def wait_for_port(host: str, port: int, timeout: float = 5.0) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import SANDGATE, GatewayFactory, RunningGateway, curl, tenant_yaml, write_gateway_files
-from support import RecordingUpstream
+from support import RecordingUpstream, free_port_run
 
 pytestmark = pytest.mark.slow
 
@@ -196,6 +196,44 @@ def test_a_killed_supervisor_takes_its_workers_down(two_workers: tuple[RunningGa
     gw.proc.wait(5)
     pids: list[int] = status["worker_pids"]
     wait_until(lambda: not any(alive(pid) for pid in pids), "the workers to exit", timeout=20)
+    # The local broker (a redis-server the supervisor started) goes with it too.
+    broker = str(gw.root / "state" / "workers" / "broker.sock")
+    wait_until(lambda: not brokers_serving(broker), "the local broker to exit", timeout=10)
+
+
+def brokers_serving(socket_path: str) -> list[int]:
+    """Live redis-server processes started on this unix socket."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "redis-server" in cmdline and socket_path in cmdline and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_sighup_while_workers_start_reaches_them_once_they_serve(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> None:
+    rules = [{"hosts": ["api.test"], "ports": [http_upstream.port]}]
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", rules)}, config={"reload": {"watch": False}}, env=TWO)
+    # At once: the workers are still importing (no handler yet: SIGHUP would kill them).
+    gw.reload()
+    status = wait_until(lambda: gateway_status(gw), "both workers to serve")
+    # Every worker took the reload instead of dying from it: none was restarted.
+    assert "worker.exited" not in gw.log()
+    # ... and each reloaded once it served.
+    wait_until(lambda: sighup_reloads(gw) >= 2 or None, "both workers' SIGHUP reloads", timeout=20)
+    assert "worker.exited" not in gw.log()
+    assert all(alive(pid) for pid in status["worker_pids"])
+
+
+def sighup_reloads(gw: RunningGateway) -> int:
+    return sum(1 for line in gw.log().splitlines() if "policy.reloaded" in line and "sighup" in line)
 
 
 @pytest.mark.parametrize("reuse_port", [False, True], ids=["a plain listener", "a SO_REUSEPORT listener"])
@@ -215,4 +253,62 @@ def test_a_taken_explicit_port_stops_the_start_with_one_line(tmp_path: Path, reu
         )
     assert proc.returncode == 1
     assert proc.stderr == f"sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass --port\n"
+    assert not (tmp_path / "gw" / "state" / "workers").exists(), "no worker was started"
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (
+            {"listeners": [{"mode": "transparent", "host": "127.0.0.1", "port": 0}]},
+            "the transparent listener's port is 0 (any free port): with 2 workers it must be fixed",
+        ),
+        (
+            {"listeners": [{"host": "127.0.0.1", "port": 0}], "dns": {"host": "127.0.0.1", "port": 0}},
+            "dns.port is 0 (any free port): with 2 workers it must be fixed",
+        ),
+        (
+            {
+                "listeners": [{"mode": "transparent", "host": "127.0.0.1", "port": 0}],
+                "dns": {"host": "127.0.0.1", "port": 0},
+            },
+            "dns.port is 0",
+        ),
+    ],
+    ids=["a transparent listener on any port", "a DNS listener on any port", "both on any port"],
+)
+def test_workers_refuse_listeners_the_host_rules_cannot_name(
+    tmp_path: Path, config: dict[str, Any], expected: str
+) -> None:
+    config_path, _ = write_gateway_files(tmp_path / "gw", {"t1.yaml": tenant_yaml("t1", [])}, config=config)
+    proc = subprocess.run(
+        [SANDGATE, "run", "--config", str(config_path), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr
+    assert not (tmp_path / "gw" / "state" / "workers").exists(), "no worker was started"
+
+
+def test_a_worker_port_range_running_into_another_listener_stops_the_start(tmp_path: Path) -> None:
+    base = free_port_run(3, "127.0.0.1")
+    config = {
+        "listeners": [
+            {"host": "127.0.0.1", "port": base + 2},
+            {"mode": "transparent", "host": "127.0.0.1", "port": base},
+        ],
+        "dns": {"host": "127.0.0.1", "port": base + 1},
+    }
+    config_path, _ = write_gateway_files(tmp_path / "gw", {"t1.yaml": tenant_yaml("t1", [])}, config=config)
+    proc = subprocess.run(
+        [SANDGATE, "run", "--config", str(config_path), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    # Worker 1's transparent port is base + 1: the DNS listener's (tcp) port.
+    assert f"(worker 1) would share tcp port {base + 1} with the DNS listener" in proc.stderr
     assert not (tmp_path / "gw" / "state" / "workers").exists(), "no worker was started"
