@@ -36,6 +36,7 @@ __all__ = [
     "stores",
     "table_name",
     "tasks",
+    "unix_sockets",
     "upstream_trust",
     "version",
     "worker_role",

@@ -30,6 +30,7 @@ from sandgate.proxy.config import GatewayConfig, split_listen
 from sandgate.proxy.errors import ConfigError, ListenerError
 from sandgate.proxy.fleet.redis_client import connect
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key
+from sandgate.proxy.unix_sockets import answers
 
 __all__ = ["AdminServer"]
 
@@ -37,17 +38,6 @@ log = structlog.get_logger("sandgate.admin")
 
 MAX_BODY_BYTES = 1024 * 1024
 MIN_TOKEN_BYTES = 16
-
-
-def _answers(path: Path) -> bool:
-    """Whether a process accepts connections on this unix socket."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.5)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
 
 
 def bind_admin_socket(path: Path) -> socket.socket:
@@ -58,7 +48,7 @@ def bind_admin_socket(path: Path) -> socket.socket:
             raise ListenerError(
                 f"admin socket {path}: exists and is not a socket; remove it or set admin.socket"
             )
-        if _answers(path):
+        if answers(path):
             raise ListenerError(
                 f"admin socket {path}: another gateway answers on it (same state_dir?): "
                 "stop it, or give this one its own state_dir"

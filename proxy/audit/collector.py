@@ -28,6 +28,7 @@ import structlog
 
 from sandgate.proxy.audit.forward import MAGIC, MAX_BODY, REPLY, REQUEST
 from sandgate.proxy.errors import ListenerError
+from sandgate.proxy.unix_sockets import answers
 
 if TYPE_CHECKING:
     from sandgate.proxy.audit.trail import AuditSink
@@ -203,17 +204,6 @@ class AuditCollector:
                 self.socket_path.unlink()
 
 
-def _answers(path: Path) -> bool:
-    """Whether a process accepts connections on this unix socket."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.5)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
 def _bind(path: Path) -> socket.socket:
     """A listening unix socket at `path`, mode 0600, in a folder only its owner can write to."""
     folder = path.parent
@@ -224,7 +214,7 @@ def _bind(path: Path) -> socket.socket:
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise ListenerError(f"audit collector socket {path}: exists and is not a socket")
-        if _answers(path):
+        if answers(path):
             raise ListenerError(
                 f"audit collector socket {path}: another collector answers on it (same state_dir?)"
             )
