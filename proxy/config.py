@@ -20,6 +20,7 @@ from sandgate.policy.model.yamlsource import load_yaml, validate
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.statusfile import STATUS_FILE
 from sandgate.proxy.table_name import default_table
+from sandgate.proxy.unix_sockets import internal_socket_folder
 from sandgate.proxy.worker_role import SINGLE, WorkerRole
 
 __all__ = [
@@ -563,7 +564,7 @@ class GatewayConfig(_Strict):
     @property
     def audit_socket_path(self) -> Path:
         """Where the supervisor's audit collector takes the workers' batches."""
-        return self.state_path / "workers" / "audit.sock"
+        return internal_socket_folder(self.state_path) / "audit.sock"
 
     @property
     def worker_suffix(self) -> str:
@@ -606,7 +607,8 @@ class GatewayConfig(_Strict):
     @property
     def admin_socket_path(self) -> Path:
         if not self.worker.lead:
-            return self.worker_dir / "admin.sock"  # a peer's private socket; the lead's is public
+            # A peer's private socket; the lead's is public.
+            return internal_socket_folder(self.state_path) / f"w{self.worker.index}.sock"
         return self.path(self.admin.socket) if self.admin.socket else self.state_path / "admin.sock"
 
     @property

@@ -337,6 +337,11 @@ class Gateways:
             return gw
         try:
             wait_for_port("127.0.0.1", port, timeout=30)
+            if _workers(cfg, env) > 1:
+                # The port answers once any worker listens; the gateway serves (every worker,
+                # the lead's admin socket) once the supervisor wrote its status file.
+                state = Path(cfg.get("state_dir") or root / "state")
+                _wait_for_file(state / "gateway.json", timeout=60)
         except TimeoutError:
             gw.stop()
             raise AssertionError(f"gateway did not start:\n{gw.log()}") from None
@@ -345,6 +350,21 @@ class Gateways:
     def close(self) -> None:
         for gw in self.started:
             gw.stop()
+
+
+def _workers(config: dict[str, Any], env: dict[str, str] | None) -> int:
+    """How many worker processes a gateway started with this config and environment runs."""
+    count = (config.get("workers") or {}).get("count") or (env or {}).get("SANDGATE_WORKERS")
+    count = count or os.environ.get("SANDGATE_WORKERS") or 1
+    return len(os.sched_getaffinity(0)) if count == "auto" else int(count)
+
+
+def _wait_for_file(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {timeout} s")
+        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The lead worker's calls to the other workers' private admin sockets (asyncio, concurrent).
 
-Worker i > 0 serves its admin API, unauthenticated, on `<state_dir>/workers/w<i>/admin.sock`
+Worker i > 0 serves its admin API, unauthenticated, on `<state_dir>/workers/w<i>.sock` (proxy/unix_sockets.py)
 (mode 0600). The lead asks every peer at once and gets one answer per peer: what it said,
 or why it did not (not running, no answer within the timeout, an error answer). A peer
 that did not confirm is never counted as done.
@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from sandgate.proxy.unix_sockets import internal_socket_folder
 from sandgate.proxy.worker_role import WorkerRole
 
 __all__ = ["READ_TIMEOUT", "WRITE_TIMEOUT", "PeerAnswer", "Peers", "peer_socket"]
@@ -27,7 +28,7 @@ WRITE_TIMEOUT = 10.0
 
 def peer_socket(state_path: Path, role: WorkerRole) -> Path:
     """Where worker `role` serves its private admin socket."""
-    return role.folder(state_path) / "admin.sock"
+    return internal_socket_folder(state_path) / f"w{role.index}.sock"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from sandgate.proxy.audit.trail import JsonlFileSink
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.fleet.local_broker import ENV as BROKER_ENV
 from sandgate.proxy.fleet.local_broker import LocalBroker
+from sandgate.proxy.unix_sockets import ensure_private_folder
 
 __all__ = ["SharedServices"]
 
@@ -37,7 +38,8 @@ class SharedServices:
     def start(self) -> SharedServices:
         """Start both; ListenerError or ConfigError (LocalBrokerError) when one cannot start."""
         cfg = self.config
-        cfg.audit_socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The internal sockets' folder (audit collector, local broker, peers' admin APIs).
+        ensure_private_folder(cfg.audit_socket_path.parent)
         audit = cfg.audit
         sink = JsonlFileSink(
             cfg.audit_path, max_bytes=audit.max_bytes, backups=audit.backups, fsync=audit.fsync == "per_batch"

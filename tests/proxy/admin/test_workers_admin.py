@@ -22,6 +22,9 @@ from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, SANDGATE, TOKEN_REF, Gateways
 from prometheus_client.parser import text_string_to_metric_families
 from support import RecordingUpstream, TestPKI
 
+from sandgate.proxy.audit.collector import AuditCollector
+from sandgate.proxy.audit.trail import JsonlFileSink
+from sandgate.proxy.unix_sockets import ensure_private_folder, internal_socket_folder
 from sandgate.proxy.worker_role import ENV as WORKER_ENV
 
 from ..addons.test_credentials import placeholders
@@ -40,17 +43,23 @@ class Pair:
         rules = [{"hosts": ["api.test"], "ports": [upstream.port]}]
         tenants = {"t1.yaml": tenant_yaml("t1", rules)}
         self.state = state
+        # What the supervisor would run: the audit file's one writer, which the workers forward to.
+        folder = ensure_private_folder(internal_socket_folder(state))
+        sink = JsonlFileSink(state / "audit" / "audit.jsonl", max_bytes=10**9, backups=1)
+        self.collector = AuditCollector(folder / "audit.sock", sink)
+        self.collector.start()
         # No file watching: what a peer serves changes only when the lead tells it.
         config = {"state_dir": str(state), "reload": {"watch": False}}
         self.workers: list[RunningGateway] = [
             gateways.start(tenants, config=config, env={WORKER_ENV: f"{i}/2"}) for i in range(2)
         ]
         self.lead = unix_client(state / "admin.sock")
-        self.peer_socket = state / "workers" / "w1" / "admin.sock"
+        self.peer_socket = state / "workers" / "w1.sock"
         wait_ready(self.lead)
 
     def close(self) -> None:
         self.lead.close()
+        self.collector.close()
 
 
 def wait_ready(admin: httpx.Client, timeout: float = 30.0) -> None:
@@ -75,8 +84,8 @@ def pair(
     gateways = Gateways(folder, pki)
     p = Pair(gateways, folder / "st", http_upstream)
     yield p
-    p.close()
     gateways.close()
+    p.close()
 
 
 def metric(text: str, name: str, **labels: str) -> float:

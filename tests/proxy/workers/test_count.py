@@ -91,7 +91,7 @@ def test_each_worker_has_its_own_ports_files_and_admin_socket() -> None:
     assert lead.dns is not None and lead.dns.port == 8053
     # The lead serves the gateway's admin socket and TCP listener; a peer a private socket.
     assert lead.admin_socket_path == Path("/srv/sg/admin.sock") and lead.admin.listen == "127.0.0.1:9180"
-    assert peer.admin_socket_path == Path("/srv/sg/workers/w2/admin.sock") and peer.admin.listen is None
+    assert peer.admin_socket_path == Path("/srv/sg/workers/w2.sock") and peer.admin.listen is None
     assert peer.status_path == Path("/srv/sg/workers/w2/gateway.json")
     assert peer.stream_spool_path == Path("/srv/sg/workers/w2/stream.spool")
     assert peer.fleet_epoch_path == Path("/srv/sg/workers/w2/fleet-epoch")

@@ -312,3 +312,29 @@ def test_a_worker_port_range_running_into_another_listener_stops_the_start(tmp_p
     # Worker 1's transparent port is base + 1: the DNS listener's (tcp) port.
     assert f"(worker 1) would share tcp port {base + 1} with the DNS listener" in proc.stderr
     assert not (tmp_path / "gw" / "state" / "workers").exists(), "no worker was started"
+
+
+def test_a_deep_state_dir_still_serves_with_two_workers(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream, tmp_path: Path
+) -> None:
+    # <state>/workers/w1.sock would not fit in a socket address: the internal sockets move to
+    # a private folder under /tmp, and the gateway serves as usual.
+    # Deep enough that "<state>/workers/w1.sock" does not fit in 107 bytes, shallow enough
+    # that the public "<state>/admin.sock" still does.
+    pad = 92 - len(str(tmp_path)) - len("//state")
+    state = tmp_path / ("d" * pad) / "state"
+    assert len(str(state / "admin.sock")) <= 107 < len(str(state / "workers" / "w1.sock")) + 4
+    rules = [{"hosts": ["api.test"], "ports": [http_upstream.port]}]
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", rules)}, config={"state_dir": str(state)}, env=TWO)
+    status = wait_until(lambda: read_json(state / "gateway.json"), "both workers to serve")
+    assert status["workers"] == 2
+    assert status_of(gw, f"{http_upstream.url_for('api.test')}/x") == "200"
+    assert not (state / "workers" / "w1.sock").exists()
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value
