@@ -354,6 +354,8 @@ class Gateways:
 
 def _workers(config: dict[str, Any], env: dict[str, str] | None) -> int:
     """How many worker processes a gateway started with this config and environment runs."""
+    if "SANDGATE_WORKER" in (env or {}):
+        return 1  # one worker of a gateway, started by a test without its supervisor
     count = (config.get("workers") or {}).get("count") or (env or {}).get("SANDGATE_WORKERS")
     count = count or os.environ.get("SANDGATE_WORKERS") or 1
     return len(os.sched_getaffinity(0)) if count == "auto" else int(count)

@@ -63,6 +63,11 @@ class SharedServices:
         collector, self.collector = self.collector, None
         if collector is not None:
             collector.close()
+        folder = self.config.audit_socket_path.parent
+        if folder.parent != self.config.state_path:
+            # The /tmp fallback of a deep state dir: gone with the gateway once its sockets are.
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
     def __enter__(self) -> SharedServices:
         return self  # started already (start() reports its own failure)

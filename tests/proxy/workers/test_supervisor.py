@@ -16,6 +16,8 @@ import pytest
 from conftest import SANDGATE, GatewayFactory, RunningGateway, curl, tenant_yaml, write_gateway_files
 from support import RecordingUpstream, free_port_run
 
+from sandgate.proxy.unix_sockets import internal_socket_folder
+
 pytestmark = pytest.mark.slow
 
 TWO = {"SANDGATE_WORKERS": "2"}
@@ -330,6 +332,10 @@ def test_a_deep_state_dir_still_serves_with_two_workers(
     assert status["workers"] == 2
     assert status_of(gw, f"{http_upstream.url_for('api.test')}/x") == "200"
     assert not (state / "workers" / "w1.sock").exists()
+    folder = internal_socket_folder(state)
+    assert (folder / "w1.sock").is_socket() and (folder / "audit.sock").is_socket()
+    assert gw.stop() == 0
+    assert not folder.exists(), "the /tmp folder of the internal sockets goes with the gateway"
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
