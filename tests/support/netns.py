@@ -73,12 +73,22 @@ class Namespace:
         (etc / "resolv.conf").write_text(f"nameserver {nameserver}\noptions timeout:1 attempts:1\n")
 
 
+def free_subnet() -> int:
+    """A random n in 100..199 whose 10.200.n.0/24 no host interface uses: a lab another run
+    left behind (killed before its clean-up) must not share routes with a new one."""
+    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=False).stdout
+    free = [n for n in range(100, 200) if f" 10.200.{n}." not in used]
+    if not free:
+        raise RuntimeError("every 10.200.100-199.0/24 is in use: leftover test namespaces?")
+    return secrets.choice(free)
+
+
 @dataclass
 class NetnsLab:
     """Creates namespaces with unique names and removes all of them on close."""
 
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
-    subnet: int = field(default_factory=lambda: 100 + secrets.randbelow(100))
+    subnet: int = field(default_factory=lambda: free_subnet())
     namespaces: list[Namespace] = field(default_factory=list)
 
     def add(self, role: str) -> Namespace:
