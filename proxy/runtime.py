@@ -60,7 +60,7 @@ from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.audit.forward import ForwardSink
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
-from sandgate.proxy.audit.trail import AuditLog, AuditSink, JsonlFileSink, StdoutSink
+from sandgate.proxy.audit.trail import AuditLog, AuditSink, StdoutSink, audit_file_sink
 from sandgate.proxy.bindcheck import check_endpoints, endpoints, failure_line, quiet_mitmproxy_bind_errors
 from sandgate.proxy.broker_setup import configure_broker
 from sandgate.proxy.ca import ensure_ca
@@ -150,12 +150,7 @@ def build_file_sink(config: GatewayConfig) -> AuditSink:
     role = config.worker
     if role.count > 1:
         return ForwardSink(config.audit_socket_path, f"w{role.index}")
-    return JsonlFileSink(
-        config.audit_path,
-        max_bytes=config.audit.max_bytes,
-        backups=config.audit.backups,
-        fsync=config.audit.fsync == "per_batch",
-    )
+    return audit_file_sink(config)
 
 
 def build_stream_sink(config: GatewayConfig, rcfg: RedisConfig) -> RedisStreamSink:

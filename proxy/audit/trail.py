@@ -37,8 +37,9 @@ import structlog
 
 from sandgate.proxy.audit.records import format_time, new_decision_id
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
+from sandgate.proxy.config import GatewayConfig
 
-__all__ = ["AuditLog", "AuditSink", "JsonlFileSink", "StdoutSink"]
+__all__ = ["AuditLog", "AuditSink", "JsonlFileSink", "StdoutSink", "audit_file_sink"]
 
 log = structlog.get_logger("sandgate.audit")
 
@@ -151,6 +152,15 @@ class JsonlFileSink:
             os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
+
+
+def audit_file_sink(config: GatewayConfig) -> JsonlFileSink:
+    """The gateway's audit file as its config says (one writer: the gateway, or with workers the
+    supervisor's collector)."""
+    audit = config.audit
+    return JsonlFileSink(
+        config.audit_path, max_bytes=audit.max_bytes, backups=audit.backups, fsync=audit.fsync == "per_batch"
+    )
 
 
 class StdoutSink:

@@ -14,7 +14,7 @@ import contextlib
 from types import TracebackType
 
 from sandgate.proxy.audit.collector import AuditCollector
-from sandgate.proxy.audit.trail import JsonlFileSink
+from sandgate.proxy.audit.trail import audit_file_sink
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.fleet.local_broker import ENV as BROKER_ENV
 from sandgate.proxy.fleet.local_broker import LocalBroker
@@ -40,10 +40,7 @@ class SharedServices:
         cfg = self.config
         # The internal sockets' folder (audit collector, local broker, peers' admin APIs).
         ensure_private_folder(cfg.audit_socket_path.parent)
-        audit = cfg.audit
-        sink = JsonlFileSink(
-            cfg.audit_path, max_bytes=audit.max_bytes, backups=audit.backups, fsync=audit.fsync == "per_batch"
-        )
+        sink = audit_file_sink(cfg)
         try:
             self.collector = AuditCollector(cfg.audit_socket_path, sink)
             self.collector.start()
