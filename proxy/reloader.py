@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,14 @@ from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.fleet.channel import ReloadReport
 from sandgate.proxy.tasks import BackgroundTask
 
-__all__ = ["PolicyReloader", "ReloadOutcome", "RulesKeptError", "problem_view", "report_problems"]
+__all__ = [
+    "ConfirmPeers",
+    "PolicyReloader",
+    "ReloadOutcome",
+    "RulesKeptError",
+    "problem_view",
+    "report_problems",
+]
 
 log = structlog.get_logger("sandgate.reload")
 
@@ -34,6 +41,10 @@ FILE_CHANGE = "file_change"
 WATCH_BACKOFF = 20
 # Loads tried while files keep moving under them, before the reload counts as failed.
 STABLE_LOAD_ATTEMPTS = 5
+
+# The lead of several workers: (trigger, whether its own load succeeded) -> each worker's
+# result, once every peer loaded the same files (or was named as not confirming).
+ConfirmPeers = Callable[[str, bool], Awaitable[list[dict[str, object]]]]
 
 
 class RulesKeptError(PolicySetError):
@@ -100,6 +111,9 @@ class PolicyReloader:
         # triggers, so the gateway's one trail records each reload once (the lead's); a
         # peer's outcome is in its log and in the lead's admin answer.
         self.audit = audit
+        # Set on the lead of several workers: a change seen on disk or a SIGHUP is recorded
+        # only once every peer has it in force too, so a record means the whole gateway.
+        self.confirm_peers: ConfirmPeers | None = None
         self._lock = asyncio.Lock()
         self._task = BackgroundTask("sandgate-policy-watch", self._watch)
         self._fingerprint: Fingerprint = ()
@@ -114,12 +128,22 @@ class PolicyReloader:
     async def stop(self) -> None:
         await self._task.stop()
 
-    async def reload(self, trigger: str) -> bool:
-        """Load and swap; True when the new policy is in force."""
+    async def reload(self, trigger: str, *, with_peers: bool = False) -> bool:
+        """Load and swap; True when the new policy is in force. `with_peers`: on the lead of
+        several workers, the record waits for every peer to load the same files."""
         async with self._lock:
+            return await self._reload_locked(trigger, with_peers=with_peers)
+
+    async def reload_if_changed(self, trigger: str) -> bool:
+        """Load unless the files in force are the ones on disk (a peer the lead asks after a
+        change both saw: its own watcher or SIGHUP may have loaded it already)."""
+        async with self._lock:
+            current = await asyncio.to_thread(lambda: _fingerprint(self.watched(self.ctx.policy)))
+            if current == self._fingerprint:
+                return self.last is None or self.last.ok
             return await self._reload_locked(trigger)
 
-    async def _reload_locked(self, trigger: str) -> bool:
+    async def _reload_locked(self, trigger: str, *, with_peers: bool = False) -> bool:
         old = self.ctx.policy.version
         try:
             policy = await self._stable_load()
@@ -127,15 +151,16 @@ class PolicyReloader:
             if e.policy.version != old:
                 self.ctx.policy = e.policy
                 log.warning("policy.registry_applied_on_kept_rules", version=e.policy.version)
-            await self._failed(trigger, old, [str(x) for x in e.errors], served=e.policy.version)
+            kept = [str(x) for x in e.errors]
+            await self._failed(trigger, old, kept, served=e.policy.version, with_peers=with_peers)
             return False
         except PolicyLoadError as e:
             errors = e.errors if isinstance(e, PolicySetError) else (e,)
-            await self._failed(trigger, old, [str(x) for x in errors])
+            await self._failed(trigger, old, [str(x) for x in errors], with_peers=with_peers)
             return False
         except Exception as e:
             log.exception("policy.reload_failed", trigger=trigger, kept_version=old)
-            await self._failed(trigger, old, [type(e).__name__])
+            await self._failed(trigger, old, [type(e).__name__], with_peers=with_peers)
             return False
         self.ctx.policy = policy
         self.last = ReloadOutcome(True, trigger, time.time(), policy.version, problems=policy.problems)
@@ -149,9 +174,30 @@ class PolicyReloader:
             tenants=len(policy.tenants),
         )
         report_problems(policy)
+        workers = await self._peers_confirm(trigger, True, with_peers)
         if self.audit:
-            await self.ctx.audit.emit(self._record(trigger, "ok", old, policy.version, [], policy.problems))
+            record = self._record(trigger, "ok", old, policy.version, [], policy.problems)
+            await self.ctx.audit.emit(self._with_workers(record, workers))
         return True
+
+    async def _peers_confirm(
+        self, trigger: str, ok: bool, with_peers: bool
+    ) -> list[dict[str, object]] | None:
+        if not with_peers or self.confirm_peers is None:
+            return None
+        try:
+            return await self.confirm_peers(trigger, ok)
+        except Exception:
+            log.exception("policy.peer_reload_failed", trigger=trigger)
+            return [{"ok": False, "error": "the other workers could not be asked"}]
+
+    @staticmethod
+    def _with_workers(
+        record: dict[str, object], workers: list[dict[str, object]] | None
+    ) -> dict[str, object]:
+        if workers is not None:
+            record["workers"] = workers
+        return record
 
     def report(self) -> ReloadReport | None:
         """The last reload as the fleet sees it (None before the first)."""
@@ -193,14 +239,25 @@ class PolicyReloader:
             "the policy files kept changing while they were read; write them atomically",
         )
 
-    async def _failed(self, trigger: str, old: str, errors: list[str], served: str | None = None) -> None:
+    async def _failed(
+        self,
+        trigger: str,
+        old: str,
+        errors: list[str],
+        served: str | None = None,
+        *,
+        with_peers: bool = False,
+    ) -> None:
         """A refused load: the rules in force stay (`served`: with a new registry merged in)."""
         served = served or old
         self.failures += 1
         log.error("policy.reload_failed", trigger=trigger, kept_version=old, errors=errors)
         self.last = ReloadOutcome(False, trigger, time.time(), served, tuple(errors))
+        # The peers load the same files even so: each keeps or replaces its policy as its load decides.
+        workers = await self._peers_confirm(trigger, False, with_peers)
         if self.audit:
-            await self.ctx.audit.emit(self._record(trigger, "error", old, served, errors))
+            record = self._record(trigger, "error", old, served, errors)
+            await self.ctx.audit.emit(self._with_workers(record, workers))
 
     async def _watch(self) -> None:
         pause = self.interval
@@ -222,7 +279,7 @@ class PolicyReloader:
                     async with self._lock:
                         # Unless an explicit reload (SIGHUP, the admin API) loaded them meanwhile.
                         if current != self._fingerprint:
-                            await self._reload_locked(FILE_CHANGE)
+                            await self._reload_locked(FILE_CHANGE, with_peers=True)
             except Exception:
                 log.exception("policy.watch_failed")
 

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from sandgate.proxy.addons.limits import TenantLimits
 from sandgate.proxy.addons.trailers import Trailers
 from sandgate.proxy.addons.transparent import Transparent
 from sandgate.proxy.addons.upgrades import Upgrades
+from sandgate.proxy.admin.fanout import confirm_reload
 from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
@@ -266,6 +268,7 @@ class Gateway:
         self.fleet: FleetRegistrySync | None = None
         # The admin API's backends: the registry (file, or redis in a fleet), the credential store.
         self.admin: AdminServer | None = None
+        self._idle_peers: Peers | None = None  # the lead's, when it serves no admin API itself
         # (version of the policy built from them, the rules): when the files stop loading, the
         # sandbox registry is merged onto these instead.
         self._rules_in_force: tuple[str, PolicySet] | None = None
@@ -560,6 +563,10 @@ class Gateway:
         admin, self.admin = self.admin, None
         if admin is not None:
             await admin.stop()
+        peers, self._idle_peers = self._idle_peers, None
+        if peers is not None:
+            with contextlib.suppress(Exception):
+                await peers.aclose()
 
     def admin_state(self) -> AdminState:
         """What the admin API serves from this gateway."""
@@ -578,6 +585,7 @@ class Gateway:
         if state.role.lead and state.role.count > 1:
             # The lead answers for the gateway: it fans changes and reads out to the other workers.
             state.peers = Peers(self.config.state_path, state.role)
+            self.reloader.confirm_peers = partial(confirm_reload, state)
         fleet = self.fleet
         if fleet is not None:
             state.gateway_id = fleet.gateway_id
@@ -647,10 +655,15 @@ class Gateway:
         self._attach_metrics()
         soft, hard = raise_fd_limit()
         log.info("gateway.fd_limit", soft=soft, hard=hard)
-        if self.config.admin.enabled:
+        state = self.admin_state()
+        # A peer of several workers always serves its private socket: the lead's reloads and
+        # changes reach it there, even when the operator turned the admin API off.
+        if self.config.admin.enabled or not self.config.worker.lead:
             # Raises ConfigError (socket taken by a live gateway, bad token reference) before serving.
-            self.admin = AdminServer(self.config, self.admin_state())
+            self.admin = AdminServer(self.config, state)
             await self.admin.start()
+        else:
+            self._idle_peers = state.peers
         if any(lst.mode == "transparent" for lst in self.config.listeners):
             await _prepare_host_table(self.config)
         self.ctx.audit.start()
@@ -663,7 +676,8 @@ class Gateway:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.terminate)
             loop.add_signal_handler(
-                signal.SIGHUP, lambda: spawn(self.reloader.reload("sighup"), name="sandgate-sighup-reload")
+                signal.SIGHUP,
+                lambda: spawn(self.reloader.reload("sighup", with_peers=True), name="sandgate-sighup-reload"),
             )
         try:
             await self.master.run()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
+import structlog
 from prometheus_client.core import GaugeMetricFamily
 
 from sandgate.proxy.admin.metrics_merge import merge_expositions, render
@@ -20,6 +21,7 @@ from sandgate.proxy.metrics import METRICS
 
 __all__ = [
     "RELOAD_PATH",
+    "confirm_reload",
     "failed",
     "gateway_metrics",
     "invalidate_credentials",
@@ -34,6 +36,8 @@ WORKER_PATH = "/internal/v1/worker"
 METRICS_PATH = "/internal/v1/metrics"
 
 What = Literal["policy", "registry"]
+
+log = structlog.get_logger("sandgate.admin")
 
 
 def worker_view(state: AdminState) -> dict[str, Any]:
@@ -59,11 +63,15 @@ def _peers(state: AdminState) -> Peers:
 
 
 async def reload_peers(
-    state: AdminState, what: What, trigger: str, lead_ok: bool
+    state: AdminState, what: What, trigger: str, lead_ok: bool, *, if_changed: bool = False
 ) -> tuple[list[dict[str, Any]], list[PeerAnswer]]:
-    """Reload every peer (its policy, or its copy of the registry); each worker's result."""
+    """Reload every peer (its policy, or its copy of the registry; `if_changed`: unless it
+    already loaded the files on disk); each worker's result."""
     answers = await _peers(state).call(
-        "POST", RELOAD_PATH, within=WRITE_TIMEOUT, json={"what": what, "trigger": trigger}
+        "POST",
+        RELOAD_PATH,
+        within=WRITE_TIMEOUT,
+        json={"what": what, "trigger": trigger, "if_changed": if_changed},
     )
     results = [{"index": state.role.index, "ok": lead_ok, "policy_version": state.ctx.policy.version}]
     for a in answers:
@@ -75,6 +83,16 @@ async def reload_peers(
             entry["errors"] = [str(e) for e in a.body["errors"]][:10]
         results.append(entry)
     return results, answers
+
+
+async def confirm_reload(state: AdminState, trigger: str, lead_ok: bool) -> list[dict[str, Any]]:
+    """After the lead reloaded on a change every worker saw (files, SIGHUP): each peer loads
+    it too unless it already did; each worker's result, for the reload's audit record."""
+    results, answers = await reload_peers(state, "policy", trigger, lead_ok, if_changed=True)
+    problem = failed(answers)
+    if problem is not None:
+        log.warning("policy.reload_not_confirmed", trigger=trigger, workers=problem)
+    return results
 
 
 async def invalidate_credentials(state: AdminState) -> list[PeerAnswer]:

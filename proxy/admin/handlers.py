@@ -264,14 +264,19 @@ async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = F
     return body
 
 
-async def _reload_here(state: AdminState, trigger: str, *, registry_changed: bool = False) -> dict[str, Any]:
-    """Reload this worker; the errors of a failed reload in an ApiError (the old policy stays)."""
+async def _reload_here(
+    state: AdminState, trigger: str, *, registry_changed: bool = False, if_changed: bool = False
+) -> dict[str, Any]:
+    """Reload this worker (`if_changed`: unless the files in force are those on disk); the
+    errors of a failed reload in an ApiError (the old policy stays)."""
     previous = state.ctx.policy.version
     if registry_changed and state.refresh is not None:
         if not await state.refresh(trigger):
             raise ApiError(503, "the registry changed, but redis could not be read back; retry")
         last = state.reloader.last
         ok = last is None or last.ok
+    elif if_changed:
+        ok = await state.reloader.reload_if_changed(trigger)
     else:
         ok = await state.reloader.reload(trigger)
     last = state.reloader.last
@@ -480,7 +485,11 @@ class InternalReload(_Handler):
 
     async def post(self) -> None:
         ask = self.parse(ReloadAsk)
-        self.reply(await _reload_here(self.state, ask.trigger, registry_changed=ask.what == "registry"))
+        self.reply(
+            await _reload_here(
+                self.state, ask.trigger, registry_changed=ask.what == "registry", if_changed=ask.if_changed
+            )
+        )
 
 
 class InternalCredentials(_Handler):
@@ -521,6 +530,8 @@ class ReloadAsk(BaseModel):
 
     what: Literal["policy", "registry"]
     trigger: Annotated[str, Field(min_length=1, max_length=64)]
+    # A change every worker saw itself (files on disk, SIGHUP): load only if not done yet.
+    if_changed: bool = False
 
 
 def make_app(

@@ -141,6 +141,41 @@ def test_sighup_reloads_every_worker(two_workers: tuple[RunningGateway, str]) ->
     wait_until(reloaded, "every worker to reload")
 
 
+@pytest.mark.parametrize(
+    ("trigger", "admin"),
+    [("file_change", True), ("sighup", True), ("file_change", False)],
+    ids=["a change on disk", "SIGHUP", "a change on disk, admin API off"],
+)
+def test_a_reload_record_means_every_worker_has_the_policy(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream, trigger: str, admin: bool
+) -> None:
+    # Each worker sees the change itself; the one record is written once the peers confirmed
+    # it, so no request after the record is decided on the old policy, whichever worker takes it.
+    rules = [{"hosts": ["api.test"], "ports": [http_upstream.port]}]
+    config: dict[str, Any] = {"reload": {"watch": trigger == "file_change"}}
+    if not admin:
+        config["admin"] = {"enabled": False}
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", rules)}, config=config, env=TWO)
+    wait_until(lambda: gateway_status(gw), "both workers to serve")
+    url = f"{http_upstream.url_for('api.test')}/x"
+    assert status_of(gw, url) == "200"
+    gw.mark()
+    gw.write_tenant("t1.yaml", tenant_yaml("t1", []))
+    if trigger == "sighup":
+        gw.reload()
+    (record,) = gw.records(1, event="policy_reload", timeout=20)
+    assert (record["trigger"], record["result"]) == (trigger, "ok")
+    assert [(w["index"], w["ok"], w["policy_version"]) for w in record["workers"]] == [
+        (0, True, record["policy_version"]),
+        (1, True, record["policy_version"]),
+    ]
+    # New connections, spread over both workers by the kernel: every one is refused now.
+    assert {status_of(gw, url) for _ in range(20)} == {"403"}
+    # Each peer loaded the change once: what the lead asked after it, it had already, or not yet.
+    assert gw.log().count('"policy.reloaded"') == 2
+    assert len(gw.records(event="policy_reload")) == 1
+
+
 def test_sigterm_drains_both_workers_and_exits_0(two_workers: tuple[RunningGateway, str]) -> None:
     gw, _ = two_workers
     status = gateway_status(gw)
