@@ -293,6 +293,8 @@ class Gateway:
             queue_size=config.audit.queue_size,
             max_wait=config.audit.max_wait_seconds,
             acknowledge=config.audit.fsync == "per_batch",
+            # Which of several workers decided: one trail, and the record still says where.
+            stamp={"worker": config.worker.index} if config.worker.count > 1 else None,
         )
         tcfg = config.transparent
         self.ctx = GatewayContext(

@@ -193,8 +193,11 @@ class AuditLog:
         max_wait: float = 5.0,
         log_events: bool = True,
         acknowledge: bool = False,
+        stamp: dict[str, object] | None = None,
     ) -> None:
         self._sinks = sinks
+        # Fields every record carries (the worker that decided it): added by the writer thread.
+        self._stamp = stamp or {}
         self._capacity = queue_size
         self._max_wait = max_wait
         self._log_events = log_events
@@ -384,7 +387,7 @@ class AuditLog:
                 loop.call_soon_threadsafe(_settle, futures)
 
     def _write(self, batch: list[Record]) -> None:
-        batch = [_with_time(r) for r in batch]
+        batch = [_with_time(r, self._stamp) for r in batch]
         lines = [json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in batch]
         for sink in self._sinks:
             delay = 0.05
@@ -422,8 +425,11 @@ def _settle(futures: list[asyncio.Future[None]]) -> None:
             f.set_result(None)
 
 
-def _with_time(record: Record) -> Record:
-    """The record with an epoch `time` rendered as RFC 3339, and an id (the stream dedupes by it)."""
+def _with_time(record: Record, stamp: dict[str, object]) -> Record:
+    """The record with an epoch `time` rendered as RFC 3339, an id (the stream dedupes by it),
+    and the `stamp` fields."""
+    if stamp:
+        record = {**record, **stamp}
     t = record.get("time")
     if isinstance(t, float):
         record = {**record, "time": format_time(t)}
