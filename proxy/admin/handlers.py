@@ -176,8 +176,16 @@ class Ready(_Handler):
                 )
             except Exception:
                 checks["redis"] = False
+        body: dict[str, Any] = {"checks": checks}
+        if self.state.peers is not None:
+            # The lead answers for the gateway: a worker that is down (restarting) leaves the
+            # sandboxes steered to its transparent port unserved.
+            workers = await workers_status(self.state)
+            ready_workers = [w["index"] for w in workers if w.get("ready") is True]
+            checks["workers_ready"] = len(ready_workers) == len(workers)
+            body["workers"] = {"count": len(workers), "ready": ready_workers}
         ready = all(checks.values())
-        self.reply({"ready": ready, "checks": checks}, 200 if ready else 503)
+        self.reply({"ready": ready, **body}, 200 if ready else 503)
 
 
 def _status(state: AdminState) -> dict[str, Any]:

@@ -142,6 +142,13 @@ def test_metrics_on_the_lead_sum_the_decisions_of_both_workers(
     )
 
 
+def test_readiness_on_the_lead_is_every_worker_s(pair: Pair) -> None:
+    ready = pair.lead.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"]["workers_ready"] is True
+    assert ready.json()["workers"] == {"count": 2, "ready": [0, 1]}
+
+
 def test_status_on_the_lead_lists_every_worker(pair: Pair) -> None:
     status = pair.lead.get("/v1/status").json()
     workers = status["workers"]
@@ -211,6 +218,11 @@ def test_a_peer_that_does_not_answer_is_named_and_never_counted_as_done(
         os.kill(peer.proc.pid, signal.SIGSTOP)
         try:
             started = time.monotonic()
+            # Not ready as a gateway: the sandboxes steered to worker 1 would not be served.
+            ready = p.lead.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["checks"]["workers_ready"] is False
+            assert ready.json()["workers"] == {"count": 2, "ready": [0]}
             text = p.lead.get("/metrics").text
             assert time.monotonic() - started < 5
             assert metric(text, "sandgate_workers") == 2
