@@ -11,6 +11,7 @@ __all__ = [
     "main",
     "parser",
     "policy",
+    "policy_prove",
     "policy_reload",
     "run",
     "sandbox",

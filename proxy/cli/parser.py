@@ -329,6 +329,12 @@ def _add_policy(sub: Subparsers) -> None:
     push.add_argument("--keep", action="store_true", help="keep sandgate/ policies this push does not have")
     _format(push)
 
+    prove = pol_sub.add_parser("prove", help="any request the tenants' rules allow outside the ceiling")
+    prove.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
+    prove.add_argument("--ceiling", type=Path, metavar="FILE", help="default: PATH/ceiling.yaml")
+    _format(prove)
+    prove.add_argument("--json", dest="format", action="store_const", const="json", help="--format json")
+
     _add_policy_admin(pol_sub)
 
 

@@ -1,4 +1,4 @@
-"""`sandgate policy check|test|explain|schema|push|reload|status`: the policy author's tools.
+"""`sandgate policy check|test|explain|schema|push|prove|reload|status`: the policy author's tools.
 
 Exit codes: 0 ok, 1 a test failed / the request is denied / the OPA server refused a push,
 2 usage or invalid input (a policy that does not load). Every command takes `--format json`.
@@ -43,6 +43,7 @@ from sandgate.policy.rego.program import RegoModule
 from sandgate.policy.rego.protocol import EngineError
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
 from sandgate.proxy.cli import admin as admin_cli
+from sandgate.proxy.cli.policy_prove import run_prove
 from sandgate.proxy.config import load_config
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.net.host_addresses import own_addresses
@@ -89,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         return _explain(args)
     if command == "push":
         return _push(args)
+    if command == "prove":
+        return run_prove(args)
     if command in admin_cli.POLICY_COMMANDS:
         return admin_cli.run_policy_command(args)
     return EXIT_USAGE

@@ -1,0 +1,35 @@
+"""The operator's ceiling and its prover: whether tenant rules (or a proposed rule) allow any
+request outside it, with a counter-example when they do. Pure: no I/O beyond reading files.
+
+`excess(rule, ceiling.regions)` answers for one rule (what automatic approval asks);
+`overlap(rule, ceiling.always_human)` whether a rule touches what only a person may grant;
+`prove_tenants` runs the check over a loaded policy (`sandgate policy prove`).
+"""
+
+from sandgate.policy.ceiling.effective import TenantRules, effective_rules
+from sandgate.policy.ceiling.model import Ceiling, CeilingFile, Region, load_ceiling
+from sandgate.policy.ceiling.pathlang import ProofTooLarge
+from sandgate.policy.ceiling.prove import CounterExample, excess, overlap
+from sandgate.policy.ceiling.report import Excess, Proof, deny_shapes, prove_tenants
+from sandgate.policy.ceiling.sets import RAW_TCP
+from sandgate.policy.ceiling.shape import RuleShape, ports_of
+
+__all__ = [
+    "RAW_TCP",
+    "Ceiling",
+    "CeilingFile",
+    "CounterExample",
+    "Excess",
+    "Proof",
+    "ProofTooLarge",
+    "Region",
+    "RuleShape",
+    "TenantRules",
+    "deny_shapes",
+    "effective_rules",
+    "excess",
+    "load_ceiling",
+    "overlap",
+    "ports_of",
+    "prove_tenants",
+]

@@ -1,0 +1,132 @@
+"""`policy prove`: every tenant's effective allow rules against a ceiling, as a list of excesses.
+
+What a tenant may reach is its allow rules (its own and its presets'), minus its deny rules
+and the operator's base deny rules. Deny rules without paths are taken away exactly (as
+extra regions); deny rules with paths (matched case-folded) and deny networks reached by
+name are not, so a counter-example may still be refused by one: conservative, never unsound.
+Rego can only refuse what the rules allow, so a Rego tenant is proved on its rules. A tenant
+in report mode allows what its rules would deny: it is checked as if it allowed everything.
+No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sandgate.policy.ceiling.effective import TenantRules
+from sandgate.policy.ceiling.model import Ceiling
+from sandgate.policy.ceiling.pathlang import ProofTooLarge
+from sandgate.policy.ceiling.prove import CounterExample, excess
+from sandgate.policy.ceiling.sets import ALL_PORTS
+from sandgate.policy.ceiling.shape import RuleShape, ports_of
+from sandgate.policy.matcher import ANY_HOST, CompiledRule
+
+__all__ = ["Excess", "Proof", "deny_shapes", "prove_tenants"]
+
+# What a report-mode tenant may reach: any name, any address (the guard still holds).
+_EVERYTHING = RuleShape(hosts=(ANY_HOST,), cidrs=("0.0.0.0/0", "::/0"), ports=ALL_PORTS, raw_tcp=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Excess:
+    """A rule that allows a request outside the ceiling (or that could not be decided)."""
+
+    tenant: str
+    rule_id: str
+    origin: str
+    example: CounterExample | None
+    why: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "tenant": self.tenant,
+            "rule_id": self.rule_id,
+            "origin": self.origin,
+            "request": self.example.as_dict() if self.example is not None else None,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """The outcome: inside when there is no excess."""
+
+    ceiling: str
+    tenants: int
+    rules: int
+    excesses: tuple[Excess, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def inside(self) -> bool:
+        return not self.excesses
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "ok": self.inside,
+            "ceiling": self.ceiling,
+            "tenants": self.tenants,
+            "rules": self.rules,
+            "excesses": [e.as_dict() for e in self.excesses],
+            "notes": list(self.notes),
+        }
+
+
+def deny_shapes(rules: tuple[CompiledRule, ...]) -> tuple[RuleShape, ...]:
+    """Deny rules that can be taken away exactly: those without paths."""
+    return tuple(
+        RuleShape(
+            hosts=r.hosts,
+            cidrs=r.cidrs,
+            ports=ports_of(sorted(r.ports)),
+            methods=r.methods,
+            rule_id=r.rule_id,
+            origin=r.origin,
+        )
+        for r in rules
+        if r.paths is None
+    )
+
+
+def prove_tenants(
+    tenants: list[TenantRules], ceiling: Ceiling, denies: dict[str, tuple[RuleShape, ...]]
+) -> Proof:
+    """Check each tenant's rules (minus `denies[tenant]`) against the ceiling's regions."""
+    found: list[Excess] = []
+    notes: list[str] = []
+    count = 0
+    for t in tenants:
+        cover = (*ceiling.regions, *denies.get(t.tenant, ()))
+        if t.has_rego:
+            notes.append(f"tenant {t.tenant}: Rego can only refuse what its rules allow: proved on the rules")
+        if t.report_mode is not None:
+            found += _check(t.tenant, _report(t), cover, "report mode allows what the rules would deny")
+        for rule in t.rules:
+            count += 1
+            found += _check(t.tenant, rule, cover, "")
+    return Proof(ceiling.file, len(tenants), count, tuple(found), tuple(notes))
+
+
+def _report(t: TenantRules) -> RuleShape:
+    return RuleShape(
+        hosts=_EVERYTHING.hosts,
+        cidrs=_EVERYTHING.cidrs,
+        raw_tcp=True,
+        rule_id=f"{t.tenant}/mode",
+        origin=t.report_mode or t.source,
+    )
+
+
+def _check(tenant: str, rule: RuleShape, cover: tuple[RuleShape, ...], why: str) -> list[Excess]:
+    try:
+        example = excess(rule, cover)
+    except ProofTooLarge as e:
+        return [Excess(tenant, rule.rule_id, rule.origin, None, f"not decided: {e}")]
+    if example is None:
+        return []
+    if example.unreadable_path:
+        why = why or (
+            "a rule without paths also allows paths the gateway cannot read unambiguously "
+            "(forwarded as sent); a region with paths does not: leave `paths` out of the region"
+        )
+    return [Excess(tenant, rule.rule_id, rule.origin, example, why)]
