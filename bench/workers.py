@@ -251,6 +251,47 @@ def phase_mitmdump(b: Bench) -> None:
         run._stderr_note(b, md)
 
 
+def phase_splice(b: Bench) -> None:
+    """bench/splice_proxy.py on the proxy core: what passthrough outside mitmproxy's layers
+    could reach (no policy, no audit: a ceiling, not a peer)."""
+    print("minimal asyncio CONNECT splice (bench/splice_proxy.py)", file=sys.stderr)
+    cred = "bench:splice"
+    argv = pinned(
+        PROXY_CORE,
+        [
+            sys.executable,
+            str(BENCH / "splice_proxy.py"),
+            "--listen",
+            f"{PROXY_IP}:0",
+            "--auth",
+            cred,
+            "--map",
+            f"{tenantgen.PASS_HOST}={UPSTREAM_IP}",
+        ],
+    )
+    with service("splice", argv, b.tmp, stdout_pipe=True) as sp, under_test(b, sp):
+        port = int(sp.read_json_line(15)["port"])
+        tunnel = tls_args(
+            f"{PROXY_IP}:{port}", f"https://pass.api.test:{b.tls_port}/", str(b.pki.ca_file), cred
+        )
+        load_row(
+            b,
+            "splice-newconn",
+            "minimal asyncio CONNECT splice, new CONNECT tunnel per request",
+            [*tunnel, "--new-conn"],
+            unit="conn/s",
+            compare="md-newconn",
+        )
+        bulk_row(
+            b,
+            "splice-bulk",
+            "minimal asyncio CONNECT splice, 100 MB through a tunnel",
+            tunnel,
+            compare="md-bulk",
+        )
+        run._stderr_note(b, sp)
+
+
 # -- sandgate ----------------------------------------------------------------------------------
 
 
@@ -819,6 +860,18 @@ def ratios(b: Bench) -> list[Ratio]:
         ),
         Ratio("passthrough bulk MB/s, 1 worker / squid", "sg1-bulk", "squid-bulk", 1.0),
         Ratio(
+            "passthrough new connections/s, minimal asyncio splice / squid",
+            "splice-newconn",
+            "squid-newconn",
+            None,
+        ),
+        Ratio(
+            "passthrough new connections/s, 1 worker / minimal asyncio splice",
+            "sg1-newconn",
+            "splice-newconn",
+            None,
+        ),
+        Ratio(
             "transparent / explicit listener, plain HTTP c10 (1 worker)",
             "tr1-transparent",
             "tr1-explicit",
@@ -965,7 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--only",
-        default="direct,mitmdump,sandgate,rego,squid,node,transparent",
+        default="direct,mitmdump,sandgate,rego,squid,splice,node,transparent",
         help="comma-separated phases to run (default: all)",
     )
     args = p.parse_args(argv)
@@ -982,6 +1035,7 @@ def main(argv: list[str] | None = None) -> int:
         "sandgate": phase_sandgate,
         "rego": phase_rego,
         "squid": phase_squid,
+        "splice": phase_splice,
         "node": phase_node,
         "transparent": phase_transparent,
     }
