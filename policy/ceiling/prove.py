@@ -15,12 +15,15 @@ the gateway cannot read unambiguously, and `*`); a region allows them only witho
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from sandgate.policy.ceiling.model import Ceiling
 from sandgate.policy.ceiling.pathlang import UNREADABLE_PATH, PathSet
 from sandgate.policy.ceiling.sets import RAW_TCP, DestSet, HostSpace, Intervals, MethodSet
 from sandgate.policy.ceiling.shape import RuleShape
+from sandgate.policy.matcher import ANY_HOST
 
 __all__ = ["CounterExample", "excess", "overlap"]
 
@@ -143,8 +146,11 @@ def _space(shapes: Iterable[RuleShape]) -> HostSpace:
     return HostSpace(h for s in shapes for h in s.hosts)
 
 
-def excess(rule: RuleShape, regions: Sequence[RuleShape]) -> CounterExample | None:
+def excess(rule: RuleShape, ceiling: Ceiling | Sequence[RuleShape]) -> CounterExample | None:
     """A request `rule` allows and no region does, or None when the regions cover the rule."""
+    # A region sharing no destination or port with the rule covers none of it: leaving it out
+    # changes nothing, and keeps the host cells and boxes to the few regions that matter.
+    regions = [r for r in (ceiling.regions if isinstance(ceiling, Ceiling) else ceiling) if _touches(rule, r)]
     space = _space((rule, *regions))
     left = [_box(rule, space, region=False)]
     if not _nonempty(left[0]):
@@ -157,8 +163,12 @@ def excess(rule: RuleShape, regions: Sequence[RuleShape]) -> CounterExample | No
     return _example(left[0])
 
 
-def overlap(rule: RuleShape, regions: Sequence[RuleShape]) -> tuple[RuleShape, CounterExample] | None:
-    """The first region sharing a request with `rule` (always-human hosts), and that request."""
+def overlap(
+    rule: RuleShape, entries: Ceiling | Sequence[RuleShape]
+) -> tuple[RuleShape, CounterExample] | None:
+    """The first entry sharing a request with `rule`, and that request; for a Ceiling, its
+    always-human entries (what an automatic approval must never grant)."""
+    regions = entries.always_human if isinstance(entries, Ceiling) else entries
     for region in regions:
         space = _space((rule, region))
         a, b = _box(rule, space, region=False), _box(region, space, region=True)
@@ -168,6 +178,41 @@ def overlap(rule: RuleShape, regions: Sequence[RuleShape]) -> tuple[RuleShape, C
         if _nonempty(both):
             return region, _example(both)
     return None
+
+
+def _touches(a: RuleShape, b: RuleShape) -> bool:
+    """Whether two shapes may share a destination and a port (a cheap, exact pre-check)."""
+    if not a.ports & b.ports:
+        return False
+    if any(_names_overlap(p, q) for p in a.hosts for q in b.hosts):
+        return True
+    if not a.cidrs or not b.cidrs:
+        return False
+    x, y = _addresses(a.cidrs), _addresses(b.cidrs)
+    return bool(x.v4 & y.v4 or x.v6 & y.v6)
+
+
+def _names_overlap(p: str, q: str) -> bool:
+    """Whether two host patterns match a common name."""
+    if ANY_HOST in (p, q):
+        return True
+    pw, qw = p.startswith("*."), q.startswith("*.")
+    ps, qs = p.removeprefix("*."), q.removeprefix("*.")
+    if pw and qw:
+        return ps == qs or ps.endswith("." + qs) or qs.endswith("." + ps)
+    if pw:
+        return q.endswith("." + ps)
+    if qw:
+        return p.endswith("." + qs)
+    return p == q
+
+
+@functools.lru_cache(maxsize=4096)
+def _addresses(cidrs: tuple[str, ...]) -> DestSet:
+    return DestSet.of(_NO_NAMES, (), cidrs)
+
+
+_NO_NAMES = HostSpace(())
 
 
 def _nonempty(box: _Box) -> bool:

@@ -7,8 +7,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sandgate.policy.ceiling.sets import ALL_PORTS, Intervals
+from sandgate.policy.model.tenant import Rule
 
-__all__ = ["RuleShape", "ports_of"]
+__all__ = ["ALLOW_DEFAULT_PORTS", "RuleShape", "ports_of"]
+
+# What an allow rule without `ports` allows (policy/model/loader.py DEFAULT_ALLOW_PORTS).
+ALLOW_DEFAULT_PORTS = (443,)
 
 
 def ports_of(ports: Iterable[int | tuple[int, int]] | None) -> Intervals:
@@ -35,3 +39,17 @@ class RuleShape:
     raw_tcp: bool = False
     rule_id: str = ""
     origin: str = ""
+
+    @staticmethod
+    def from_rule(rule: Rule, rule_id: str = "", origin: str = "") -> RuleShape:
+        """An allow rule as written in a tenant file (or proposed): ports default to [443]."""
+        return RuleShape(
+            hosts=tuple(rule.hosts),
+            cidrs=tuple(rule.cidrs),
+            ports=ports_of(rule.ports or ALLOW_DEFAULT_PORTS),
+            methods=frozenset(rule.methods) if rule.methods is not None else None,
+            paths=tuple(rule.paths) if rule.paths is not None else None,
+            raw_tcp=rule.protocol == "tcp",
+            rule_id=rule_id or (f"proposal/{rule.id}" if rule.id else "proposal"),
+            origin=origin,
+        )

@@ -106,7 +106,7 @@ def test_the_prover_agrees_with_the_gateway_matcher(rule: RuleShape, regions: li
             assert readable(found.path), found
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(rule=shapes(region=False), human=st.lists(shapes(region=True), max_size=2))
 def test_overlap_agrees_with_the_gateway_matcher(rule: RuleShape, human: list[RuleShape]) -> None:
     hit = overlap(rule, human)

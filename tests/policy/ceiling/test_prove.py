@@ -4,11 +4,13 @@ non-obvious ways; every counter-example is checked with the gateway's own matche
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from support.ceiling_oracle import gateway_allows, readable
 
-from sandgate.policy.ceiling import RAW_TCP, RuleShape, excess, overlap, ports_of
+from sandgate.policy.ceiling import RAW_TCP, RuleShape, excess, load_ceiling, overlap, ports_of
+from sandgate.policy.model.tenant import Rule
 
 
 def rule(
@@ -224,3 +226,28 @@ def test_no_overlap_with_always_human_elsewhere() -> None:
     assert overlap(rule("*.pythonhosted.org"), [region("api.github.com"), region("pypi.org")]) is None
     # Same host, other port: no request of the rule is always-human.
     assert overlap(rule("api.github.com", ports=[443]), [region("api.github.com", ports=[22])]) is None
+
+
+def test_a_proposed_rule_against_a_loaded_ceiling(tmp_path: Path) -> None:
+    """What automatic approval asks: a proposal (a tenant rule) inside the regions, and not
+    touching an always-human entry."""
+    path = tmp_path / "ceiling.yaml"
+    path.write_text(
+        "regions:\n"
+        "  - hosts: ['*.github.com']\n"
+        "    ports: [443]\n"
+        "    methods: [GET]\n"
+        "always_human:\n"
+        "  - hosts: [api.github.com]\n"
+    )
+    ceiling = load_ceiling(path)
+    read = RuleShape.from_rule(Rule.model_validate({"hosts": ["codeload.github.com"], "methods": ["GET"]}))
+    assert read.ports.spans == ((443, 443),) and read.rule_id == "proposal"
+    assert excess(read, ceiling) is None and overlap(read, ceiling) is None
+    write = RuleShape.from_rule(Rule.model_validate({"id": "push", "hosts": ["api.github.com"]}))
+    assert str(excess(write, ceiling)) == "POST https://api.github.com/"
+    hit = overlap(write, ceiling)
+    assert hit is not None and hit[0] is ceiling.always_human[0]
+    assert str(hit[1]) == "GET https://api.github.com/"
+    tcp = RuleShape.from_rule(Rule.model_validate({"hosts": ["x.github.com"], "protocol": "tcp"}))
+    assert tcp.raw_tcp and str(excess(tcp, ceiling)) == "POST https://x.github.com/"
