@@ -114,6 +114,8 @@ class PolicyReloader:
         # Set on the lead of several workers: a change seen on disk or a SIGHUP is recorded
         # only once every peer has it in force too, so a record means the whole gateway.
         self.confirm_peers: ConfirmPeers | None = None
+        # What each worker said to the last reload the lead confirmed with its peers.
+        self.last_workers: list[dict[str, object]] | None = None
         self._lock = asyncio.Lock()
         self._task = BackgroundTask("sandgate-policy-watch", self._watch)
         self._fingerprint: Fingerprint = ()
@@ -186,10 +188,12 @@ class PolicyReloader:
         if not with_peers or self.confirm_peers is None:
             return None
         try:
-            return await self.confirm_peers(trigger, ok)
+            workers = await self.confirm_peers(trigger, ok)
         except Exception:
             log.exception("policy.peer_reload_failed", trigger=trigger)
-            return [{"ok": False, "error": "the other workers could not be asked"}]
+            workers = [{"ok": False, "error": "the other workers could not be asked"}]
+        self.last_workers = workers
+        return workers
 
     @staticmethod
     def _with_workers(

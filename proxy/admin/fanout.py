@@ -85,10 +85,16 @@ async def reload_peers(
     return results, answers
 
 
+# Triggers every worker sees itself: a peer that already loaded the files on disk is not
+# asked to load them again. Any other (an operator's API call) reloads every peer outright.
+SEEN_BY_EVERY_WORKER = frozenset({"file_change", "sighup"})
+
+
 async def confirm_reload(state: AdminState, trigger: str, lead_ok: bool) -> list[dict[str, Any]]:
-    """After the lead reloaded on a change every worker saw (files, SIGHUP): each peer loads
-    it too unless it already did; each worker's result, for the reload's audit record."""
-    results, answers = await reload_peers(state, "policy", trigger, lead_ok, if_changed=True)
+    """After the lead reloaded: each peer loads the same files (on a change every worker saw,
+    unless it already did); each worker's result, for the answer and the one audit record."""
+    if_changed = trigger in SEEN_BY_EVERY_WORKER
+    results, answers = await reload_peers(state, "policy", trigger, lead_ok, if_changed=if_changed)
     problem = failed(answers)
     if problem is not None:
         log.warning("policy.reload_not_confirmed", trigger=trigger, workers=problem)

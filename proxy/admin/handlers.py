@@ -247,6 +247,8 @@ class Status(_Handler):
 async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = False) -> dict[str, Any]:
     """Reload this worker, then (the lead of several) every peer; an ApiError when any did not
     (a failed reload keeps the old policy; a peer that did not confirm is named)."""
+    if state.peers is not None and (not registry_changed or state.refresh is None):
+        return await _reload_with_peers(state, trigger, registry_changed)
     try:
         body = await _reload_here(state, trigger, registry_changed=registry_changed)
     except ApiError as e:
@@ -272,8 +274,35 @@ async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = F
     return body
 
 
+async def _reload_with_peers(state: AdminState, trigger: str, registry_changed: bool) -> dict[str, Any]:
+    """The lead of several, on files: its reloader asks every peer to load the same files and
+    writes the reload's one audit record once they answered."""
+    try:
+        body = await _reload_here(state, trigger, with_peers=True)
+    except ApiError as e:
+        e.extra["workers"] = state.reloader.last_workers or []
+        raise
+    body["workers"] = workers = state.reloader.last_workers or []
+    problems = [str(w.get("error") or f"worker {w.get('index')} failed") for w in workers if not w.get("ok")]
+    if problems:
+        change = "the registry change is" if registry_changed else "the reloaded policy is"
+        raise ApiError(
+            503,
+            f"{change} in force on worker {state.role.index}, not confirmed by every worker: "
+            + "; ".join(problems),
+            workers=workers,
+            policy_version=state.ctx.policy.version,
+        )
+    return body
+
+
 async def _reload_here(
-    state: AdminState, trigger: str, *, registry_changed: bool = False, if_changed: bool = False
+    state: AdminState,
+    trigger: str,
+    *,
+    registry_changed: bool = False,
+    if_changed: bool = False,
+    with_peers: bool = False,
 ) -> dict[str, Any]:
     """Reload this worker (`if_changed`: unless the files in force are those on disk); the
     errors of a failed reload in an ApiError (the old policy stays)."""
@@ -286,7 +315,7 @@ async def _reload_here(
     elif if_changed:
         ok = await state.reloader.reload_if_changed(trigger)
     else:
-        ok = await state.reloader.reload(trigger)
+        ok = await state.reloader.reload(trigger, with_peers=with_peers)
     last = state.reloader.last
     if not ok:
         errors = list(last.errors) if last else []
