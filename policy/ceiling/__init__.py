@@ -10,7 +10,7 @@ from sandgate.policy.ceiling.effective import TenantRules, effective_rules
 from sandgate.policy.ceiling.model import Ceiling, CeilingFile, Region, load_ceiling
 from sandgate.policy.ceiling.pathlang import ProofTooLarge
 from sandgate.policy.ceiling.prove import CounterExample, excess, overlap
-from sandgate.policy.ceiling.report import Excess, Proof, deny_shapes, prove_tenants
+from sandgate.policy.ceiling.report import Excess, Proof, prove_tenants
 from sandgate.policy.ceiling.sets import RAW_TCP
 from sandgate.policy.ceiling.shape import RuleShape, ports_of
 
@@ -25,7 +25,6 @@ __all__ = [
     "Region",
     "RuleShape",
     "TenantRules",
-    "deny_shapes",
     "effective_rules",
     "excess",
     "load_ceiling",

@@ -8,8 +8,9 @@ is decided, and a shortest member found, by a breadth-first walk of the product 
 
 Exact over a finite alphabet: the characters the globs name, `/`, `%` and the hex digits
 (when an escape is possible), and one character standing for every other one (no glob
-tells those apart, and U treats them alike). Paths no glob can match (one the gateway cannot
-read unambiguously, or `*`) belong only to "every path" (a rule without `paths`).
+tells those apart, and U treats them alike). Deny glob lists fold ASCII case. A path the
+gateway cannot read unambiguously matches no allow glob and every deny glob list; `*`
+(the asterisk form) no glob at all; "every path" (no `paths`) holds both.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["UNREADABLE_PATH", "PathSet", "ProofTooLarge"]
+__all__ = ["ASTERISK_PATH", "UNREADABLE_PATH", "GlobList", "PathSet", "ProofTooLarge"]
 
 # What a counter-example shows for a path that no glob matches but "any path" does: an empty
 # segment makes the gateway forward it as sent (policy/paths.py).
 UNREADABLE_PATH = "//"
+# The asterisk form (`OPTIONS *`): read as "*", matched by no glob, allow or deny.
+ASTERISK_PATH = "*"
 
 _ANY = "\x01any"  # any character
 _SEGMENT = "\x01seg"  # any character but '/'
@@ -62,10 +65,11 @@ class _Nfa:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, fold: bool) -> None:
         self.edges: list[list[tuple[str, int]]] = []
         self.eps: list[list[int]] = []
         self.chars: set[str] = set()
+        self.fold = fold
 
     def state(self) -> int:
         self.edges.append([])
@@ -73,9 +77,13 @@ class _Builder:
         return len(self.edges) - 1
 
     def edge(self, a: int, pred: str, b: int) -> None:
-        if len(pred) == 1:
-            self.chars.add(pred)
-        self.edges[a].append((pred, b))
+        if len(pred) != 1:
+            self.edges[a].append((pred, b))
+            return
+        # Folded (deny globs): an ASCII letter matches in either case, as re.IGNORECASE | re.ASCII.
+        for ch in {pred.lower(), pred.upper()} if self.fold and pred.isascii() else {pred}:
+            self.chars.add(ch)
+            self.edges[a].append((ch, b))
 
     def glob(self, start: int, glob: str) -> int:
         """Add the glob's states after `start`; return its final state."""
@@ -124,11 +132,11 @@ class _Builder:
 
 
 @functools.lru_cache(maxsize=4096)
-def _nfa(globs: frozenset[str]) -> _Nfa:
+def _nfa(globs: GlobList) -> _Nfa:
     """One NFA for a list of globs (their union)."""
-    b = _Builder()
+    b = _Builder(globs.fold)
     start = b.state()
-    finals = [b.glob(start, g) for g in sorted(globs)]
+    finals = [b.glob(start, g) for g in sorted(globs.globs)]
     closure = b.close()
     return _Nfa(
         edges=tuple(tuple(e) for e in b.edges),
@@ -176,18 +184,36 @@ def _valid_step(state: _VState, ch: str) -> _VState | None:
 
 
 @dataclass(frozen=True, slots=True)
+class GlobList:
+    """A rule's `paths`: the union of its globs. A deny rule's match letters in either case
+    and also take every path the gateway cannot read (RuleIndex.deny_match)."""
+
+    globs: frozenset[str]
+    deny: bool = False
+
+    @property
+    def fold(self) -> bool:
+        return self.deny
+
+
+@dataclass(frozen=True, slots=True)
 class PathSet:
     """Paths: every path (`pos` and `neg` empty) narrowed by glob lists it must match (`pos`)
-    and must not (`neg`); `empty_set` when a complement of every path was taken."""
+    and must not (`neg`); `empty_set` when a complement of every path was taken.
 
-    pos: frozenset[frozenset[str]] = frozenset()
-    neg: frozenset[frozenset[str]] = frozenset()
+    Besides the paths the gateway reads, two kinds no allow glob matches: the ones it cannot
+    read (UNREADABLE_PATH stands for them; a deny glob list does match them) and `*` (the
+    asterisk form, which no glob matches).
+    """
+
+    pos: frozenset[GlobList] = frozenset()
+    neg: frozenset[GlobList] = frozenset()
     empty_set: bool = False
 
     @staticmethod
-    def of(globs: Iterable[str] | None) -> PathSet:
-        """The paths a rule's `paths` allow (None: every path)."""
-        return PathSet() if globs is None else PathSet(frozenset({frozenset(globs)}))
+    def of(globs: Iterable[str] | None, *, deny: bool = False) -> PathSet:
+        """The paths a rule's `paths` match (None: every path)."""
+        return PathSet() if globs is None else PathSet(frozenset({GlobList(frozenset(globs), deny)}))
 
     def __and__(self, other: PathSet) -> PathSet:
         return PathSet(self.pos | other.pos, self.neg | other.neg, self.empty_set or other.empty_set)
@@ -214,11 +240,17 @@ class PathSet:
 def _pick(paths: PathSet) -> str | None:
     if paths.empty_set:
         return None
-    found = _walk(tuple(_nfa(g) for g in sorted(paths.pos, key=sorted)), tuple(_nfa(g) for g in paths.neg))
+    pos = sorted(paths.pos, key=lambda g: (sorted(g.globs), g.deny))
+    found = _walk(tuple(_nfa(g) for g in pos), tuple(_nfa(g) for g in paths.neg))
     if found is not None:
         return found
-    # A path no glob matches is in the set only when nothing requires a glob to match.
-    return UNREADABLE_PATH if not paths.pos else None
+    # A path the gateway cannot read: in every glob list that must match only if all are deny
+    # lists, and in none that must not.
+    if all(g.deny for g in paths.pos) and not any(g.deny for g in paths.neg):
+        return UNREADABLE_PATH
+    if not paths.pos:
+        return ASTERISK_PATH  # matched by no glob at all, allow or deny
+    return None
 
 
 def _walk(pos: tuple[_Nfa, ...], neg: tuple[_Nfa, ...]) -> str | None:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from sandgate.policy.ceiling.model import Ceiling
-from sandgate.policy.ceiling.pathlang import UNREADABLE_PATH, PathSet
+from sandgate.policy.ceiling.pathlang import ASTERISK_PATH, UNREADABLE_PATH, PathSet
 from sandgate.policy.ceiling.sets import RAW_TCP, DestSet, HostSpace, Intervals, MethodSet
 from sandgate.policy.ceiling.shape import RuleShape
 from sandgate.policy.matcher import ANY_HOST
@@ -55,15 +55,23 @@ class CounterExample:
             return f"tcp://{host}:{self.port}"
         default = {"http": 80, "https": 443}[self.scheme]
         port = "" if self.port == default else f":{self.port}"
-        return f"{self.scheme}://{host}{port}{self.path}"
+        path = "" if self.path == ASTERISK_PATH else self.path
+        return f"{self.scheme}://{host}{port}{path}"
 
     @property
     def unreadable_path(self) -> bool:
         """Whether the path is one only "every path" allows (the gateway forwards it as sent)."""
         return self.path == UNREADABLE_PATH
 
+    @property
+    def asterisk(self) -> bool:
+        """Whether the request target is `*` (OPTIONS *), which no glob matches."""
+        return self.path == ASTERISK_PATH
+
     def __str__(self) -> str:
-        return self.url if self.raw_tcp else f"{self.method} {self.url}"
+        if self.raw_tcp:
+            return self.url
+        return f"{self.method} {self.url}" + (" with request target *" if self.asterisk else "")
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -102,7 +110,7 @@ def _box(shape: RuleShape, space: HostSpace, *, region: bool) -> _Box:
         DestSet.of(space, shape.hosts, shape.cidrs),
         shape.ports,
         methods,
-        PathSet.of(None if shape.raw_tcp else shape.paths),
+        PathSet.of(None if shape.raw_tcp else shape.paths, deny=shape.deny),
     )
 
 

@@ -1,9 +1,9 @@
 """`policy prove`: every tenant's effective allow rules against a ceiling, as a list of excesses.
 
 What a tenant may reach is its allow rules (its own and its presets'), minus its deny rules
-and the operator's base deny rules. Deny rules without paths are taken away exactly (as
-extra regions); deny rules with paths (matched case-folded) and deny networks reached by
-name are not, so a counter-example may still be refused by one: conservative, never unsound.
+and the operator's base deny rules, taken away exactly (as extra regions whose globs fold
+case and take the paths the gateway cannot read). Deny networks that a name resolves into
+are not taken from names (no DNS here): conservative, never unsound.
 Rego can only refuse what the rules allow, so a Rego tenant is proved on its rules. A tenant
 in report mode allows what its rules would deny: it is checked as if it allowed everything.
 No I/O.
@@ -18,10 +18,10 @@ from sandgate.policy.ceiling.model import Ceiling
 from sandgate.policy.ceiling.pathlang import ProofTooLarge
 from sandgate.policy.ceiling.prove import CounterExample, excess
 from sandgate.policy.ceiling.sets import ALL_PORTS
-from sandgate.policy.ceiling.shape import RuleShape, ports_of
-from sandgate.policy.matcher import ANY_HOST, CompiledRule
+from sandgate.policy.ceiling.shape import RuleShape
+from sandgate.policy.matcher import ANY_HOST
 
-__all__ = ["Excess", "Proof", "deny_shapes", "prove_tenants"]
+__all__ = ["Excess", "Proof", "prove_tenants"]
 
 # What a report-mode tenant may reach: any name, any address (the guard still holds).
 _EVERYTHING = RuleShape(hosts=(ANY_HOST,), cidrs=("0.0.0.0/0", "::/0"), ports=ALL_PORTS, raw_tcp=True)
@@ -72,31 +72,13 @@ class Proof:
         }
 
 
-def deny_shapes(rules: tuple[CompiledRule, ...]) -> tuple[RuleShape, ...]:
-    """Deny rules that can be taken away exactly: those without paths."""
-    return tuple(
-        RuleShape(
-            hosts=r.hosts,
-            cidrs=r.cidrs,
-            ports=ports_of(sorted(r.ports)),
-            methods=r.methods,
-            rule_id=r.rule_id,
-            origin=r.origin,
-        )
-        for r in rules
-        if r.paths is None
-    )
-
-
-def prove_tenants(
-    tenants: list[TenantRules], ceiling: Ceiling, denies: dict[str, tuple[RuleShape, ...]]
-) -> Proof:
-    """Check each tenant's rules (minus `denies[tenant]`) against the ceiling's regions."""
+def prove_tenants(tenants: list[TenantRules], ceiling: Ceiling) -> Proof:
+    """Check each tenant's rules, less its deny rules, against the ceiling's regions."""
     found: list[Excess] = []
     notes: list[str] = []
     count = 0
     for t in tenants:
-        cover = (*ceiling.regions, *denies.get(t.tenant, ()))
+        cover = (*ceiling.regions, *t.denies)
         if t.has_rego:
             notes.append(f"tenant {t.tenant}: Rego can only refuse what its rules allow: proved on the rules")
         if t.report_mode is not None:
@@ -124,9 +106,10 @@ def _check(tenant: str, rule: RuleShape, cover: tuple[RuleShape, ...], why: str)
         return [Excess(tenant, rule.rule_id, rule.origin, None, f"not decided: {e}")]
     if example is None:
         return []
-    if example.unreadable_path:
+    if example.unreadable_path or example.asterisk:
         why = why or (
-            "a rule without paths also allows paths the gateway cannot read unambiguously "
-            "(forwarded as sent); a region with paths does not: leave `paths` out of the region"
+            "a rule without paths also allows paths no allow glob matches (ones the gateway "
+            "cannot read unambiguously, forwarded as sent; the `*` target); a region with paths "
+            "does not: leave `paths` out of the region"
         )
     return [Excess(tenant, rule.rule_id, rule.origin, example, why)]

@@ -39,6 +39,8 @@ class RuleShape:
     raw_tcp: bool = False
     rule_id: str = ""
     origin: str = ""
+    # A deny rule, as something taken away: its globs fold case and take unreadable paths.
+    deny: bool = False
 
     @staticmethod
     def from_rule(rule: Rule, rule_id: str = "", origin: str = "") -> RuleShape:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandgate.policy.ceiling import Proof, deny_shapes, effective_rules, load_ceiling, prove_tenants
+from sandgate.policy.ceiling import Proof, effective_rules, load_ceiling, prove_tenants
 from sandgate.policy.errors import PolicyLoadError, PolicySetError
 from sandgate.policy.model.loader import load_policy_dir
 
@@ -46,8 +46,7 @@ def _prove_one(rules: Path, ceiling_path: Path | None, fmt_json: bool) -> tuple[
         return _bad(rules, [str(x) for x in e.errors], fmt_json)
     except PolicyLoadError as e:
         return _bad(rules, [str(e)], fmt_json)
-    denies = {name: deny_shapes((*t.deny.rules, *t.base_deny.rules)) for name, t in policy.tenants.items()}
-    proof = prove_tenants(tenants, ceiling, denies)
+    proof = prove_tenants(tenants, ceiling)
     if not fmt_json:
         _print(proof, rules)
     doc: dict[str, Any] = {"rules_dir": str(rules), **proof.as_dict()}

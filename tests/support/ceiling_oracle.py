@@ -14,6 +14,7 @@ from sandgate.policy.reasons import Reason
 
 
 def _compiled(shape: RuleShape, i: int) -> CompiledRule:
+    """The rule as policy/model/loader.py compiles it (deny globs fold case)."""
     ports: set[int] = set()
     if shape.ports.spans != ((1, 65535),):
         for lo, hi in shape.ports.spans:
@@ -22,7 +23,7 @@ def _compiled(shape: RuleShape, i: int) -> CompiledRule:
         rule_id=f"r{i}",
         ports=frozenset(ports),
         methods=shape.methods,
-        paths=compile_path_globs(shape.paths) if shape.paths is not None else None,
+        paths=compile_path_globs(shape.paths, fold_case=shape.deny) if shape.paths is not None else None,
         inspect=bool(shape.methods or shape.paths),
         hosts=shape.hosts,
         cidrs=shape.cidrs,
@@ -34,15 +35,19 @@ class GatewayMatcher:
     """The gateway's matcher over a list of rules, built once; `allows` per concrete request.
 
     `region`: ceiling semantics for raw TCP (only a region without methods and paths allows it).
+    Shapes with `deny` are deny rules: a request they refuse counts as allowed here (what is
+    taken away from a tenant's rules is covered).
     """
 
     def __init__(self, rules: Sequence[RuleShape], *, region: bool) -> None:
+        allow = [r for r in rules if not r.deny]
         if region:
-            raw = [r for r in rules if r.methods is None and r.paths is None]
+            raw = [r for r in allow if r.methods is None and r.paths is None]
         else:
-            raw = [r for r in rules if r.raw_tcp]
+            raw = [r for r in allow if r.raw_tcp]
         self._raw = RuleIndex(_compiled(r, i) for i, r in enumerate(raw))
-        self._http = RuleIndex(_compiled(r, i) for i, r in enumerate(rules))
+        self._http = RuleIndex(_compiled(r, i) for i, r in enumerate(allow))
+        self._deny = RuleIndex(_compiled(r, i) for i, r in enumerate(rules) if r.deny)
 
     def allows(self, request: CounterExample) -> bool:
         host = normalise_host(request.host)
@@ -51,10 +56,14 @@ class GatewayMatcher:
         except ValueError:
             ip = None
         if request.method == RAW_TCP:
+            if self._deny.deny_match(host, ip, request.port, None, None) is not None:
+                return True
             found = self._raw.match(host, ip, request.port, None, None, no_match=Reason.HOST_NOT_ALLOWED)
             return found.rule is not None
         assert request.path is not None
         path = read_target(request.path).path
+        if self._deny.deny_match(host, ip, request.port, request.method, path) is not None:
+            return True
         found = self._http.match(
             host, ip, request.port, request.method, path, no_match=Reason.HOST_NOT_ALLOWED
         )

@@ -2,8 +2,9 @@
 
 For random rules and ceilings over small alphabets of hosts, networks, ports, methods and
 globs chosen to overlap: when the prover calls a rule inside, every request of a pool that
-the rule allows (by the gateway's RuleIndex) the ceiling allows too; when it prints a
-counter-example, the rule allows it and the ceiling does not.
+the rule allows (by the gateway's RuleIndex) the ceiling allows or a deny rule refuses;
+when it prints a counter-example, the rule allows it, no deny rule refuses it and the
+ceiling does not allow it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,20 @@ CIDRS = [
 ]
 PORTS: list[int | tuple[int, int]] = [80, 443, 8080, (1, 442), (444, 9000)]
 METHODS = ["GET", "POST", "PUT"]
-GLOBS = ["/v1/**", "/v1/*", "/v1/x/**", "/v1", "/**", "/*/x", "/v?/x", "/a!b", "/a%21b", "/a*", "/a**"]
+GLOBS = [
+    "/v1/**",
+    "/v1/*",
+    "/v1/x/**",
+    "/v1",
+    "/**",
+    "/*/x",
+    "/v?/x",
+    "/a!b",
+    "/a%21b",
+    "/a*",
+    "/a**",
+    "/V1/*",
+]
 
 POOL_HOSTS = [
     "a.com",
@@ -47,16 +61,33 @@ POOL_HOSTS = [
 ]
 POOL_PORTS = [80, 443, 8080, 22]
 POOL_METHODS = ["GET", "POST", "PUT", "DELETE", RAW_TCP]
-POOL_PATHS = ["/", "/v1", "/v1/", "/v1/x", "/v1/x/y", "/v1/y", "/v2/x", "/a!b", "/a%21b", "/ax", "/a/b", "//"]
+POOL_PATHS = [
+    "/",
+    "/v1",
+    "/v1/",
+    "/v1/x",
+    "/V1/x",
+    "/v1/x/y",
+    "/v1/y",
+    "/v2/x",
+    "/a!b",
+    "/A%21b",
+    "/a%21b",
+    "/ax",
+    "/a/b",
+    "//",
+    "*",
+]
 
 
-def shapes(*, region: bool) -> st.SearchStrategy[RuleShape]:
+def shapes(*, region: bool, deny: bool = False) -> st.SearchStrategy[RuleShape]:
     @st.composite
     def build(draw: st.DrawFn) -> RuleShape:
-        hosts = draw(st.lists(st.sampled_from(HOSTS), max_size=2, unique=True))
+        names = [h for h in HOSTS if h != "*"] if deny else HOSTS  # '*' is for allow rules
+        hosts = draw(st.lists(st.sampled_from(names), max_size=2, unique=True))
         cidrs = draw(st.lists(st.sampled_from(CIDRS), max_size=2, unique=True))
         if not hosts and not cidrs:
-            hosts = [draw(st.sampled_from(HOSTS))]
+            hosts = [draw(st.sampled_from(names))]
         ports = draw(st.one_of(st.none(), st.lists(st.sampled_from(PORTS), min_size=1, max_size=2)))
         raw = not region and draw(st.booleans()) and draw(st.booleans())
         methods = None if raw else draw(st.one_of(st.none(), st.sets(st.sampled_from(METHODS), min_size=1)))
@@ -72,6 +103,7 @@ def shapes(*, region: bool) -> st.SearchStrategy[RuleShape]:
             methods=frozenset(methods) if methods is not None else None,
             paths=tuple(paths) if paths is not None else None,
             raw_tcp=raw,
+            deny=deny,
         )
 
     return build()
@@ -91,8 +123,16 @@ POOL = pool()
 
 
 @settings(max_examples=200, deadline=None)
-@given(rule=shapes(region=False), regions=st.lists(shapes(region=True), max_size=3))
-def test_the_prover_agrees_with_the_gateway_matcher(rule: RuleShape, regions: list[RuleShape]) -> None:
+@given(
+    rule=shapes(region=False),
+    regions=st.lists(shapes(region=True), max_size=3),
+    denies=st.lists(shapes(region=True, deny=True), max_size=2),
+)
+def test_the_prover_agrees_with_the_gateway_matcher(
+    rule: RuleShape, regions: list[RuleShape], denies: list[RuleShape]
+) -> None:
+    """Deny rules are taken away as the report does: as more cover."""
+    regions = regions + denies
     found = excess(rule, regions)
     if found is None:
         tenant, ceiling = GatewayMatcher([rule], region=False), GatewayMatcher(regions, region=True)

@@ -32,6 +32,18 @@ def rule(
     )
 
 
+def deny(
+    *hosts: str,
+    cidrs: Sequence[str] = (),
+    ports: Sequence[int | tuple[int, int]] | None = None,
+    methods: Sequence[str] | None = None,
+    paths: Sequence[str] | None = None,
+) -> RuleShape:
+    """A deny rule, taken away as more cover (deny rules default to every port)."""
+    shape = rule(*hosts, cidrs=cidrs, ports=ports, methods=methods, paths=paths)
+    return RuleShape(shape.hosts, shape.cidrs, shape.ports, shape.methods, shape.paths, deny=True)
+
+
 def region(
     *hosts: str,
     cidrs: Sequence[str] = (),
@@ -186,6 +198,27 @@ CASES = {
         "GET http://b.com/",
     ),
     "nothing is inside an empty ceiling": (rule("a.com"), [], "GET https://a.com/"),
+    "a deny rule takes a host away": (
+        rule("*.a.com"),
+        [region("*.a.com", ports=[443]), deny("b.a.com")],
+        None,
+    ),
+    "a deny rule's paths fold case": (rule("a.com", paths=["/V1/x"]), [deny("a.com", paths=["/v1/*"])], None),
+    "a deny rule's paths take the unreadable ones, not the * target": (
+        rule("a.com"),
+        [region("a.com", paths=["/**"]), deny("a.com", paths=["/**"])],
+        "GET https://a.com with request target *",
+    ),
+    "a deny rule with paths leaves raw TCP alone": (
+        rule("a.com", raw_tcp=True),
+        [deny("a.com", paths=["/**"]), deny("a.com", methods=["GET"])],
+        "tcp://a.com:443",
+    ),
+    "a deny rule with methods takes those methods": (
+        rule("a.com", methods=["GET", "DELETE"]),
+        [region("a.com", methods=["GET"]), deny("a.com", methods=["DELETE"])],
+        None,
+    ),
 }
 
 

@@ -133,6 +133,17 @@ def test_a_deny_rule_takes_its_part_away(capsys: pytest.CaptureFixture[str], tmp
     assert code == 0, out
 
 
+def test_a_deny_rule_with_paths_takes_its_part_away(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rules = rules_dir(tmp_path, ceiling=CEILING.replace("'/v1', '/v1/*'", "'/v1/*'"))
+    assert run(capsys, str(rules))[0] == 1  # POST /v1
+    deny = "deny:\n  - hosts: [api.test]\n    methods: [POST]\n    paths: ['/V1']\n"
+    (rules / "tenants" / "acme.yaml").write_text(ACME + deny)
+    code, out, _ = run(capsys, str(rules))
+    assert code == 0, out  # deny globs fold case, as the gateway matches them
+
+
 def test_json_output_and_the_counter_example_checks_out(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
