@@ -166,6 +166,38 @@ def tenant_yaml(
     )
 
 
+Record = dict[str, Any]
+
+
+def records_when(
+    read: Callable[[], list[Record]], done: Callable[[list[Record]], bool], timeout: float = 10.0
+) -> list[Record]:
+    """`read()` again until `done` holds for what it returns, or until `timeout` (then the
+    caller's assertions say what is missing). The answer to a request goes out before its audit
+    record is written (by a thread; with workers, through the collector): wait for the records
+    a test expects instead of reading the trail once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = read()
+        if done(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def wait_quiet(path: Path, quiet: float = 0.5, timeout: float = 10.0) -> None:
+    """Wait until the file at `path` has not grown for `quiet` s (or `timeout`): what the audit
+    writer had queued is written by then, so a record missing now is not merely late."""
+    deadline = time.monotonic() + timeout
+    size, still_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now_size = path.stat().st_size if path.exists() else 0
+        if now_size != size:
+            size, still_since = now_size, time.monotonic()
+        elif time.monotonic() - still_since >= quiet:
+            return
+        time.sleep(0.02)
+
+
 @dataclass
 class RunningGateway:
     """A `sandgate run` subprocess and what tests need to talk to it."""
@@ -222,20 +254,26 @@ class RunningGateway:
                 return found[0]
             time.sleep(0.02)
 
+    def records_until(
+        self, done: Callable[[list[dict[str, Any]]], bool], *, event: str = "decision", timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        """Audit records of one event type since the last `mark()`, once `done` holds for them."""
+        return records_when(lambda: self.records(event=event), done, timeout)
+
+    def settled(
+        self, quiet: float = 0.5, *, event: str = "decision", timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        """Audit records since the last `mark()` once the file has been still for `quiet` s: for
+        asserting that a record is absent (the writer has written what it had by then)."""
+        wait_quiet(self.audit_path, quiet, timeout)
+        return self.records(event=event)
+
     def mark(self, quiet: float = 0.15, timeout: float = 5.0) -> None:
         """Start a test on a shared gateway: `records()` then shows only what comes after.
         Waits until the audit file has not grown for `quiet` s, so that a record an earlier
         test's request is still writing (the answer goes out before the record) is not taken
         for one of this test's."""
-        deadline = time.monotonic() + timeout
-        size, still_since = -1, time.monotonic()
-        while time.monotonic() < deadline:
-            now_size = self.audit_path.stat().st_size if self.audit_path.exists() else 0
-            if now_size != size:
-                size, still_since = now_size, time.monotonic()
-            elif time.monotonic() - still_since >= quiet:
-                break
-            time.sleep(0.02)
+        wait_quiet(self.audit_path, quiet, timeout)
         text = self.audit_path.read_text() if self.audit_path.exists() else ""
         self._audit_mark = len(text.splitlines())
 

@@ -8,7 +8,6 @@ import json
 import os
 import ssl
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -323,14 +322,12 @@ def test_a_placeholder_this_gateway_did_not_mint_is_refused_audited_and_never_fo
             resp = None  # a streamed body is cut: mitmproxy cannot answer it any more
     if where == "streamed body":
         assert resp is None or resp.status_code != 200
-        deadline = time.monotonic() + 10
-        while not (
-            records := [r for r in gateway.records() if r["phase"] == "request" and r["path"] == "/v1/echo"]
-        ):
-            assert time.monotonic() < deadline, "no record of the streamed request"
-            time.sleep(0.05)
-        time.sleep(0.5)  # a moment for any second record of it to show up
-        records = [r for r in gateway.records() if r["phase"] == "request" and r["path"] == "/v1/echo"]
+
+        def echoes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [r for r in records if r["phase"] == "request" and r["path"] == "/v1/echo"]
+
+        assert echoes(gateway.records_until(lambda rs: bool(echoes(rs)))), "no record of the streamed request"
+        records = echoes(gateway.settled())  # and any second record of it has shown up
     else:
         assert resp is not None, "only a streamed body may be cut off"
         assert resp.status_code == 403, resp.text
