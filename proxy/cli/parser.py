@@ -332,6 +332,7 @@ def _add_policy(sub: Subparsers) -> None:
     prove = pol_sub.add_parser("prove", help="any request the tenants' rules allow outside the ceiling")
     prove.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
     prove.add_argument("--ceiling", type=Path, metavar="FILE", help="default: PATH/ceiling.yaml")
+    prove.add_argument("--config", type=Path, metavar="FILE", help="no PATH: this gateway config's rules")
     _format(prove)
     prove.add_argument("--json", dest="format", action="store_const", const="json", help="--format json")
 

@@ -1,4 +1,4 @@
-"""`sandgate policy prove [--ceiling FILE] [PATH...]`: any request a tenant's rules allow that
+"""`sandgate policy prove [--ceiling FILE] [--config FILE] [PATH...]`: any request a tenant's rules allow that
 the operator's ceiling does not, as counter-examples.
 
 Exit codes: 0 every rule is inside the ceiling, 1 something is outside (or could not be
@@ -16,6 +16,8 @@ from typing import Any
 from sandgate.policy.ceiling import Proof, effective_rules, load_ceiling, prove_tenants
 from sandgate.policy.errors import PolicyLoadError, PolicySetError
 from sandgate.policy.model.loader import load_policy_dir
+from sandgate.proxy.config import load_config
+from sandgate.proxy.errors import ConfigError
 
 __all__ = ["run_prove"]
 
@@ -26,7 +28,13 @@ DEFAULT_CEILING = "ceiling.yaml"
 def run_prove(args: argparse.Namespace) -> int:
     """Prove each rules directory against its ceiling; the worst exit code wins."""
     as_json = args.format == "json"
-    results = [_prove_one(path, args.ceiling, as_json) for path in args.paths or [Path("rules")]]
+    try:
+        # With --config and no path, the rules that gateway serves (not ./rules), as `policy check`.
+        default = load_config(args.config).rules_path if args.config else Path("rules")
+    except ConfigError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    results = [_prove_one(path, args.ceiling, as_json) for path in args.paths or [default]]
     if as_json:
         docs = [doc for doc, _ in results]
         print(json.dumps(docs[0] if len(docs) == 1 else {"results": docs}, indent=2))

@@ -235,3 +235,17 @@ def test_the_shipped_rules_are_inside_the_example_ceiling(capsys: pytest.Capture
         capsys, "--ceiling", str(REPO / "rules" / "ceiling.example.yaml"), str(REPO / "rules")
     )
     assert (code, err) == (0, ""), out
+
+
+def test_with_a_config_and_no_path_the_config_rules_are_proved(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rules = rules_dir(tmp_path)
+    config = tmp_path / "sandgate.yaml"
+    config.write_text("rules_dir: rules\n")
+    code, out, err = run(capsys, "--config", str(config))
+    assert (code, err) == (0, "")
+    assert out == f"inside: 3 rules of 1 tenant in {rules} stay inside {rules}/ceiling.yaml\n"
+    config.write_text("rules_dir: [\n")
+    code, out, err = run(capsys, "--config", str(config))
+    assert (code, out) == (2, "") and err.startswith(f"sandgate: {config}")
