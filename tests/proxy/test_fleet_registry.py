@@ -2,7 +2,8 @@
 
 Sandboxes registered in redis (through the CLI) are served by every gateway without a
 restart; one published reload is in force on both; losing redis keeps known sandboxes and
-refuses unknown ones, and past max_staleness the redis-registered ones too.
+refuses unknown ones, and past max_staleness the redis-registered ones too. With several
+workers per gateway (SANDGATE_TEST_WORKERS), each worker is a member of the fleet.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,6 +22,30 @@ from conftest import OTHER_TOKEN, SANDGATE, TOKEN, GatewayFactory, RunningGatewa
 from support import RecordingUpstream, RedisServer
 
 pytestmark = pytest.mark.slow
+
+
+def _workers() -> int:
+    """Worker processes per gateway in this run (tests/conftest.py passes SANDGATE_WORKERS on)."""
+    count = os.environ.get("SANDGATE_WORKERS", "1")
+    return len(os.sched_getaffinity(0)) if count == "auto" else int(count)
+
+
+def _members(gateway_id: str) -> list[str]:
+    """The fleet members of the gateway with this id: itself, or each of its workers."""
+    workers = _workers()
+    return [gateway_id] if workers == 1 else [f"{gateway_id}-w{i}" for i in range(workers)]
+
+
+def _epoch_files(gw: RunningGateway) -> list[Path]:
+    """Where each member of the gateway remembers the fleet epoch (a worker: in its folder)."""
+    state, workers = gw.root / "state", _workers()
+    folders = [state] if workers == 1 else [state / "workers" / f"w{i}" for i in range(workers)]
+    return [folder / "fleet-epoch" for folder in folders]
+
+
+def _fleet_members() -> list[str]:
+    """Every member of the fleet `_fleet` starts, sorted."""
+    return sorted(_members("gw-a") + _members("gw-b"))
 
 
 def _fleet(
@@ -139,18 +165,18 @@ def test_one_published_reload_is_in_force_on_both_gateways(
     answers = sorted(
         line.split("\t")[0] for line in result.stdout.splitlines() if line.endswith("\treloaded")
     )
-    assert answers == ["gw-a", "gw-b"], result.stdout
+    assert answers == _fleet_members(), result.stdout
     assert _status(a, http_upstream, "sb1", TOKEN) == "403"
     assert _status(b, http_upstream, "sb1", TOKEN) == "403"
     # Both report the fleet version they serve.
     deadline = time.monotonic() + 5
     while True:
         status = json.loads(_cli(b, "policy", "status", "--format", "json").stdout)
-        if all(g["in_sync"] for g in status["gateways"]) and len(status["gateways"]) == 2:
+        if all(g["in_sync"] for g in status["gateways"]) and len(status["gateways"]) == len(_fleet_members()):
             break
         assert time.monotonic() < deadline, status
         time.sleep(0.1)
-    assert sorted(g["gateway"] for g in status["gateways"]) == ["gw-a", "gw-b"]
+    assert sorted(g["gateway"] for g in status["gateways"]) == _fleet_members()
 
 
 def test_losing_redis_keeps_known_sandboxes_and_refuses_unknown_ones(
@@ -205,13 +231,18 @@ def test_a_gateway_that_refuses_a_reload_is_named_and_still_follows_the_registry
     result = _cli(a, "policy", "reload")
     assert result.returncode == 1, (result.stdout, result.stderr)
     lines = {line.split("\t")[0]: line for line in result.stdout.splitlines() if "\t" in line}
-    assert lines["gw-a"].endswith("\treloaded")
-    assert "REFUSED: " in lines["gw-b"] and "base.yaml:2:" in lines["gw-b"]
+    assert sorted(lines) == _fleet_members(), result.stdout
+    for member in _members("gw-a"):
+        assert lines[member].endswith("\treloaded"), result.stdout
+    for member in _members("gw-b"):
+        assert "REFUSED: " in lines[member] and "base.yaml:2:" in lines[member], result.stdout
     assert "not every gateway serves the reloaded policy" in result.stderr
     status = json.loads(_cli(a, "policy", "status", "--format", "json").stdout)
     by_name = {g["gateway"]: g for g in status["gateways"]}
-    assert by_name["gw-a"]["in_sync"] is True
-    assert by_name["gw-b"]["in_sync"] is False and by_name["gw-b"]["last_reload"]["ok"] is False
+    for member in _members("gw-a"):
+        assert by_name[member]["in_sync"] is True, status
+    for member in _members("gw-b"):
+        assert by_name[member]["in_sync"] is False and by_name[member]["last_reload"]["ok"] is False, status
     text = _cli(a, "policy", "status").stdout
     assert "reload REFUSED" in text and "last reload error: " in text
     # Registry changes do not depend on b's files loading: b serves the new sandbox too.
@@ -230,19 +261,27 @@ def test_a_redis_replaced_by_an_empty_one_is_detected_loudly_and_fails_closed(
     client = redis.Redis.from_url(redis_server.url)
     epoch = client.get("fleet:epoch")
     assert isinstance(epoch, bytes)
-    for gw in (a, b):  # remembered across restarts
-        assert (gw.root / "state" / "fleet-epoch").read_text().strip() == epoch.decode()
+    for gw in (a, b):  # remembered across restarts, by every member
+        for path in _epoch_files(gw):
+            assert path.read_text().strip() == epoch.decode(), path
     client.flushall()
     client.close()
+    workers = _workers()
     for gw in (a, b):
         deadline = time.monotonic() + 10
-        while "fleet.redis_replaced" not in gw.log():
+        while gw.log().count("fleet.redis_replaced") < workers:  # each member notices
             assert time.monotonic() < deadline, gw.log()[-3000:]
             time.sleep(0.05)
         _wait_status(gw, http_upstream, "dyn1", OTHER_TOKEN, "407")  # gone with the data: fail closed
+        # Once per member; the gateway's metrics add up its workers' (each answers in time or
+        # is left out of one scrape: a loaded host is given a few).
+        want = f"sandgate_fleet_redis_replaced_total {workers}.0"
         sock = str(gw.root / "state" / "admin.sock")
         with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://sandgate") as api:
-            assert "sandgate_fleet_redis_replaced_total 1.0" in api.get("/metrics").text
+            deadline = time.monotonic() + 10
+            while want not in (text := api.get("/metrics").text):
+                assert time.monotonic() < deadline, text
+                time.sleep(0.1)
     assert _status(a, http_upstream, "sb1", TOKEN) == "200"  # file sandboxes are unaffected
 
 
@@ -256,7 +295,10 @@ def test_a_reload_the_local_gateway_refuses_still_reaches_the_fleet(
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "reload REFUSED" in result.stderr and "base.yaml:2:" in result.stderr
     lines = {line.split("\t")[0]: line for line in result.stdout.splitlines() if "\t" in line}
-    assert lines["gw-b"].endswith("\treloaded"), result.stdout
-    assert "REFUSED: " in lines["gw-a"] and "base.yaml:2:" in lines["gw-a"]
+    assert sorted(lines) == _fleet_members(), result.stdout
+    for member in _members("gw-b"):
+        assert lines[member].endswith("\treloaded"), result.stdout
+    for member in _members("gw-a"):
+        assert "REFUSED: " in lines[member] and "base.yaml:2:" in lines[member], result.stdout
     assert _status(b, http_upstream, "sb1", TOKEN) == "403", "b serves its new files"
     assert _status(a, http_upstream, "sb1", TOKEN) == "200", "a keeps the policy in force"
