@@ -190,29 +190,23 @@ def overlap(
 
 def _touches(a: RuleShape, b: RuleShape) -> bool:
     """Whether two shapes may share a destination and a port (a cheap, exact pre-check)."""
-    if not a.ports & b.ports:
-        return False
-    if any(_names_overlap(p, q) for p in a.hosts for q in b.hosts):
-        return True
-    if not a.cidrs or not b.cidrs:
-        return False
-    x, y = _addresses(a.cidrs), _addresses(b.cidrs)
-    return bool(x.v4 & y.v4 or x.v6 & y.v6)
+    if not any(_names_overlap(p, q) for p in a.hosts for q in b.hosts):
+        if not a.cidrs or not b.cidrs:
+            return False
+        x, y = _addresses(a.cidrs), _addresses(b.cidrs)
+        if not (x.v4.meets(y.v4) or x.v6.meets(y.v6)):
+            return False
+    return a.ports.meets(b.ports)
 
 
 def _names_overlap(p: str, q: str) -> bool:
     """Whether two host patterns match a common name."""
-    if ANY_HOST in (p, q):
+    if p == q or ANY_HOST in (p, q):
         return True
-    pw, qw = p.startswith("*."), q.startswith("*.")
-    ps, qs = p.removeprefix("*."), q.removeprefix("*.")
-    if pw and qw:
-        return ps == qs or ps.endswith("." + qs) or qs.endswith("." + ps)
-    if pw:
-        return q.endswith("." + ps)
-    if qw:
-        return p.endswith("." + qs)
-    return p == q
+    if p[0] == "*":
+        # Two wildcards share names when one suffix ends the other; a name, when it ends in one.
+        return q.endswith(p[1:]) or (q[0] == "*" and p.endswith(q[1:]))
+    return q[0] == "*" and p.endswith(q[1:])
 
 
 @functools.lru_cache(maxsize=4096)

@@ -46,6 +46,19 @@ class Intervals:
     def __contains__(self, value: int) -> bool:
         return any(lo <= value <= hi for lo, hi in self.spans)
 
+    def meets(self, other: Intervals) -> bool:
+        """Whether the sets share a member (without building the intersection)."""
+        i = j = 0
+        a, b = self.spans, other.spans
+        while i < len(a) and j < len(b):
+            if a[i][0] <= b[j][1] and b[j][0] <= a[i][1]:
+                return True
+            if a[i][1] < b[j][1]:
+                i += 1
+            else:
+                j += 1
+        return False
+
     def __and__(self, other: Intervals) -> Intervals:
         out: list[tuple[int, int]] = []
         i = j = 0
