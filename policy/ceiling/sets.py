@@ -205,9 +205,11 @@ def _fresh_top(anchors: set[str]) -> str:
     """A name equal to no anchor and under none."""
     n = 0
     while True:
-        name = f"other{n or ''}.invalid"
-        if not any(name == a or name.endswith("." + a) for a in anchors):
-            return name
+        # The reserved TLDs read best; a made-up one ends the search when anchors hold those.
+        for top in ("invalid", "test", f"other{n}"):
+            name = f"other{n or ''}.{top}"
+            if not any(name == a or name.endswith("." + a) for a in anchors):
+                return name
         n += 1
 
 

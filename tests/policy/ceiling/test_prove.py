@@ -197,6 +197,11 @@ CASES = {
         [region("a.com"), region("b.com", ports=[443])],
         "GET http://b.com/",
     ),
+    "a fresh name is found when the reserved TLDs are regions": (
+        rule("*"),
+        [region("*.invalid", "*.test", "invalid", "test"), region("a.com")],
+        "GET https://other.other0/",
+    ),
     "nothing is inside an empty ceiling": (rule("a.com"), [], "GET https://a.com/"),
     "a deny rule takes a host away": (
         rule("*.a.com"),
