@@ -343,7 +343,11 @@ def test_sb1s_ipv6_address_sent_from_another_interface_is_dropped(lab: Lab) -> N
     try:
         sent = netns_exec(g2.ns, PYTHON, "-c", query, g1.addr6, name, g2.host6)
         assert sent.returncode == 0, sent.stderr
-        time.sleep(2)
+        # Then g2 from its own address, over the same link: once this query's record is there,
+        # a spoofed query that got through would have been recorded (and is not).
+        sent = netns_exec(g2.ns, PYTHON, "-c", query, g2.addr6, f"after-{name}", g2.host6)
+        assert sent.returncode == 0, sent.stderr
+        assert _wait_for(lambda: any(r["dest"]["host"] == f"after-{name}" for r in lab.a.records()))
     finally:
         ip("-n", g2.ns, "addr", "del", f"{g1.addr6}/128", "dev", f"hn2n-{lab.net.tag}")
     assert not [r for r in lab.a.records() if r["dest"]["host"] == name], (

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import SANDGATE, tenant_yaml, write_gateway_files
+from conftest import SANDGATE, records_when, tenant_yaml, write_gateway_files
 from support import RecordingUpstream, free_port, wait_for_port
 from support.netns import Namespace, in_namespace, netns_lab
 
@@ -156,8 +156,17 @@ def test_updating_a_tenant_under_load_leaves_no_request_unidentified(lab: Lab) -
 
     assert set(guest_codes) == {"200"}, guest_codes
     assert set(token_codes) == {"200"}, token_codes
-    time.sleep(0.5)  # the audit writer flushes asynchronously
-    decisions = lab.records()[mark:]
+
+    def answered(records: list[dict[str, Any]], sandbox: str, path: str) -> int:
+        return sum(1 for r in records if r.get("sandbox") == sandbox and r.get("path") == path)
+
+    # The audit writer flushes asynchronously: wait for the record of every answered request.
+    decisions = records_when(
+        lambda: lab.records()[mark:],
+        lambda rs: (
+            answered(rs, "sb1", "/g") >= len(guest_codes) and answered(rs, "tok1", "/t") >= len(token_codes)
+        ),
+    )
     assert not [r for r in decisions if r["reason"] == "no_identity"]
     for sandbox in ("sb1", "tok1"):
         tenants = [r["tenant"] for r in decisions if r.get("sandbox") == sandbox]
@@ -165,7 +174,7 @@ def test_updating_a_tenant_under_load_leaves_no_request_unidentified(lab: Lab) -
         assert tenants[0] == "t1" and tenants[-1] == "t2", tenants
         switch = tenants.index("t2")
         assert set(tenants[:switch]) == {"t1"} and set(tenants[switch:]) == {"t2"}, tenants
-    updates = lab.records("sandbox_update")
+    updates = records_when(lambda: lab.records("sandbox_update"), lambda rs: len(rs) >= 2)
     assert [(u["sandbox"], u["old_tenant"], u["tenant"], u["changed"]) for u in updates] == [
         ("sb1", "t1", "t2", ["tenant"]),
         ("tok1", "t1", "t2", ["tenant"]),
@@ -267,7 +276,7 @@ def test_moving_a_sandbox_to_a_new_address_moves_its_anti_spoofing_rule(lab: Lab
         # The old address is no identity any more: its packets are dropped before the gateway.
         old = guest.exec("curl", "-sS", "-m", "3", "--interface", guest.addr, f"http://{lab.up.addr}/old")
         assert old.returncode != 0, old
-        time.sleep(0.5)
-        assert [r["tenant"] for r in lab.records() if r.get("path") == "/moved"] == ["t2"]
+        moves = records_when(lab.records, lambda rs: any(r.get("path") == "/moved" for r in rs))
+        assert [r["tenant"] for r in moves if r.get("path") == "/moved"] == ["t2"]
     finally:
         subprocess.run(["ip", "route", "del", f"{new_addr}/32", "dev", guest.host_if], capture_output=True)

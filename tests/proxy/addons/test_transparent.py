@@ -18,14 +18,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import SANDGATE, tenant_yaml, write_gateway_files
+from conftest import SANDGATE, records_when, tenant_yaml, wait_quiet, write_gateway_files
 from support import RecordingUpstream, ScriptedDNSServer, TestPKI, free_port, wait_for_port
 from support.netns import Namespace, NetnsLab, in_namespace, netns_lab, tcp_echo_server
 
@@ -63,13 +63,23 @@ class Lab:
     def gateway_ca(self) -> Path:
         return self.root / "state" / "ca" / "mitmproxy-ca-cert.pem"
 
-    def records(self, since: int = 0) -> list[dict[str, Any]]:
-        time.sleep(0.3)  # the audit writer thread flushes asynchronously
-        lines = self.audit.read_text().splitlines()[since:] if self.audit.exists() else []
-        return [json.loads(line) for line in lines if '"event":"decision"' in line]
+    def records(
+        self, since: int = 0, done: Callable[[list[dict[str, Any]]], bool] | None = None
+    ) -> list[dict[str, Any]]:
+        """Decision records after line `since`: once `done` holds for them, or (without it) once
+        the audit file has been still for a moment (the writer thread flushes asynchronously)."""
+
+        def read() -> list[dict[str, Any]]:
+            lines = self.audit.read_text().splitlines()[since:] if self.audit.exists() else []
+            return [json.loads(line) for line in lines if '"event":"decision"' in line]
+
+        if done is None:
+            wait_quiet(self.audit, 0.3)
+            return read()
+        return records_when(read, done)
 
     def mark(self) -> int:
-        time.sleep(0.3)
+        wait_quiet(self.audit, 0.3)  # an earlier test's records are written before the mark
         return len(self.audit.read_text().splitlines()) if self.audit.exists() else 0
 
     def sandgate(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -217,11 +227,12 @@ def test_dns_for_a_denied_name_is_nxdomain_audited_and_never_forwarded(lab: Lab)
     for name in ("open.test", f"{secret}.api.test"):
         result = lab.curl(lab.g1, f"http://{name}/")
         assert result.returncode == 6, "curl could not resolve the name"
-    records = [r for r in lab.records(mark) if r["phase"] == "dns"]
-    assert {(r["dest"]["host"], r["reason"]) for r in records} >= {
-        ("open.test", "dns_denied"),
-        (f"{secret}.api.test", "dns_denied"),
-    }
+    expected = {("open.test", "dns_denied"), (f"{secret}.api.test", "dns_denied")}
+
+    def dns_reasons(records: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {(r["dest"]["host"], r["reason"]) for r in records if r["phase"] == "dns"}
+
+    assert dns_reasons(lab.records(mark, lambda rs: dns_reasons(rs) >= expected)) >= expected
     assert not any(secret in q.name for q in lab.dns.queries), "the exfil label never left the gateway"
     assert lab.dns.count("open.test") == 0
 
@@ -232,7 +243,11 @@ def test_dns_for_an_allowed_name_at_a_refused_address_is_audited_private_address
     for name in ("meta.test", "gw.test"):
         result = lab.curl(lab.g1, f"http://{name}/")
         assert result.returncode == 6, f"curl got no address for {name}"
-    records = {r["dest"]["host"]: r for r in lab.records(mark) if r["phase"] == "dns" and r["method"] == "A"}
+    records = {
+        r["dest"]["host"]: r
+        for r in lab.records(mark, lambda rs: {"meta.test", "gw.test"} <= {r["dest"]["host"] for r in rs})
+        if r["phase"] == "dns" and r["method"] == "A"
+    }
     assert {n: (records[n]["decision"], records[n]["reason"]) for n in ("meta.test", "gw.test")} == {
         "meta.test": ("deny", "private_address"),
         "gw.test": ("deny", "private_address"),
@@ -266,7 +281,9 @@ def test_a_guest_dialling_an_ip_the_gateway_did_not_give_it_is_refused(lab: Lab)
     assert tls.returncode != 0
     assert http.stdout == "403"
     assert lab.evil_tls.connections == [] and lab.evil_web.connections == []
-    reasons = [(r["phase"], r["reason"]) for r in lab.records(mark)]
+    expected = {("tls", "host_mismatch"), ("request", "host_mismatch")}
+    records = lab.records(mark, lambda rs: expected <= {(r["phase"], r["reason"]) for r in rs})
+    reasons = [(r["phase"], r["reason"]) for r in records]
     assert ("tls", "host_mismatch") in reasons and ("request", "host_mismatch") in reasons
 
 
@@ -290,7 +307,9 @@ def test_raw_tcp_passes_only_where_a_tcp_rule_allows_it(lab: Lab) -> None:
     allowed, denied = result.stdout.splitlines()
     assert "HELLO sandgate-db" in allowed and "ECHO ping" in allowed
     assert "ECHO" not in denied
-    reasons = {(r["dest"]["port"], r["reason"]) for r in lab.records(mark)}
+    expected = {(5432, "allowed"), (6000, "protocol_not_allowed")}
+    records = lab.records(mark, lambda rs: expected <= {(r["dest"]["port"], r["reason"]) for r in rs})
+    reasons = {(r["dest"]["port"], r["reason"]) for r in records}
     assert (5432, "allowed") in reasons and (6000, "protocol_not_allowed") in reasons
 
 
@@ -342,7 +361,9 @@ def test_two_tenants_at_once_each_see_only_their_own_policy(lab: Lab) -> None:
     assert g1_api.stdout == "200"
     assert g2_api.returncode == 6, "tenant t2 cannot even resolve api.test"
     assert g2_pass.returncode == 0
-    by_sandbox = {(r["sandbox"], r["tenant"]) for r in lab.records(mark)}
+    both = {("sb1", "t1"), ("sb2", "t2")}
+    records = lab.records(mark, lambda rs: both <= {(r["sandbox"], r["tenant"]) for r in rs})
+    by_sandbox = {(r["sandbox"], r["tenant"]) for r in records}
     assert by_sandbox == {("sb1", "t1"), ("sb2", "t2")}
 
 
@@ -610,8 +631,12 @@ def test_a_sandbox_past_its_connection_cap_is_closed_at_connect(lab: Lab) -> Non
     finally:
         for s in conns:
             s.close()
-    time.sleep(1.2)  # refusals are recorded once a second, aggregated
-    refusals = [r for r in lab.records(mark) if r["reason"] == "connection_limit"]
+
+    def refused(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r["reason"] == "connection_limit"]
+
+    # Refusals are recorded once a second, aggregated.
+    refusals = refused(lab.records(mark, lambda rs: sum(r["connections"] for r in refused(rs)) >= 5))
     assert [(r["sandbox"], r["tenant"], r["detail"]) for r in refusals] == [
         ("sb1", "t1", "connections.max_per_sandbox (40)")
     ]
@@ -627,6 +652,8 @@ def test_a_clienthello_without_sni_never_reaches_a_host_allowed_by_name(lab: Lab
     mark = lab.mark()
     result = lab.curl(lab.g1, "-k", "-H", "Host: other.test", f"https://{lab.up.addr}/fronted")
     assert result.returncode != 0
-    tls = [r for r in lab.records(mark) if r["phase"] == "tls"]
+    tls = [
+        r for r in lab.records(mark, lambda rs: any(r["phase"] == "tls" for r in rs)) if r["phase"] == "tls"
+    ]
     assert [(r["decision"], r["dest"]["sni"]) for r in tls] == [("deny", None)]
     assert lab.tls.connections == []

@@ -29,7 +29,7 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 import yaml
-from conftest import REPO, SANDGATE, tenant_yaml, write_gateway_files
+from conftest import REPO, SANDGATE, records_when, tenant_yaml, write_gateway_files
 from support import RecordingUpstream, ScriptedDNSServer, free_port, wait_for_port
 from support.netns import Namespace, NetnsLab, in_namespace, netns_lab
 
@@ -213,6 +213,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield Lab(nl, up, svc, root, config, gateway, web, loopback)
 
 
+def _api_query(record: dict[str, Any]) -> bool:
+    return bool(record["phase"] == "dns" and record["dest"]["host"] == "api.test")
+
+
+def _local_service(record: dict[str, Any]) -> bool:
+    return bool(record.get("rule_id") == "t1/allow/local-svc" and record["decision"] == "allow")
+
+
 @pytest.mark.usefixtures("no_jail_left")
 def test_a_jail_goes_through_the_running_explicit_only_gateway(lab: Lab) -> None:
     before = json.loads((lab.state / "gateway.json").read_text())
@@ -226,11 +234,16 @@ def test_a_jail_goes_through_the_running_explicit_only_gateway(lab: Lab) -> None
     transparent, dns = status["transparent_port"], status["dns_port"]
     assert transparent and dns
     assert status["opened_on_demand"] == [f"transparent@0.0.0.0:{transparent}", f"dns@0.0.0.0:{dns}"]
-    records = [r for r in lab.records() if r.get("path") == "/from-jail"]
+    # The answer goes out before its record is written: wait for both of the jail's records.
+    everything = records_when(
+        lab.records,
+        lambda rs: any(r.get("path") == "/from-jail" for r in rs) and any(_api_query(r) for r in rs),
+    )
+    records = [r for r in everything if r.get("path") == "/from-jail"]
     assert [(r["decision"], r["listener"]) for r in records] == [
         ("allow", f"transparent@0.0.0.0:{transparent}")
     ]
-    assert any(r["phase"] == "dns" and r["dest"]["host"] == "api.test" for r in lab.records())
+    assert any(_api_query(r) for r in everything)
     admin = lab.admin_status()
     assert admin["transparent_port"] == transparent and admin["dns_port"] == dns
     assert f"0.0.0.0:{transparent}" in admin["listeners"]  # type: ignore[operator]
@@ -256,7 +269,8 @@ def test_a_jail_reaches_a_local_service_in_its_own_namespace_not_the_hosts_loopb
     svc = lab.jail("curl", "-sS", "-m", "8", f"http://{lab.svc.addr}:{SVC_PORT}/local")
     assert svc.returncode == 0, svc.stderr
     assert svc.stdout == "local service\n"
-    assert any(r.get("rule_id") == "t1/allow/local-svc" and r["decision"] == "allow" for r in lab.records())
+    local = records_when(lab.records, lambda rs: any(_local_service(r) for r in rs))
+    assert any(_local_service(r) for r in local)
 
 
 def test_a_gateway_without_admin_api_or_sandbox_listeners_is_named(lab: Lab, tmp_path: Path) -> None:
