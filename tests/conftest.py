@@ -411,8 +411,11 @@ class Gateways:
             proc.wait(30)
             return gw
         try:
-            wait_for_port("127.0.0.1", port, timeout=30)
-            if _workers(cfg, env) > 1:
+            workers = _workers(cfg, env)
+            # Several workers each import mitmproxy and load the policy: on a loaded 2-core
+            # machine that was seen to take over 20 s before the first one listened.
+            wait_for_port("127.0.0.1", port, timeout=30 if workers == 1 else 90)
+            if workers > 1:
                 # The port answers once any worker listens; the gateway serves (every worker,
                 # the lead's admin socket) once the supervisor wrote its status file.
                 state = Path(cfg.get("state_dir") or root / "state")
