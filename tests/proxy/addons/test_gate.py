@@ -33,15 +33,22 @@ def allow_rules(http_port: int, https_port: int) -> list[dict[str, object]]:
     ]
 
 
-@pytest.fixture
-def gateway(
-    start_gateway: GatewayFactory, http_upstream: RecordingUpstream, https_upstream: RecordingUpstream
+@pytest.fixture(scope="module")
+def shared_gateway(
+    start_module_gateway: GatewayFactory, http_upstream: RecordingUpstream, https_upstream: RecordingUpstream
 ) -> RunningGateway:
     rules = allow_rules(http_upstream.port, https_upstream.port)
     deny = [{"id": "no-admin", "hosts": ["api.test"], "paths": ["/admin/**"]}]
     # The operator opens the upstream's address to tenants whose cidr names it (rule by-ip).
     guard = {"address_guard": {"tenant_reachable": [f"{UPSTREAM_IP}/32"]}}
-    return start_gateway({"t1.yaml": tenant_yaml("t1", rules, deny=deny)}, config=guard)
+    return start_module_gateway({"t1.yaml": tenant_yaml("t1", rules, deny=deny)}, config=guard)
+
+
+@pytest.fixture
+def gateway(shared_gateway: RunningGateway) -> RunningGateway:
+    """The module's gateway (its tests only send requests); `records()` shows this test's."""
+    shared_gateway.mark()
+    return shared_gateway
 
 
 def client(gw: RunningGateway, *, verify: ssl.SSLContext | str | bool = True) -> httpx.Client:
