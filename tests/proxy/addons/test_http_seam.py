@@ -53,10 +53,6 @@ REFLECTIONS: dict[str, Callable[[bytes], bytes]] = {
 }
 
 
-def _write_secret_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SANDGATE_TEST_REFLECTED", SECRET)
-
-
 def _credential_tenant(port: int) -> str:
     return yaml.safe_dump(
         {
@@ -102,40 +98,60 @@ def _assert_no_secret(gw: RunningGateway, *texts: str) -> None:
         assert SECRET.replace("-", "_") not in text, f"the reflected secret reached the {where}"
 
 
+@pytest.fixture(scope="module")
+def reflecting_upstream(pki: TestPKI) -> Iterator[ReflectingUpstream]:
+    """The module's reflecting upstream; each test sets the reply it tries."""
+    with ReflectingUpstream("127.0.0.2", next(iter(REFLECTIONS.values())), tls=pki) as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="module")
+def reflecting_gateway(
+    start_module_gateway: GatewayFactory, reflecting_upstream: ReflectingUpstream
+) -> tuple[RunningGateway, str]:
+    """A gateway holding the secret for the reflecting upstream (tests only send requests through
+    it), and sb1's placeholder for it."""
+    gw = start_module_gateway(
+        {"t1.yaml": _credential_tenant(reflecting_upstream.port)}, env={"SANDGATE_TEST_REFLECTED": SECRET}
+    )
+    return gw, _placeholder(gw)
+
+
 @pytest.mark.parametrize(
     "shape", list(REFLECTIONS), ids=lambda s: f"an upstream reflecting the secret in {s}"
 )
 def test_a_secret_reflected_into_a_malformed_response_reaches_neither_guest_nor_audit_nor_log(
-    start_gateway: GatewayFactory, pki: TestPKI, monkeypatch: pytest.MonkeyPatch, shape: str
+    reflecting_gateway: tuple[RunningGateway, str], reflecting_upstream: ReflectingUpstream, shape: str
 ) -> None:
-    _write_secret_env(monkeypatch)
-    with ReflectingUpstream("127.0.0.2", REFLECTIONS[shape], tls=pki) as upstream:
-        gw = start_gateway({"t1.yaml": _credential_tenant(upstream.port)})
-        ph = _placeholder(gw)
-        verify = ssl.create_default_context(cafile=str(gw.ca_file))
-        with httpx.Client(proxy=gw.proxy(), verify=verify, timeout=10) as c:
-            try:
-                resp: httpx.Response | None = c.get(
-                    f"https://api.test:{upstream.port}/v1/x", headers={"Authorization": f"Bearer {ph}"}
-                )
-            except httpx.RemoteProtocolError:
-                resp = None  # the head was already streamed (scrubbed): the body is cut
-        assert [h for h in upstream.heads if f"Bearer {SECRET}".encode() in h], "the credential was injected"
-        (record,) = [r for r in gw.records(3) if r["phase"] == "request"]
-        assert (record["decision"], record["reason"]) == ("allow", "upstream_protocol_error")
-        assert record["error"] in ("malformed upstream response", "upstream closed the connection")
-        assert record["credentials"] == ["openai"]
-        answer = ""
-        if shape == "a bad chunk header":
-            assert resp is None
-        else:
-            assert resp is not None
-            assert (resp.status_code, resp.headers["X-Sandgate-Reason"]) == (502, "upstream_protocol_error")
-            assert resp.json()["decision_id"] == record["decision_id"]
-            assert record["status"] == 502
-            answer = resp.text + str(resp.headers)
-        time.sleep(0.3)  # let the log catch up with the record
-        _assert_no_secret(gw, answer)
+    gw, ph = reflecting_gateway
+    upstream = reflecting_upstream
+    upstream.reply = REFLECTIONS[shape]
+    upstream.heads.clear()
+    gw.mark()  # records() shows this test's only
+    verify = ssl.create_default_context(cafile=str(gw.ca_file))
+    with httpx.Client(proxy=gw.proxy(), verify=verify, timeout=10) as c:
+        try:
+            resp: httpx.Response | None = c.get(
+                f"https://api.test:{upstream.port}/v1/x", headers={"Authorization": f"Bearer {ph}"}
+            )
+        except httpx.RemoteProtocolError:
+            resp = None  # the head was already streamed (scrubbed): the body is cut
+    assert [h for h in upstream.heads if f"Bearer {SECRET}".encode() in h], "the credential was injected"
+    (record,) = [r for r in gw.records(3) if r["phase"] == "request"]
+    assert (record["decision"], record["reason"]) == ("allow", "upstream_protocol_error")
+    assert record["error"] in ("malformed upstream response", "upstream closed the connection")
+    assert record["credentials"] == ["openai"]
+    answer = ""
+    if shape == "a bad chunk header":
+        assert resp is None
+    else:
+        assert resp is not None
+        assert (resp.status_code, resp.headers["X-Sandgate-Reason"]) == (502, "upstream_protocol_error")
+        assert resp.json()["decision_id"] == record["decision_id"]
+        assert record["status"] == 502
+        answer = resp.text + str(resp.headers)
+    time.sleep(0.3)  # let the log catch up with the record
+    _assert_no_secret(gw, answer)
 
 
 def _raw(port: int, data: bytes, *, before: bytes | None = None, timeout: float = 10) -> bytes:
