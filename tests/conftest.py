@@ -72,43 +72,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# The files that take longest (pytest --durations, whole suite), longest first; then files
-# with a test of over half a minute that is not marked slow.
-HEAVIEST_FILES = (
-    "tests/proxy/test_fleet_registry.py",
-    "tests/proxy/test_stored_credentials.py",
-    "tests/docs/test_readme_walkthrough.py",
-    "tests/deploy/test_quickstart.py",
-    "tests/proxy/admin/test_workers_admin.py",
-    "tests/proxy/cli/test_policy_reload.py",
-    "tests/proxy/test_sandbox_update.py",
-    "tests/proxy/net/test_static_sandboxes.py",
-    "tests/proxy/stores/test_credentials.py",
-    "tests/deploy/test_probes.py",
-    "tests/proxy/test_relative_paths.py",
-    "tests/deploy/test_install.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the heaviest files first, then the other files of slow tests, then the quick ones
-    (each group in collection order). pytest-xdist (`--dist loadfile`) hands a free worker the
-    next file in this order: with the quick files last, the two workers finish together
-    instead of one running a long file alone at the end. Only the order changes."""
-
-    def rank(item: pytest.Item) -> int:
-        path = item.path.relative_to(REPO).as_posix()
-        if path in HEAVIEST_FILES:
-            return HEAVIEST_FILES.index(path)
-        return len(HEAVIEST_FILES) + (0 if slow_files.get(path) else 1)
-
-    slow_files: dict[str, bool] = {}
-    for item in items:
-        path = item.path.relative_to(REPO).as_posix()
-        slow_files[path] = slow_files.get(path, False) or item.get_closest_marker("slow") is not None
-    items.sort(key=rank)  # stable: a file's tests stay together, in their order
-
-
 DEMO_TOKEN = REPO / "rules" / "tenants" / "demo-1.token"
 _DEMO_TOKEN_MADE = pytest.StashKey[bool]()
 

@@ -29,12 +29,9 @@ WORKERS_SUBSET+=(
 # Two worker processes (pytest-xdist), a test file's tests on one of them (module fixtures such
 # as a shared gateway start once): the end-to-end tests spend most of their time waiting, and
 # every test is isolated (free ports, per-run names, per-state_dir nft tables). `-n 0` runs
-# the suite in one process; later arguments win. Files go to the workers in collection order
-# (tests/conftest.py puts the longest first), not pytest-xdist's most-tests-first: that put
-# the long end-to-end files, which have few tests, last, and one worker ran them alone.
-XDIST=(-n 2 --dist loadfile --no-loadscope-reorder)
+# the suite in one process; later arguments win.
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider "${XDIST[@]}" "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile "$@" || status=$?
 # Every gateway above ran as one process (tests/conftest.py: SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,
 # SO_REUSEPORT, per-worker transparent/DNS ports, one audit writer, shared limits): identity,
@@ -42,7 +39,7 @@ status=0
 # whole run: with arguments (a selection), the run above is the one asked for.
 if [ "$#" -eq 0 ]; then
     echo "== pytest, two workers per gateway" >&2
-    SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider "${XDIST[@]}" \
+    SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
         "${WORKERS_SUBSET[@]}" || status=$?
 fi
 exit "$status"
