@@ -121,7 +121,19 @@ def _write_secret(path: Path, value: str) -> None:
         f.write(value + "\n")
 
 
+_PLACEHOLDERS: dict[tuple[Path, str], dict[str, str]] = {}
+
+
 def placeholders(gw: RunningGateway, sandbox: str) -> dict[str, str]:
+    """The sandbox's placeholders, as `sandgate credentials placeholders` lists them; asked once
+    per gateway and sandbox (a CLI run takes a second or two; a gateway's placeholders stay)."""
+    key = (gw.root, sandbox)
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = _ask_placeholders(gw, sandbox)
+    return dict(_PLACEHOLDERS[key])
+
+
+def _ask_placeholders(gw: RunningGateway, sandbox: str) -> dict[str, str]:
     out = subprocess.run(
         [
             SANDGATE,
