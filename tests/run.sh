@@ -21,6 +21,10 @@ WORKERS_SUBSET=(
     tests/proxy/test_runtime.py
     tests/proxy/test_audit_durability.py
     tests/proxy/test_hostnet_workers.py
+    tests/proxy/addons/test_drain.py
+    # Fleet: two of the file's tests (the whole file takes 5 minutes with two workers).
+    tests/proxy/test_fleet_registry.py::test_one_published_reload_is_in_force_on_both_gateways
+    tests/proxy/test_fleet_registry.py::test_a_redis_replaced_by_an_empty_one_is_detected_loudly_and_fails_closed
 )
 # It asserts one process's metric: not yet written for a gateway of several workers.
 WORKERS_SUBSET+=(
@@ -35,7 +39,7 @@ status=0
 # Every gateway above ran as one process (tests/conftest.py: SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,
 # SO_REUSEPORT, per-worker transparent/DNS ports, one audit writer, shared limits): identity,
-# limits, reloads, audit, SIGTERM drain, transparent guests in network namespaces. Only on a
+# limits, reloads, audit, SIGTERM drain, fleet, transparent guests in network namespaces. Only on a
 # whole run: with arguments (a selection), the run above is the one asked for.
 if [ "$#" -eq 0 ]; then
     echo "== pytest, two workers per gateway" >&2
