@@ -260,7 +260,13 @@ def _walk(pos: tuple[_Nfa, ...], neg: tuple[_Nfa, ...]) -> str | None:
         chars |= n.chars
     if "%" in chars:
         chars |= set(_HEX)
-    other = next(c for c in _OTHER_POOL + "".join(sorted(_UNRESERVED)) if c not in chars and c not in ".~")
+    other = next(
+        (c for c in _OTHER_POOL + "".join(sorted(_UNRESERVED)) if c not in chars and c not in ".~"), None
+    )
+    if other is None:
+        # No character is left to stand for those the globs do not name: without one the
+        # walk could miss a path, and a missed path would read as "inside". Undecided instead.
+        raise ProofTooLarge("the globs name every character a stand-in could be")
     # The stand-in first: counter-examples read as "/x", not "/%21".
     alphabet = [other, *sorted(chars - {"/"}), "/"]
     start: tuple[_VState, tuple[frozenset[int], ...], tuple[frozenset[int], ...]] = (

@@ -25,7 +25,7 @@ from sandgate.policy.ceiling.sets import RAW_TCP, DestSet, HostSpace, Intervals,
 from sandgate.policy.ceiling.shape import RuleShape
 from sandgate.policy.matcher import ANY_HOST
 
-__all__ = ["CounterExample", "excess", "overlap"]
+__all__ = ["CounterExample", "excess", "lookup_excess", "overlap"]
 
 _PREFERRED_PORTS = (443, 80, 8080, 8443)
 
@@ -171,6 +171,26 @@ def excess(rule: RuleShape, ceiling: Ceiling | Sequence[RuleShape]) -> CounterEx
     return _example(left[0])
 
 
+def lookup_excess(rule: RuleShape, ceiling: Ceiling | Sequence[RuleShape]) -> str | None:
+    """A name `rule` names that no region names, or None.
+
+    The gateway looks up any name an allow rule names, whatever deny rules take from the
+    rule's requests: its DNS listener answers such names, and a deny rule with methods or
+    paths does not apply at CONNECT. A lookup reaches the name's nameservers (an exfiltration
+    channel), so a rule whose requests the deny rules cancel still reaches outside through
+    names the ceiling does not hold."""
+    regions = ceiling.regions if isinstance(ceiling, Ceiling) else ceiling
+    if not rule.hosts:
+        return None
+    space = _space((rule, *regions))
+    left = DestSet.of(space, rule.hosts, ())
+    for region in regions:
+        left = left - DestSet.of(space, region.hosts, ())
+        if not left:
+            return None
+    return left.pick()
+
+
 def overlap(
     rule: RuleShape, entries: Ceiling | Sequence[RuleShape]
 ) -> tuple[RuleShape, CounterExample] | None:
@@ -179,7 +199,9 @@ def overlap(
     regions = entries.always_human if isinstance(entries, Ceiling) else entries
     for region in regions:
         space = _space((rule, region))
-        a, b = _box(rule, space, region=False), _box(region, space, region=True)
+        # An entry is matched as a deny rule is: its globs fold case and take the paths the
+        # gateway cannot read (an upstream may fold `/REPOS` into `/repos` too).
+        a, b = _box(rule, space, region=False), _box(replace(region, deny=True), space, region=True)
         if a.cheap_disjoint(b):
             continue
         both = _Box(a.dest & b.dest, a.ports & b.ports, a.methods & b.methods, a.paths & b.paths)

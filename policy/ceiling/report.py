@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sandgate.policy.ceiling.effective import TenantRules
 from sandgate.policy.ceiling.model import Ceiling
 from sandgate.policy.ceiling.pathlang import ProofTooLarge
-from sandgate.policy.ceiling.prove import CounterExample, excess
+from sandgate.policy.ceiling.prove import CounterExample, excess, lookup_excess
 from sandgate.policy.ceiling.sets import ALL_PORTS
 from sandgate.policy.ceiling.shape import RuleShape
 from sandgate.policy.matcher import ANY_HOST
@@ -36,6 +36,9 @@ class Excess:
     origin: str
     example: CounterExample | None
     why: str = ""
+    # A name the gateway would look up for this rule that no region names (its requests
+    # being all denied); None with no example: not decided.
+    lookup: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -43,6 +46,7 @@ class Excess:
             "rule_id": self.rule_id,
             "origin": self.origin,
             "request": self.example.as_dict() if self.example is not None else None,
+            "lookup": self.lookup,
             "why": self.why,
         }
 
@@ -82,10 +86,12 @@ def prove_tenants(tenants: list[TenantRules], ceiling: Ceiling) -> Proof:
         if t.has_rego:
             notes.append(f"tenant {t.tenant}: Rego can only refuse what its rules allow: proved on the rules")
         if t.report_mode is not None:
-            found += _check(t.tenant, _report(t), cover, "report mode allows what the rules would deny")
+            found += _check(
+                t.tenant, _report(t), cover, ceiling.regions, "report mode allows what the rules would deny"
+            )
         for rule in t.rules:
             count += 1
-            found += _check(t.tenant, rule, cover, "")
+            found += _check(t.tenant, rule, cover, ceiling.regions, "")
     return Proof(ceiling.file, len(tenants), count, tuple(found), tuple(notes))
 
 
@@ -99,11 +105,23 @@ def _report(t: TenantRules) -> RuleShape:
     )
 
 
-def _check(tenant: str, rule: RuleShape, cover: tuple[RuleShape, ...], why: str) -> list[Excess]:
+def _check(
+    tenant: str, rule: RuleShape, cover: tuple[RuleShape, ...], regions: tuple[RuleShape, ...], why: str
+) -> list[Excess]:
     try:
         example = excess(rule, cover)
+        name = lookup_excess(rule, regions) if example is None else None
     except ProofTooLarge as e:
         return [Excess(tenant, rule.rule_id, rule.origin, None, f"not decided: {e}")]
+    except Exception as e:  # never "inside" for want of an answer
+        return [Excess(tenant, rule.rule_id, rule.origin, None, f"not decided: {type(e).__name__}")]
+    if example is None and name is not None:
+        why = (
+            "deny rules refuse its requests, but the gateway still looks up the names an allow "
+            "rule names (its DNS listener answers them; a deny rule with methods or paths does "
+            "not apply at CONNECT), and a lookup reaches that name's nameservers"
+        )
+        return [Excess(tenant, rule.rule_id, rule.origin, None, why, lookup=name)]
     if example is None:
         return []
     if example.unreadable_path or example.asterisk:

@@ -70,7 +70,10 @@ def _bad(rules: Path, lines: list[str], fmt_json: bool) -> tuple[dict[str, Any],
 
 def _print(proof: Proof, rules: Path) -> None:
     for e in proof.excesses:
-        example = f"e.g. {e.example}" if e.example is not None else "not decided"
+        if e.example is not None:
+            example = f"e.g. {e.example}"
+        else:
+            example = f"e.g. a DNS lookup of {e.lookup}" if e.lookup is not None else "not decided"
         print(f"{e.origin}: tenant {e.tenant}: {e.rule_id} allows requests outside the ceiling: {example}")
         if e.why:
             print(f"  {e.why}")

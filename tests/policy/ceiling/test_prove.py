@@ -3,13 +3,23 @@ non-obvious ways; every counter-example is checked with the gateway's own matche
 
 from __future__ import annotations
 
+import string
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from support.ceiling_oracle import gateway_allows, readable
 
-from sandgate.policy.ceiling import RAW_TCP, RuleShape, excess, load_ceiling, overlap, ports_of
+from sandgate.policy.ceiling import (
+    RAW_TCP,
+    ProofTooLarge,
+    RuleShape,
+    excess,
+    load_ceiling,
+    lookup_excess,
+    overlap,
+    ports_of,
+)
 from sandgate.policy.model.tenant import Rule
 
 
@@ -289,3 +299,23 @@ def test_a_proposed_rule_against_a_loaded_ceiling(tmp_path: Path) -> None:
     assert str(hit[1]) == "GET https://api.github.com/"
     tcp = RuleShape.from_rule(Rule.model_validate({"hosts": ["x.github.com"], "protocol": "tcp"}))
     assert tcp.raw_tcp and str(excess(tcp, ceiling)) == "POST https://x.github.com/"
+
+
+def test_always_human_paths_fold_case_as_deny_rules_do() -> None:
+    # An upstream may fold `/REPOS` into `/repos`: the entry is matched as a deny rule is.
+    hit = overlap(
+        rule("api.github.com", paths=["/REPOS/**"]), [region("api.github.com", paths=["/repos/**"])]
+    )
+    assert hit is not None and hit[1].path is not None and hit[1].path.lower().startswith("/repos")
+
+
+def test_globs_naming_every_stand_in_character_are_undecided_not_inside() -> None:
+    every = "/" + string.ascii_letters + string.digits + "-_"
+    with pytest.raises(ProofTooLarge):
+        excess(rule("a.com", paths=[every]), [region("a.com", paths=["/x"])])
+
+
+def test_a_name_outside_the_regions_is_a_lookup_excess() -> None:
+    assert lookup_excess(rule("*.evil.test", methods=["GET"]), [region("pypi.org")]) == "x.evil.test"
+    assert lookup_excess(rule("b.a.com"), [region("*.a.com", ports=[22])]) is None
+    assert lookup_excess(rule(cidrs=["10.0.0.0/8"]), [region("pypi.org")]) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import string
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,29 @@ def test_with_a_config_and_no_path_the_config_rules_are_proved(
     config.write_text("rules_dir: [\n")
     code, out, err = run(capsys, "--config", str(config))
     assert (code, out) == (2, "") and err.startswith(f"sandgate: {config}")
+
+
+def test_a_rule_its_deny_rules_cancel_still_looks_names_up(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Every request of `exfil` is denied, but the gateway resolves the names an allow rule
+    # names (its DNS listener answers them; a deny rule with methods skips CONNECT): a lookup
+    # of <secret>.evil.test reaches evil.test's nameservers, outside the ceiling.
+    rules = rules_dir(tmp_path)
+    cancelled = "  - id: exfil\n    hosts: ['*.evil.test']\n    methods: [GET]\ndeny:\n"
+    cancelled += "  - hosts: ['*.evil.test']\n    methods: [GET]\n"
+    (rules / "tenants" / "acme.yaml").write_text(ACME + cancelled)
+    code, out, _ = run(capsys, str(rules))
+    assert code == 1, out
+    assert "acme/allow/exfil" in out and "e.g. a DNS lookup of x.evil.test" in out
+
+
+def test_globs_no_character_is_left_for_are_not_decided(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    every = "/" + string.ascii_letters + string.digits + "-_"
+    rules = rules_dir(tmp_path)
+    (rules / "tenants" / "acme.yaml").write_text(ACME.replace("'/v1/**'", f"'{every}'"))
+    code, out, _ = run(capsys, str(rules))
+    assert code == 1, out
+    assert "acme/allow/api allows requests outside the ceiling: not decided" in out
