@@ -291,6 +291,14 @@ class RuleIndex:
         """Whether any rule names this host, whatever its ports, methods or paths (DNS answers)."""
         return next(self.candidates(host, None), None) is not None
 
+    def denies_name(self, host: str) -> CompiledRule | None:
+        """The first deny rule naming this host that refuses every request to it (no ports,
+        methods or paths of its own): the gateway never looks such a name up."""
+        for rule in self.candidates(host, None):
+            if not rule.ports and rule.methods is None and rule.paths is None:
+                return rule
+        return None
+
     def names_explicitly(self, host: str) -> bool:
         """Whether a rule names this host itself (exactly or by suffix), not only `hosts: ["*"]`."""
         return next(self.named_candidates(host, None), None) is not None

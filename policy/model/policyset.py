@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sandgate.policy.decision import Identity, Mode
-from sandgate.policy.matcher import RuleIndex
+from sandgate.policy.matcher import CompiledRule, RuleIndex
 from sandgate.policy.model.sandbox_tokens import digest_token, tokens_equal
 from sandgate.policy.rego.program import RegoProgram
 
@@ -63,6 +63,15 @@ class TenantPolicy:
     sandboxes: tuple[SandboxRecord, ...] = ()
     # What the tenant was loaded from (its file, tokens and Rego), for the policy version.
     digest: str = ""
+
+    def refuses_name(self, host: str) -> CompiledRule | None:
+        """The deny rule that refuses every request to `host` (the operator's always, the
+        tenant's own unless it is in report mode), or None. Such a name is not looked up: a
+        lookup reaches the name's nameservers, a channel out of the sandbox of its own."""
+        rule = self.base_deny.denies_name(host)
+        if rule is None and self.mode is not Mode.REPORT:
+            rule = self.deny.denies_name(host)
+        return rule
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,8 +190,9 @@ class Transparent:
     async def _bound(self, state: ConnectionState, name: str) -> bool:
         """Whether the gateway resolved `name` to the original destination for this sandbox.
 
-        A name the tenant's rules never allow counts as bound here: the decision that follows
-        denies it (`host_not_allowed`) without the gateway ever looking the name up.
+        A name the tenant's rules never allow, or a deny rule refuses outright, counts as bound
+        here: the decision that follows denies it (`host_not_allowed`, `host_denied`) without
+        the gateway ever looking the name up.
         """
         if self.ctx.reroute:
             return True
@@ -202,7 +203,7 @@ class Transparent:
         if self.ctx.bindings.bound(state.identity.sandbox, ip, name):
             return True
         tenant = self.ctx.policy.tenant(state.identity.tenant)
-        if tenant is None or not tenant.allow.names_host(name):
+        if tenant is None or not tenant.allow.names_host(name) or tenant.refuses_name(name) is not None:
             return True
         try:
             return ip in (await self.ctx.resolver.resolve(name)).addresses

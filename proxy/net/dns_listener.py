@@ -193,6 +193,16 @@ class DnsListener:
         tenant = policy.tenant(identity.tenant)
         if tenant is None:
             return Decision(reason=Reason.NO_IDENTITY, policy_version=policy.version)
+        denied = tenant.refuses_name(name)
+        if denied is not None:
+            # Never looked up: the lookup itself would reach the name's nameservers.
+            return Decision(
+                reason=Reason.DNS_DENIED,
+                rule_id=denied.rule_id,
+                policy_version=policy.version,
+                mode=tenant.mode,
+                detail="a deny rule refuses this name",
+            )
         if tenant.allow.names_host(name):
             return Decision(
                 allowed=True, reason=Reason.ALLOWED, policy_version=policy.version, mode=tenant.mode

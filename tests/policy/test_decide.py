@@ -946,3 +946,25 @@ LITERALS = [
 def test_literal_ip(host: str, expected: str | None) -> None:
     ip = literal_ip(host)
     assert (str(ip) if ip is not None else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("tenant", "host", "rule_id"),
+    [
+        ("acme", "blocked.example.com", "acme/deny/blocked"),  # the tenant's own, outright
+        ("acme", "metadata.google.internal", "base/deny/metadata"),  # the operator's
+        ("any", "metadata.google.internal", "base/deny/metadata"),  # whatever `*` allows
+        ("acme", "api.example.com", None),  # denied for POST only: still looked up
+        ("acme", "shop.example.com", None),  # denied under /admin/** only
+        ("trial", "blocked.example.com", None),  # report mode relaxes its own deny rules
+        ("any", "www.example.com", None),
+    ],
+)
+def test_a_name_refused_outright_is_never_looked_up(
+    policy: PolicySet, tenant: str, host: str, rule_id: str | None
+) -> None:
+    """What the DNS listener and the transparent SNI check ask before resolving a name."""
+    t = policy.tenant(tenant)
+    assert t is not None
+    refused = t.refuses_name(host)
+    assert (refused.rule_id if refused is not None else None) == rule_id

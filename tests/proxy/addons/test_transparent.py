@@ -115,8 +115,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Lab]
                 {"id": "pass", "hosts": ["pass.test"], "ports": [443]},
                 {"id": "db", "cidrs": [f"{up.addr}/32"], "ports": [5432], "protocol": "tcp"},
                 {"id": "traps", "hosts": ["meta.test", "gw.test"], "ports": [80]},
+                {"id": "wide", "hosts": ["*.wide.test"], "ports": [443]},
             ],
             sandbox="static-sb1",
+            # Refused outright (no ports, methods or paths): never looked up either.
+            deny=[{"id": "no-evil", "hosts": ["*.evil.wide.test"]}],
         )
         t2 = tenant_yaml("t2", [{"id": "pass", "hosts": ["pass.test"], "ports": [443]}], sandbox="static-sb2")
         transparent_port, dns_port = free_port(), free_port()
@@ -656,4 +659,31 @@ def test_a_clienthello_without_sni_never_reaches_a_host_allowed_by_name(lab: Lab
         r for r in lab.records(mark, lambda rs: any(r["phase"] == "tls" for r in rs)) if r["phase"] == "tls"
     ]
     assert [(r["decision"], r["dest"]["sni"]) for r in tls] == [("deny", None)]
+    assert lab.tls.connections == []
+
+
+def test_a_name_a_deny_rule_refuses_is_never_looked_up(lab: Lab) -> None:
+    # `*.wide.test` is allowed and `*.evil.wide.test` denied outright. A lookup of a name under
+    # it would carry its labels to that zone's nameservers, so the gateway makes none: not for
+    # the guest's DNS query, nor for a name that comes only in the SNI of a connection to an
+    # allowed address (the binding check resolves names it was not asked for otherwise).
+    lab.dns.reset()
+    lab.tls.reset()
+    mark = lab.mark()
+    secret = secrets.token_hex(20)
+    name = f"{secret}.evil.wide.test"
+    assert lab.curl(lab.g1, f"https://{name}/").returncode == 6, "curl could not resolve the name"
+    result = lab.curl(lab.g1, "--resolve", f"{name}:443:{lab.up.addr}", f"https://{name}/")
+    assert result.returncode != 0
+
+    def seen(records: list[dict[str, Any]]) -> bool:
+        return {r["phase"] for r in records if r["dest"]["host"] == name} >= {"dns", "tls"}
+
+    records = [r for r in lab.records(mark, seen) if r["dest"]["host"] == name]
+    # (curl asks for A and AAAA: one DNS record each.)
+    assert {(r["phase"], r["reason"], r["rule_id"]) for r in records} == {
+        ("dns", "dns_denied", "t1/deny/no-evil"),
+        ("tls", "host_denied", "t1/deny/no-evil"),
+    }
+    assert not any(secret in q.name for q in lab.dns.queries), "the name was looked up"
     assert lab.tls.connections == []
