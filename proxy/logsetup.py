@@ -158,7 +158,9 @@ def configure_logging(level: str = "info", fmt: str = "console") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write per line (print() writes the newline apart): the workers of one gateway share
+        # its stderr, and a line split by another process's line is no JSON for a log shipper.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     # mitmproxy logs URLs (which may carry secrets in query strings) at info: keep it to warnings.

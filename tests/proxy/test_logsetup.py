@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
@@ -121,3 +126,33 @@ def test_redaction_keeps_the_words_around_the_literals() -> None:
         == "Client's cert for <redacted> failed: <redacted>"
     )
     assert redact_literals("line\x1b[31m") == "line?[31m"
+
+
+WRITER = """
+import sys
+import structlog
+from sandgate.proxy.logsetup import configure_logging
+configure_logging("info", "json")
+log = structlog.get_logger("t")
+for i in range(int(sys.argv[1])):
+    log.info("policy.reloaded", worker=sys.argv[2], i=i, pad="x" * 200)
+"""
+
+
+def test_processes_sharing_stderr_never_split_each_other_s_lines(tmp_path: Path) -> None:
+    # A gateway's workers inherit one stderr: each JSON line must reach it in one write, or a
+    # log shipper reads two half lines (seen: a worker's line ran into its peer's).
+    out = tmp_path / "shared.log"
+    with out.open("wb") as shared:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WRITER, "3000", str(w)],
+                stderr=shared,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            for w in range(3)
+        ]
+        assert [p.wait(120) for p in procs] == [0, 0, 0]
+    lines = out.read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is one whole record
+    assert len(records) == 9000
