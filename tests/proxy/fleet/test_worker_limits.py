@@ -12,10 +12,13 @@ import httpx
 import pytest
 import redis
 import yaml
-from conftest import GatewayFactory, RunningGateway, tenant_yaml
-from support import RecordingUpstream
+from conftest import GatewayFactory, Gateways, RunningGateway, tenant_yaml
+from support import RecordingUpstream, TestPKI
 
+from sandgate.proxy.audit.collector import AuditCollector
+from sandgate.proxy.audit.trail import JsonlFileSink
 from sandgate.proxy.fleet.local_broker import ENV, LocalBroker
+from sandgate.proxy.unix_sockets import ensure_private_folder, internal_socket_folder
 from sandgate.proxy.worker_role import ENV as WORKER_ENV
 
 pytestmark = pytest.mark.slow
@@ -25,6 +28,31 @@ pytestmark = pytest.mark.slow
 def broker(tmp_path: Path) -> Iterator[LocalBroker]:
     with LocalBroker(tmp_path / "broker") as b:
         yield b
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, pki: TestPKI) -> Iterator[GatewayFactory]:
+    """Workers as the supervisor starts them, each with the audit collector the supervisor
+    would run for it; the collectors close after the workers stopped (a worker stopping
+    without one waits out its audit close timeout)."""
+    collectors: list[AuditCollector] = []
+
+    def with_collector(root: Path) -> None:
+        state = root / "state"
+        sink = JsonlFileSink(state / "audit" / "audit.jsonl", max_bytes=10**9, backups=1)
+        collector = AuditCollector(ensure_private_folder(internal_socket_folder(state)) / "audit.sock", sink)
+        collector.start()
+        collectors.append(collector)
+
+    gateways = Gateways(tmp_path, pki)
+
+    def start(tenants: dict[str, str], **kwargs: Any) -> RunningGateway:
+        return gateways.start(tenants, prepare=with_collector, **kwargs)
+
+    yield start
+    gateways.close()
+    for collector in collectors:
+        collector.close()
 
 
 def limited_tenant(upstream: RecordingUpstream, **limits: int) -> dict[str, str]:
