@@ -79,6 +79,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_audit_command(args)
     if command == "policy":
+        # `policy reload|status` only ask the running gateway (or the fleet): not the Rego
+        # engines and loaders below (~0.5 s CPU a call; tests run them often).
+        from sandgate.proxy.cli import admin as admin_cli
+
+        if args.policy_command in admin_cli.POLICY_COMMANDS:
+            return admin_cli.run_policy_command(args)
         # Lazy: the Rego engines (regopy, opa_client) that check, test and explain run.
         from sandgate.proxy.cli.policy import run as run_policy_command
 

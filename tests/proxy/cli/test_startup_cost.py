@@ -1,6 +1,7 @@
 """Each `sandgate` command loads only what it uses: the light ones (`--version`, `status`,
-`audit`, `sandbox list`, `credentials`) never import mitmproxy, regopy or opa_client, which
-cost seconds of CPU at start-up and only `run`, `ca`, `jail` and `policy` need.
+`audit`, `sandbox list`, `credentials`, `policy status|reload`) never import mitmproxy, regopy
+or opa_client, which cost seconds of CPU at start-up and only `run`, `ca`, `jail` and the
+other `policy` commands need.
 
 Each command runs in a fresh interpreter (in this one, other tests have loaded everything),
 through the real `main`, which then reports the top-level packages it loaded.
@@ -62,6 +63,8 @@ LIGHT = [
     (["sandbox", "list", "--config", "{config}"], 0),
     (["credentials", "list", "--config", "{config}"], 0),
     (["credentials", "placeholders", "--sandbox", "sb1", "--config", "{config}"], 0),
+    (["policy", "status", "--config", "{config}"], 2),
+    (["policy", "reload", "--config", "{config}"], 1),
 ]
 
 
@@ -77,6 +80,8 @@ LIGHT = [
         "sandbox list loads none of them",
         "credentials list loads none of them",
         "credentials placeholders loads none of them",
+        "policy status without a gateway loads none of them",
+        "policy reload without a gateway loads none of them",
     ],
 )
 def test_a_light_command_loads_no_heavy_package(config: Path, argv: list[str], code: int) -> None:
