@@ -43,11 +43,7 @@ class Pair:
         rules = [{"hosts": ["api.test"], "ports": [upstream.port]}]
         tenants = {"t1.yaml": tenant_yaml("t1", rules)}
         self.state = state
-        # What the supervisor would run: the audit file's one writer, which the workers forward to.
-        folder = ensure_private_folder(internal_socket_folder(state))
-        sink = JsonlFileSink(state / "audit" / "audit.jsonl", max_bytes=10**9, backups=1)
-        self.collector = AuditCollector(folder / "audit.sock", sink)
-        self.collector.start()
+        self.collector = start_collector(state)
         # No file watching: what a peer serves changes only when the lead tells it.
         config = {"state_dir": str(state), "reload": {"watch": False}}
         self.workers: list[RunningGateway] = [
@@ -60,6 +56,16 @@ class Pair:
     def close(self) -> None:
         self.lead.close()
         self.collector.close()
+
+
+def start_collector(state: Path) -> AuditCollector:
+    """What the supervisor would run: the audit file's one writer, which the workers forward to
+    (a worker stopping without one waits out its audit close timeout)."""
+    folder = ensure_private_folder(internal_socket_folder(state))
+    sink = JsonlFileSink(state / "audit" / "audit.jsonl", max_bytes=10**9, backups=1)
+    collector = AuditCollector(folder / "audit.sock", sink)
+    collector.start()
+    return collector
 
 
 def wait_ready(admin: httpx.Client, timeout: float = 30.0) -> None:
@@ -315,6 +321,7 @@ def test_a_credential_rotated_through_the_lead_is_used_by_the_peer_at_once(
         assert done.returncode == 0, done.stderr
 
     tenants = {"acme.yaml": stored_tenant(https_upstream.port)}
+    collector = start_collector(state)
     try:
         w0 = gateways.start(tenants, config=config, env={WORKER_ENV: "0/2"}, prepare=set_value)
         w1 = gateways.start(tenants, config=config, env={WORKER_ENV: "1/2"})
@@ -329,3 +336,4 @@ def test_a_credential_rotated_through_the_lead_is_used_by_the_peer_at_once(
         assert injected(w0, state, https_upstream, ph) == f"Bearer {ROTATED}"
     finally:
         gateways.close()
+        collector.close()
