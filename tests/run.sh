@@ -14,13 +14,15 @@ MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandg
 # The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
 MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
 echo "== pytest" >&2
+# The part run again with two workers per gateway (below). Not in it: tests/proxy/workers,
+# tests/proxy/fleet/test_worker_limits.py and tests/proxy/test_hostnet_workers.py: each of their
+# gateways sets its own count (`--workers 2`, SANDGATE_WORKERS=2 in its env, or SANDGATE_WORKER=i/2
+# for one worker of two), so the first run already runs them with two workers, and a second run
+# would only repeat them exactly.
 WORKERS_SUBSET=(
-    tests/proxy/workers
     tests/proxy/addons/test_identify.py
-    tests/proxy/fleet/test_worker_limits.py
     tests/proxy/test_runtime.py
     tests/proxy/test_audit_durability.py
-    tests/proxy/test_hostnet_workers.py
     tests/proxy/addons/test_drain.py
     # Fleet: two of the file's tests (the whole file takes 5 minutes with two workers).
     tests/proxy/test_fleet_registry.py::test_one_published_reload_is_in_force_on_both_gateways
@@ -36,11 +38,11 @@ WORKERS_SUBSET+=(
 # the suite in one process; later arguments win.
 status=0
 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile "$@" || status=$?
-# Every gateway above ran as one process (tests/conftest.py: SANDGATE_TEST_WORKERS, default 1).
+# Every gateway above that does not set its count ran as one process (tests/conftest.py:
+# SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,
-# SO_REUSEPORT, per-worker transparent/DNS ports, one audit writer, shared limits): identity,
-# limits, reloads, audit, SIGTERM drain, fleet, transparent guests in network namespaces. Only on a
-# whole run: with arguments (a selection), the run above is the one asked for.
+# SO_REUSEPORT, one audit writer, the local broker): identity, reloads, audit, SIGTERM drain,
+# fleet. Only on a whole run: with arguments (a selection), the run above is the one asked for.
 if [ "$#" -eq 0 ]; then
     echo "== pytest, two workers per gateway" >&2
     SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
