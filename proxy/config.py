@@ -200,6 +200,14 @@ class PassthroughConfig(_Strict):
             "pick any site the pinned server hosts by its inner Host"
         ),
     )
+    front: bool = Field(
+        default=True,
+        description=(
+            "the explicit listener reads each connection first and passes allowed TLS tunnels through "
+            "itself (the same decisions, records, caps and limits, without mitmproxy's layers: about "
+            "three times the new tunnels per second); false leaves every connection to mitmproxy"
+        ),
+    )
 
 
 class DnsListenerConfig(_Strict):

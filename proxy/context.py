@@ -156,6 +156,9 @@ class GatewayContext:
         # Evaluates tenants' Rego (step 6 of decide); None: decide's default embedded engine.
         self.engine = engine
         self.connections: dict[str, ConnectionState] = {}
+        # Guests' addresses whose CONNECT the passthrough front recorded before it handed the
+        # tunnel to mitmproxy (sandgate.proxy.front): the Gate does not record it twice.
+        self.front_recorded: dict[object, str] = {}
         # Tenants' rate and size limits: local counters (merged with the fleet's by LimitSync).
         self.limiter = Limiter()
         # Fleet mode: learn the fleet's counts before the first decisions on a sandbox new here.

@@ -42,6 +42,9 @@ class GatewayGauges:
     open_fds: Callable[[], int] = lambda: 0
     # Fleet mode: times the fleet epoch in redis was found gone or changed (redis replaced).
     redis_replaced: Callable[[], int] = lambda: 0
+    # The passthrough front (proxy/front/): tunnels it spliced, connections it gave to mitmproxy.
+    front_spliced: Callable[[], int] = lambda: 0
+    front_handed_off: Callable[[], int] = lambda: 0
     # Tenant files that did not load, as (file, tenant or "", kept its last good version).
     policy_problems: Callable[[], Iterable[tuple[str, str, bool]]] = lambda: ()
 
@@ -96,6 +99,16 @@ class _GatewayCollector(Collector):
             "sandgate_fleet_redis_replaced",
             "Times redis was found flushed or replaced (its fleet epoch gone or changed)",
             g.redis_replaced(),
+        )
+        yield CounterMetricFamily(
+            "sandgate_front_tunnels",
+            "TLS tunnels the passthrough front passed through itself (outside mitmproxy's layers)",
+            g.front_spliced(),
+        )
+        yield CounterMetricFamily(
+            "sandgate_front_handoffs",
+            "Explicit-listener connections the passthrough front handed to mitmproxy",
+            g.front_handed_off(),
         )
         broken = GaugeMetricFamily(
             "sandgate_policy_file_errors",

@@ -75,6 +75,8 @@ from sandgate.proxy.fleet.limits_sync import LimitSync
 from sandgate.proxy.fleet.local_broker import worker_limit_sync
 from sandgate.proxy.fleet.redis_client import Keys, connect, connect_sync
 from sandgate.proxy.fleet.registry_sync import FleetRegistrySync, default_gateway_id
+from sandgate.proxy.front.handoff import self_test as handoff_self_test
+from sandgate.proxy.front.passthrough import PassthroughFront
 from sandgate.proxy.metrics import METRICS, GatewayGauges
 from sandgate.proxy.mitm.backpressure import install as install_backpressure
 from sandgate.proxy.mitm.close_fix import install as install_close_fix
@@ -82,6 +84,7 @@ from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.mitm.head_caps import install as install_head_caps
 from sandgate.proxy.mitm.head_caps import self_test as head_caps_self_test
 from sandgate.proxy.mitm.reuse_port import install as install_reuse_port
+from sandgate.proxy.mitm.reuse_port import set_front
 from sandgate.proxy.mitm.speedups import install as install_speedups
 from sandgate.proxy.mitm.trailers import patch_http1_trailers
 from sandgate.proxy.net.dns_listener import DnsListener
@@ -184,6 +187,8 @@ class _Lifecycle:
             gw.fail_start(listener_failure(gw.config, down))
             return
         await gw.reloader.start()
+        if gw.front is not None:
+            gw.front.start()
         gw.credential_watch.start()
         gw.secret_refresh.start()
         if gw.own_watch is not None:
@@ -229,6 +234,8 @@ class _Lifecycle:
         if gw.limit_sync is not None:
             steps.append(gw.limit_sync.stop)
         steps += [gw.broker.aclose, gw.engine.close]
+        if gw.front is not None:
+            steps.append(gw.front.stop)
         if gw.dns is not None:
             steps.append(gw.dns.stop)
         for step in steps:
@@ -384,6 +391,21 @@ class Gateway:
         closer = ConnectionCloser(server)
         self.connection_limits = ConnectionLimits(self.ctx, config.connections, server)
         self.h2_guard = H2Guard(self.ctx, config.http2)
+        # The passthrough front reads the explicit listeners' connections first (sandgate.proxy.front).
+        self.front: PassthroughFront | None = None
+        if config.passthrough.front:
+            handoff_self_test()
+            self.front = PassthroughFront(
+                self.ctx,
+                self.connection_limits,
+                self.drainer,
+                heads=config.heads,
+                connections=config.connections,
+                require_sni=config.passthrough.require_sni,
+            )
+            self.drainer.held = self.front
+            install_reuse_port(reuse_port=False)
+            set_front(server, self.front.handler_for)
         # Pipeline order: connection caps first (a refused connection reaches nothing else), then
         # identity and transparent steering before mitmproxy's layer selection (so a raw-TCP
         # approval picks the layer), the HTTP/2 guard on the chosen layer, decisions after it, then
@@ -604,6 +626,8 @@ class Gateway:
         METRICS.attach(
             GatewayGauges(
                 connections=lambda: len(self.ctx.connections),
+                front_spliced=lambda: self.front.spliced if self.front is not None else 0,
+                front_handed_off=lambda: self.front.handed_off if self.front is not None else 0,
                 audit_depth=lambda: self.ctx.audit.depth,
                 policy_version=lambda: self.ctx.policy.version,
                 reload_failures=lambda: self.reloader.failures,

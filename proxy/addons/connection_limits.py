@@ -223,6 +223,35 @@ class ConnectionLimits:
             self.budget.tracked -= 1
         self.table.remove(client.id)
 
+    # -- connections the passthrough front holds (sandgate.proxy.front) -----------------------
+
+    def admit_front(self, key: str, peer: tuple[Any, ...] | None) -> bool:
+        """Count a connection the front reads first, under the same caps; False when over one
+        (nothing counted: the front hands it to mitmproxy, whose client_connected refuses it)."""
+        source = source_key(peer)
+        if self._over_limit(source, None) is not None:
+            return False
+        self._accepted.add(key)
+        self.budget.tracked += 1
+        self.table.add(key, source)
+        return True
+
+    def attribute_front(self, key: str, sandbox: str) -> bool:
+        """Count the front's connection for its sandbox; False when past `max_per_sandbox`."""
+        return self.table.attribute(key, sandbox, self.cfg.max_per_sandbox)
+
+    def upstream_opened(self) -> None:
+        self.budget.tracked += 1
+
+    def release_front(self, key: str, *, upstream: bool) -> None:
+        """The front is done with the connection (closed, or handed to mitmproxy, which counts it anew)."""
+        if key in self._accepted:
+            self._accepted.discard(key)
+            self.budget.tracked -= 1
+        if upstream:
+            self.budget.tracked -= 1
+        self.table.remove(key)
+
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._upstreams.add(data.server.id)
         self.budget.tracked += 1

@@ -21,7 +21,7 @@ import contextlib
 import json
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from mitmproxy import http, master
@@ -42,6 +42,15 @@ _CUT = "cut by shutdown"
 _POLL = 0.02
 
 
+class HeldConnections(Protocol):
+    """Connections held outside mitmproxy (the passthrough front's), for the drain to count and close."""
+
+    def tunnels(self) -> int: ...
+    def open(self) -> int: ...
+    def close_idle(self) -> int: ...
+    def close_all(self) -> int: ...
+
+
 class Drainer:
     """In-flight requests by client connection, and the drain that waits for them."""
 
@@ -53,6 +62,8 @@ class Drainer:
         self._by_client: Counter[str] = Counter()
         self._cut_now = asyncio.Event()
         self.finished = self.refused = 0
+        # The passthrough front's tunnels: in flight until they close, like mitmproxy's.
+        self.held: HeldConnections | None = None
 
     # -- bookkeeping (the addons) --------------------------------------------------------------
 
@@ -82,12 +93,13 @@ class Drainer:
         started = time.monotonic()
         in_flight = len(self._inflight)
         tunnels = sum(1 for h in self._handlers() if self._is_tunnel(h))
+        tunnels += self.held.tunnels() if self.held is not None else 0
         await self._stop_listeners()
         idle_closed = 0
         why = "drained"
         while True:
             idle_closed += self._close_idle()
-            if not self._handlers():
+            if not self._handlers() and (self.held is None or not self.held.open()):
                 break
             if self._cut_now.is_set():
                 why = "second_signal"
@@ -99,6 +111,7 @@ class Drainer:
                 await asyncio.wait_for(self._cut_now.wait(), _POLL)
         cut_requests = self._record_cut()
         cut_tunnels = sum(1 for h in self._handlers() if self._is_tunnel(h))
+        cut_tunnels += self.held.tunnels() if self.held is not None else 0
         cut_connections = self._close_all()
         log.info(
             "gateway.shutdown",
@@ -148,10 +161,11 @@ class Drainer:
                 continue
             if _close(handler):
                 closed += 1
-        return closed
+        return closed + (self.held.close_idle() if self.held is not None else 0)
 
     def _close_all(self) -> int:
-        return sum(1 for handler in self._handlers() if _close(handler))
+        held = self.held.close_all() if self.held is not None else 0
+        return held + sum(1 for handler in self._handlers() if _close(handler))
 
     def _record_cut(self) -> int:
         """Record the requests still in flight (their connections close next); how many."""

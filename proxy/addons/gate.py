@@ -49,7 +49,7 @@ from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.respond import decision_response
 
 # The flow keys are re-exported for the modules that have always imported them from here.
-__all__ = ["Gate"]
+__all__ = ["Gate", "sni_problem"]
 
 log = structlog.get_logger("sandgate.gate")
 
@@ -94,7 +94,10 @@ class Gate:
             if not decision.allowed or decision.address is None:
                 await self._deny_flow(flow, dctx, decision)
                 return
-            if not await self._record(dctx, decision):
+            # A tunnel the passthrough front allowed and recorded, handed over with its CONNECT
+            # replayed (its first bytes were not a ClientHello): decided again, recorded once.
+            recorded = self.ctx.front_recorded.pop(flow.client_conn.peername, None) is not None
+            if not recorded and not await self._record(dctx, decision):
                 await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
                 return
             state.tunnel_approved(host, flow.request.port, decision)
@@ -121,7 +124,7 @@ class Gate:
             dctx = state.decision_context(Phase.TLS)
             dctx.sni = raw_sni
             decision = state.tunnel_decision
-            problem = _sni_problem(raw_sni, state.tunnel_host, decision, require_sni=self.require_sni)
+            problem = sni_problem(raw_sni, state.tunnel_host, decision, require_sni=self.require_sni)
             if problem is not None:
                 decision = Decision(
                     reason=Reason.SNI_MISMATCH,
@@ -325,7 +328,7 @@ class Gate:
             state.refused(reason)
 
 
-def _sni_problem(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> str | None:
+def sni_problem(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> str | None:
     """Why a ClientHello's SNI does not fit the tunnel, or None.
 
     A present SNI must name the CONNECT host (compared normalised: case, trailing dot). An

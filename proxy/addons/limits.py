@@ -32,6 +32,7 @@ from sandgate.proxy.respond import decision_response, limited_response
 __all__ = [
     "LimitStreamCut",
     "TenantLimits",
+    "admit_tunnel",
     "body_length_unknown",
     "body_meter",
     "declared_length",
@@ -143,26 +144,36 @@ class TenantLimits:
     async def _admit_tunnel(
         self, state: ConnectionState, data: server_hooks.ServerConnectionHookData
     ) -> None:
-        """A passthrough or raw tunnel counts as one request; refused (and audited) when over a limit."""
-        limits = tenant_limits(self.ctx.policy, state.identity)
-        if state.identity is None or limits is None:
-            return
-        await self._learn_fleet_counts(state.identity)
-        exceeded = self.ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
-        if exceeded is None:
-            return
-        state.refused(exceeded.reason)
-        data.server.error = f"sandgate: {exceeded.reason.value}"
-        dctx = state.decision_context(Phase.CONNECT)
-        # A transparent raw tunnel has no tunnel host: its original destination is recorded.
-        dst_host, dst_port = state.original_dst or (None, None)
-        dctx.host, dctx.port, dctx.sni = (
-            state.tunnel_host or dst_host,
-            state.tunnel_port or dst_port,
-            state.sni,
-        )
-        base = state.tunnel_decision or Decision(policy_version=self.ctx.policy.version)
-        await self.ctx.audit.emit(decision_record(dctx, _limit_decision(base, exceeded)))
+        exceeded = await admit_tunnel(self.ctx, state)
+        if exceeded is not None:
+            data.server.error = f"sandgate: {exceeded.reason.value}"
+
+
+async def admit_tunnel(ctx: GatewayContext, state: ConnectionState) -> LimitExceeded | None:
+    """A passthrough or raw tunnel counts as one request at its upstream connect; over a limit
+    it is refused: the connection is marked refused and the denial recorded (returned)."""
+    limits = tenant_limits(ctx.policy, state.identity)
+    if state.identity is None or limits is None:
+        return None
+    learn = ctx.limit_learn
+    if learn is not None:
+        # Fleet mode: a sandbox new to this gateway waits for one sync (see _learn_fleet_counts).
+        await learn(state.identity.tenant, state.identity.sandbox, limits)
+    exceeded = ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
+    if exceeded is None:
+        return None
+    state.refused(exceeded.reason)
+    dctx = state.decision_context(Phase.CONNECT)
+    # A transparent raw tunnel has no tunnel host: its original destination is recorded.
+    dst_host, dst_port = state.original_dst or (None, None)
+    dctx.host, dctx.port, dctx.sni = (
+        state.tunnel_host or dst_host,
+        state.tunnel_port or dst_port,
+        state.sni,
+    )
+    base = state.tunnel_decision or Decision(policy_version=ctx.policy.version)
+    await ctx.audit.emit(decision_record(dctx, _limit_decision(base, exceeded)))
+    return exceeded
 
 
 class LimitStreamCut(Exception):

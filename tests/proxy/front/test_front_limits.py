@@ -1,0 +1,195 @@
+"""The passthrough front under its limits: tenant rate limits on tunnels, the per-source and
+per-sandbox caps, the tunnel idle timeout and the drain, each against a real gateway.
+
+Attacks are bounded in count and time, on loopback; where one source floods, another
+tenant's tunnels must keep working.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import socket
+import ssl
+import threading
+import time
+from typing import Any
+
+import pytest
+import yaml
+from conftest import (
+    OTHER_TOKEN,
+    OTHER_TOKEN_REF,
+    TOKEN,
+    UPSTREAM_IP,
+    GatewayFactory,
+    RunningGateway,
+    tenant_yaml,
+)
+from support import RecordingUpstream, TestPKI
+from support.tunnels import counters, https_get, open_tunnel, read_head
+
+pytestmark = pytest.mark.slow
+
+
+def _tenants(port: int, **limits: int) -> dict[str, str]:
+    rules = [{"id": "pass", "hosts": ["pass.test"], "ports": [port]}]
+    doc = yaml.safe_load(tenant_yaml("t1", rules))
+    if limits:
+        doc["limits"] = limits
+    return {
+        "t1.yaml": yaml.safe_dump(doc, sort_keys=False),
+        "t2.yaml": tenant_yaml("t2", rules, sandbox="sb2", token_ref=OTHER_TOKEN_REF),
+    }
+
+
+def _handshake(raw: socket.socket, cafile: str) -> ssl.SSLSocket:
+    ctx = ssl.create_default_context(cafile=cafile)
+    return ctx.wrap_socket(raw, server_hostname="pass.test")
+
+
+def _tunnel_from(
+    gw: RunningGateway, port: int, source: str, sandbox: str = "sb1", token: str = TOKEN
+) -> socket.socket:
+    auth = base64.b64encode(f"{sandbox}:{token}".encode()).decode()
+    raw = socket.create_connection(("127.0.0.1", gw.port), timeout=10, source_address=(source, 0))
+    raw.sendall(f"CONNECT pass.test:{port} HTTP/1.1\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode())
+    return raw
+
+
+def test_tunnels_count_against_the_tenants_rate_limit(start_gateway: GatewayFactory, pki: TestPKI) -> None:
+    with RecordingUpstream(UPSTREAM_IP, tls=pki, name="limited") as up:
+        gw = start_gateway(_tenants(up.port, requests_per_minute=2))
+        for _ in range(2):
+            assert https_get(
+                open_tunnel(gw, f"pass.test:{up.port}"), "pass.test", str(pki.ca_file)
+            ).startswith(b"HTTP/1.1 200")
+        raw = open_tunnel(gw, f"pass.test:{up.port}")
+        with pytest.raises((ssl.SSLError, OSError)):
+            https_get(raw, "pass.test", str(pki.ca_file))
+        assert len(up.connections) == 2, "the tunnel over the limit was never dialled"
+        records = gw.records(7)
+        assert [(r["phase"], r["decision"], r["reason"]) for r in records[-3:]] == [
+            ("connect", "allow", "allowed"),
+            ("tls", "allow", "allowed"),
+            ("connect", "deny", "rate_limited"),
+        ]
+        assert records[-1]["detail"] == "requests_per_minute"
+        assert counters(gw)[0] == 2, "the two tunnels within the limit were the front's"
+
+
+def test_a_source_past_max_per_source_is_refused_while_another_keeps_working(
+    start_gateway: GatewayFactory, pki: TestPKI
+) -> None:
+    with RecordingUpstream(UPSTREAM_IP, tls=pki, name="capped") as up:
+        gw = start_gateway(_tenants(up.port), config={"connections": {"max_per_source": 3}})
+        held = []
+        for _ in range(3):
+            raw = _tunnel_from(gw, up.port, "127.0.0.10")
+            assert read_head(raw).startswith(b"HTTP/1.1 200")
+            held.append(_handshake(raw, str(pki.ca_file)))  # spliced tunnels the front holds
+        assert counters(gw)[0] == 3
+        flood = []
+        for _ in range(5):
+            raw = _tunnel_from(gw, up.port, "127.0.0.10")
+            raw.settimeout(5)
+            flood.append(raw)
+        for raw in flood:
+            with raw, _closed():
+                assert read_head(raw) == b"", "closed at connect: the source holds its cap"
+        # Another tenant, from another source, is served all along.
+        for _ in range(3):
+            raw = _tunnel_from(gw, up.port, "127.0.0.11", sandbox="sb2", token=OTHER_TOKEN)
+            assert read_head(raw).startswith(b"HTTP/1.1 200")
+            assert https_get(raw, "pass.test", str(pki.ca_file)).startswith(b"HTTP/1.1 200")
+        for tls in held:
+            tls.close()
+        found = gw.records_until(lambda rs: any(r["reason"] == "connection_limit" for r in rs))
+        refused = [r for r in found if r["reason"] == "connection_limit"]
+        assert refused and refused[0]["detail"].startswith("connections.max_per_source")
+
+
+def test_a_silent_spliced_tunnel_is_closed_after_the_tunnel_idle_timeout(
+    start_gateway: GatewayFactory, pki: TestPKI
+) -> None:
+    with RecordingUpstream(UPSTREAM_IP, tls=pki, name="idle") as up:
+        gw = start_gateway(_tenants(up.port), config={"connections": {"tunnel_idle_timeout_seconds": 1}})
+        tls = _handshake(open_tunnel(gw, f"pass.test:{up.port}"), str(pki.ca_file))
+        tls.settimeout(10)
+        started = time.monotonic()
+        with tls, _closed():
+            assert tls.recv(1) == b""
+        waited = time.monotonic() - started
+        assert 0.9 <= waited < 4, waited
+        assert counters(gw)[0] == 1
+
+
+class _closed:
+    """A recv on a closed TLS tunnel returns b"" or raises a reset: either means closed."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> bool:
+        return kind is not None and issubclass(kind, (ssl.SSLError, ConnectionResetError))
+
+
+def test_a_spliced_tunnel_is_in_flight_for_the_drain(start_gateway: GatewayFactory, pki: TestPKI) -> None:
+    """SIGTERM with a tunnel open: the gateway stops accepting, the tunnel keeps passing bytes
+    until the guest closes it, then the gateway exits with the tunnel counted as drained."""
+    with RecordingUpstream(UPSTREAM_IP, tls=pki, name="draining") as up:
+        gw = start_gateway(_tenants(up.port), config={"shutdown": {"drain_seconds": 20}})
+        tls = _handshake(open_tunnel(gw, f"pass.test:{up.port}"), str(pki.ca_file))
+        gw.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert gw.proc.poll() is None, "the open tunnel holds the drain"
+        tls.sendall(b"GET /during-drain HTTP/1.1\r\nHost: pass.test\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200")
+        tls.close()
+        gw.proc.wait(15)
+        assert gw.proc.returncode == 0
+        lines = [json.loads(line) for line in gw.log().splitlines() if '"gateway.shutdown"' in line]
+        assert sum(line["tunnels_at_signal"] for line in lines) == 1, lines
+        assert all(line["ended_by"] == "drained" and line["cut_tunnels"] == 0 for line in lines), lines
+
+
+def test_the_drain_time_cuts_a_tunnel_that_stays_open(start_gateway: GatewayFactory, pki: TestPKI) -> None:
+    with RecordingUpstream(UPSTREAM_IP, tls=pki, name="cut") as up:
+        gw = start_gateway(_tenants(up.port), config={"shutdown": {"drain_seconds": 1}})
+        tls = _handshake(open_tunnel(gw, f"pass.test:{up.port}"), str(pki.ca_file))
+        tls.settimeout(10)
+        signalled = time.monotonic()
+        gw.proc.send_signal(signal.SIGTERM)
+        with tls, _closed():
+            assert tls.recv(1) == b""
+        gw.proc.wait(15)
+        assert time.monotonic() - signalled < 8
+        lines = [json.loads(line) for line in gw.log().splitlines() if '"gateway.shutdown"' in line]
+        assert sum(line["cut_tunnels"] for line in lines) == 1, lines
+
+
+def test_many_tunnels_at_once_are_each_spliced_and_answered(
+    start_gateway: GatewayFactory, pki: TestPKI
+) -> None:
+    """Twenty guests' tunnels opened together: every one answered, each its own upstream connection."""
+    with RecordingUpstream(UPSTREAM_IP, tls=pki, name="many") as up:
+        gw = start_gateway(_tenants(up.port))
+        results: list[bytes] = []
+
+        def one(i: int) -> None:
+            results.append(
+                https_get(open_tunnel(gw, f"pass.test:{up.port}"), "pass.test", str(pki.ca_file), f"/m{i}")
+            )
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(results) == 20 and all(r.startswith(b"HTTP/1.1 200") for r in results)
+        assert sorted(r.target for r in up.requests) == sorted(f"/m{i}" for i in range(20))
+        assert counters(gw)[0] == 20
