@@ -36,9 +36,13 @@ def stream_buffer(reader: asyncio.StreamReader) -> bytearray:
 
 def self_test() -> None:
     """Raise RuntimeError when asyncio's StreamReader no longer keeps its bytes where this reads."""
-    reader = asyncio.StreamReader()
-    reader.feed_data(b"x")
-    buffer = vars(reader).get("_buffer")
+    loop = asyncio.new_event_loop()  # a reader needs one; the caller's may not be running yet
+    try:
+        reader = asyncio.StreamReader(loop=loop)
+        reader.feed_data(b"x")
+        buffer = vars(reader).get("_buffer")
+    finally:
+        loop.close()
     if not isinstance(buffer, bytearray) or bytes(buffer) != b"x":
         raise RuntimeError("asyncio.StreamReader moved its buffer: the passthrough front cannot hand off")
 

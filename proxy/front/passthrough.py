@@ -210,9 +210,14 @@ class PassthroughFront:
         if ":" not in head.authority.rpartition("]")[2]:
             return data, False  # a CONNECT without a port is mitmproxy's to refuse
         state.identified(identity)
-        request = EgressRequest(Phase.CONNECT, host, port, client=client_ip)
-        decision = await self.ctx.decide(identity, request)
-        decision = self.ctx.with_credentials(decision, identity, host, port)
+        try:
+            request = EgressRequest(Phase.CONNECT, host, port, client=client_ip)
+            decision = await self.ctx.decide(identity, request)
+            decision = self.ctx.with_credentials(decision, identity, host, port)
+        except Exception:
+            # Nothing answered yet: mitmproxy's Gate decides again, and records what fails.
+            log.exception("front.decide_failed", client=state.client)
+            return data, False
         if not decision.allowed or decision.address is None or decision.inspect or decision.raw_tcp:
             return data, False
         state.tunnel_approved(host, port, decision)
