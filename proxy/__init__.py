@@ -1,8 +1,8 @@
 """sandgate proxy: the mitmproxy side. `runtime` builds the master and its addons in pipeline
-order; `addons/` are the hooks, `mitm/` what sandgate changes inside mitmproxy, `net/` host
-plumbing, `audit/` the trail, `stores/` credential and sandbox stores, `fleet/` redis sync,
-`admin/` the admin API, `workers/` the supervisor of N gateway processes and `cli/` the
-`sandgate` command.
+order; `front/` passes allowed TLS tunnels through before mitmproxy's layers, `addons/` are
+the hooks, `mitm/` what sandgate changes inside mitmproxy, `net/` host plumbing, `audit/`
+the trail, `stores/` credential and sandbox stores, `fleet/` redis sync, `admin/` the admin
+API, `workers/` the supervisor of N gateway processes and `cli/` the `sandgate` command.
 """
 
 # The public modules, named but not imported: re-exporting their names here would make any
@@ -22,6 +22,7 @@ __all__ = [
     "errors",
     "fd_budget",
     "fleet",
+    "front",
     "logsetup",
     "metrics",
     "mitm",

@@ -6,3 +6,5 @@ first bytes in the tunnel are a TLS ClientHello that fits it is decided, audited
 here; every other connection (absolute-form requests, refusals, intercepted tunnels, anything
 unusual) is handed to mitmproxy with the bytes read so far, so its addons decide it as before.
 """
+
+__all__ = ["connect_head", "handoff", "passthrough", "splice"]
