@@ -11,7 +11,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-__all__ = ["Splice"]
+__all__ = ["WRITE_HIGH_WATER", "Splice"]
+
+# Bytes queued toward one side before the other side's reads pause: big enough that a bulk
+# transfer is not paused and resumed every few segments, small enough to bound what one
+# tunnel holds (two directions: twice this at most).
+WRITE_HIGH_WATER = 256 * 1024
 
 
 class _Side(asyncio.Protocol):
@@ -29,6 +34,7 @@ class _Side(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     def data_received(self, data: bytes) -> None:
         splice = self.splice
@@ -86,6 +92,7 @@ class Splice:
         if upstream is None:
             raise RuntimeError("the upstream is not connected")
         self._keep = keep
+        client.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.client_side.transport = client
         self.client_side.peer = upstream
         self.upstream_side.peer = client
