@@ -60,11 +60,14 @@ def _tunnel_from(
 
 def test_tunnels_count_against_the_tenants_rate_limit(start_gateway: GatewayFactory, pki: TestPKI) -> None:
     with RecordingUpstream(UPSTREAM_IP, tls=pki, name="limited") as up:
-        gw = start_gateway(_tenants(up.port, requests_per_minute=2))
+        # With workers, counts meet through the local broker each sync: the tunnels come slower.
+        limits = {"sync_interval_seconds": 0.05}
+        gw = start_gateway(_tenants(up.port, requests_per_minute=2), config={"limits": limits})
         for _ in range(2):
             assert https_get(
                 open_tunnel(gw, f"pass.test:{up.port}"), "pass.test", str(pki.ca_file)
             ).startswith(b"HTTP/1.1 200")
+            time.sleep(0.4)
         raw = open_tunnel(gw, f"pass.test:{up.port}")
         with pytest.raises((ssl.SSLError, OSError)):
             https_get(raw, "pass.test", str(pki.ca_file))
@@ -83,7 +86,10 @@ def test_a_source_past_max_per_source_is_refused_while_another_keeps_working(
     start_gateway: GatewayFactory, pki: TestPKI
 ) -> None:
     with RecordingUpstream(UPSTREAM_IP, tls=pki, name="capped") as up:
-        gw = start_gateway(_tenants(up.port), config={"connections": {"max_per_source": 3}})
+        # One worker: the caps are per worker process (README, "Workers"), so with N workers the
+        # kernel's spreading decides which worker's cap a connection meets.
+        caps = {"connections": {"max_per_source": 3}, "workers": {"count": 1}}
+        gw = start_gateway(_tenants(up.port), config=caps)
         held = []
         for _ in range(3):
             raw = _tunnel_from(gw, up.port, "127.0.0.10")
