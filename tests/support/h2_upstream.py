@@ -6,6 +6,7 @@ background thread on loopback with the PKI's leaf (ALPN `h2`).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import threading
@@ -43,6 +44,9 @@ class TrailersUpstream:
     def __exit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # close() alone does not wake a thread blocked in accept() (it would wait out the join).
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._thread.join(timeout=10)
 

@@ -49,6 +49,9 @@ class TrailerUpstream:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # close() alone does not wake a thread blocked in accept() (it would wait out the join).
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         for conn in self._conns:
             with contextlib.suppress(OSError):

@@ -4,6 +4,7 @@ each refusal end to end through a real gateway, a real upstream and raw-socket c
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import socket
 import ssl
@@ -250,6 +251,9 @@ class RawUpstream:
                 self.closed_by_peer.set()
 
     def close(self) -> None:
+        # close() alone does not wake a thread blocked in accept() (it would wait out the join).
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         self.thread.join(5)
 
