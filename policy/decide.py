@@ -115,9 +115,13 @@ async def decide(
         trace.steps.append(_guard_passed(request.host, ip))
 
     rule_decision, relaxable, named = _rules(policy, tenant, request, ip, trace)
-    relaxed = relaxable and tenant.mode is Mode.REPORT and rule_decision.reason in RELAXABLE_IN_REPORT_MODE
+    relaxed = (
+        relaxable
+        and tenant.mode is Mode.REPORT
+        and (rule_decision.reason in RELAXABLE_IN_REPORT_MODE or rule_decision.ask)
+    )
     if not rule_decision.allowed:
-        if not relaxed:
+        if not relaxed and not rule_decision.ask:
             return rule_decision
         if trace is not None:
             _trace_relaxed(trace)
@@ -146,9 +150,15 @@ async def decide(
     dial_ip = _parse_ip(dial)
     inspect = any(
         index.needs_inspection(request.host, ip, request.port)
-        for index in (tenant.allow, tenant.deny, tenant.base_deny)
+        for index in (tenant.allow, tenant.deny, tenant.base_deny, tenant.ask)
     ) or any(index.needs_inspection("", dial_ip, request.port) for index in (tenant.deny, tenant.base_deny))
-    if tenant.rego is not None:
+    if rule_decision.ask and not relaxed:
+        # Held for an operator (sandgate.proxy.approvals): checked like an allowed request up
+        # to here, with its address pinned; Rego is asked nothing until it is approved.
+        if trace is not None:
+            trace.add(StepName.REGO, Outcome.SKIP, "held for approval: Rego is not consulted")
+        return replace(rule_decision, inspect=inspect, address=dial, refused=refusals)
+    if tenant.rego is not None and not rule_decision.ask:
         # A policy that reads the request can only be applied to intercepted traffic.
         inspect = inspect or tenant.rego.reads_request
         verdict = await _rego(engine or default_engine(), tenant, identity, request, dial)
@@ -250,6 +260,23 @@ def _rules(
         )
         return allowed, True, not match.any_host
     nearest = match.nearest.rule_id if match.nearest else None
+    asked = tenant.ask.match(*args, no_match=Reason.HOST_NOT_ALLOWED, upgrade=request.upgrade)
+    if asked.rule is not None or tenant.unmatched_ask:
+        # No allow rule allows it, an ask rule (or `unmatched: ask`) asks: checked on (step 5)
+        # as an allowed request would be, then held for an operator's decision.
+        held = Decision(
+            reason=Reason.APPROVAL_REQUIRED,
+            rule_id=asked.rule.rule_id if asked.rule is not None else f"{tenant.name}/unmatched",
+            policy_version=policy.version,
+            mode=tenant.mode,
+            ask=True,
+        )
+        if trace is not None:
+            how = "an ask rule matches" if asked.rule is not None else "unmatched: ask"
+            trace.steps.pop()
+            trace.add(StepName.ALLOW_RULES, Outcome.DENY, f"approval_required ({how})", asked.rule)
+        by_name = asked.rule is not None and not asked.any_host
+        return held, True, by_name or tenant.allow.names_explicitly(request.host)
     # Relaxed in report mode, the name still reaches a by-name range only if a rule names it.
     return (
         _deny(policy, match.reason, tenant, rule_id=nearest),

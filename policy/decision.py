@@ -115,6 +115,11 @@ class Decision:
     address: str | None = None
     # The matched rule lets raw TCP bytes through (`protocol: tcp`).
     raw_tcp: bool = False
+    # No allow rule allows it and an ask rule (or `unmatched: ask`) matched: hold the request
+    # for an operator's decision (sandgate.proxy.approvals); `allowed` stays False until then.
+    ask: bool = False
+    # Released by an approval: (the access request's id, who approved it), for the audit record.
+    approval: tuple[str, str | None] | None = field(default=None, compare=False)
     detail: str = field(default="", compare=False)
     # The addresses refused on the way (step 2 or 5), in the order they were checked.
     refused: tuple[Refusal, ...] = field(default=(), compare=False)
@@ -129,11 +134,13 @@ class Decision:
             mode=self.mode,
             address=self.address,
             detail=detail,
+            approval=self.approval,
         )
 
     @property
     def verdict(self) -> str:
-        """`allow`, `deny` or `would_deny`, as written to the audit trail."""
+        """`allow`, `deny` or `would_deny`, as written to the audit trail (a held request's
+        record says `ask`: sandgate.proxy.addons.gate writes it)."""
         if self.report_only:
             return "would_deny"
         return "allow" if self.allowed else "deny"

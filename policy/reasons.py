@@ -46,6 +46,10 @@ class Reason(StrEnum):
     CONNECTION_LIMIT = "connection_limit"
     PROTOCOL_ABUSE = "protocol_abuse"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_TIMEOUT = "approval_timeout"
+    APPROVAL_QUEUE_FULL = "approval_queue_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,18 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
             "an allowed destination answered with something that is not valid HTTP, or closed the"
             " connection without an answer",
             (502,),
+        ),
+        Reason.APPROVAL_REQUIRED: Meaning(
+            "an `ask` rule (or `unmatched: ask`) matched: the request is held for an operator's"
+            " decision (`sandgate requests`; the audit record's decision is `ask`); refused at once"
+            " where it cannot be held (transparent mode)"
+        ),
+        Reason.APPROVAL_DENIED: Meaning("an operator denied the held request"),
+        Reason.APPROVAL_TIMEOUT: Meaning(
+            "no decision on the held request within `approvals.ask_timeout_seconds`"
+        ),
+        Reason.APPROVAL_QUEUE_FULL: Meaning(
+            "the sandbox already has `approvals.max_held_per_sandbox` requests held: not held"
         ),
     }
 )

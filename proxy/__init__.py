@@ -11,6 +11,7 @@ API, `workers/` the supervisor of N gateway processes and `cli/` the `sandgate` 
 __all__ = [
     "addons",
     "admin",
+    "approvals",
     "audit",
     "banner",
     "bindcheck",

@@ -25,6 +25,7 @@ from sandgate.proxy.worker_role import SINGLE, WorkerRole
 
 __all__ = [
     "AdminConfig",
+    "ApprovalsConfig",
     "AuditConfig",
     "ConnectionsConfig",
     "DnsListenerConfig",
@@ -486,6 +487,17 @@ class WorkersConfig(_Strict):
     )
 
 
+class ApprovalsConfig(_Strict):
+    """Requests held for an operator's decision (`ask` rules, `sandgate requests`)."""
+
+    ask_timeout_seconds: Annotated[float, Field(gt=0, le=86_400)] = Field(
+        default=60.0, description="how long a request is held for a decision before 403 approval_timeout"
+    )
+    max_held_per_sandbox: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        default=8, description="requests one sandbox may have held at once; more: 403 approval_queue_full"
+    )
+
+
 class LogConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "console"
@@ -530,6 +542,7 @@ class GatewayConfig(_Strict):
     http2: Http2Config = Field(default_factory=Http2Config)
     heads: HeadsConfig = Field(default_factory=HeadsConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     # Filled in by load_config: the folder relative paths are resolved against.
     base_dir: str = Field(default=".", exclude=True)
     # Filled in by for_worker: this process's place among the gateway's workers.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -149,6 +149,17 @@ class Metrics:
             ["tenant", "credential"],
             registry=self.registry,
         )
+        self._approvals_held = Gauge(
+            "sandgate_approvals_held",
+            "Requests held open for an operator's decision (ask rules)",
+            registry=self.registry,
+        )
+        self._approval_outcomes = Counter(
+            "sandgate_approval_outcomes",
+            "Held requests by how they ended: approved, denied, expired, client_gone, queue_full",
+            ["outcome"],
+            registry=self.registry,
+        )
         self._decision_children: dict[tuple[str, str, str, str], Counter] = {}
         self._injection_children: dict[tuple[str, str], Counter] = {}
         self._collector: _GatewayCollector | None = None
@@ -160,6 +171,14 @@ class Metrics:
         if child is None:
             child = self._decision_children[key] = self._decisions.labels(*key)
         child.inc()
+
+    def approvals_held(self, held: int) -> None:
+        """The number of requests held for approval now."""
+        self._approvals_held.set(held)
+
+    def approval_outcome(self, outcome: str) -> None:
+        """Count one held (or refused) ask by how it ended."""
+        self._approval_outcomes.labels(outcome).inc()
 
     def decision_seconds(self, seconds: float) -> None:
         self._decision_seconds.observe(seconds)

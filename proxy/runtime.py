@@ -60,6 +60,7 @@ from sandgate.proxy.admin.fanout import confirm_reload
 from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
+from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.audit.forward import ForwardSink
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, StdoutSink, audit_file_sink
@@ -389,6 +390,10 @@ class Gateway:
         patch_http1_trailers()
         server = proxyserver.Proxyserver()
         closer = ConnectionCloser(server)
+        # Requests held for an operator's decision (`ask` rules): this worker's pending store.
+        self.approvals = Approvals(
+            timeout=config.approvals.ask_timeout_seconds, max_held=config.approvals.max_held_per_sandbox
+        )
         self.connection_limits = ConnectionLimits(self.ctx, config.connections, server)
         self.h2_guard = H2Guard(self.ctx, config.http2)
         # The passthrough front reads the explicit listeners' connections first (sandgate.proxy.front).
@@ -427,7 +432,9 @@ class Gateway:
             # refused answer is in place when the Gate records the exchange.
             Upgrades(self.ctx, closer),
             Trailers(closer),
-            Gate(self.ctx, require_sni=config.passthrough.require_sni, closer=closer),
+            Gate(
+                self.ctx, require_sni=config.passthrough.require_sni, closer=closer, approvals=self.approvals
+            ),
             # Right after the Gate: limits count only what it allowed, before the broker wraps a
             # metered body; the record of an allowed exchange is completed before the broker
             # scrubs the response whose size it counts.
@@ -605,6 +612,7 @@ class Gateway:
             credentials_changed=self.credential_watch.source.invalidate,
             sandbox_listeners=self.sandbox_listeners,
             role=self.config.worker,
+            approvals=self.approvals,
         )
         if state.role.lead and state.role.count > 1:
             # The lead answers for the gateway: it fans changes and reads out to the other workers.

@@ -371,6 +371,8 @@ def _compile_tenant(
         allow=RuleIndex(allow),
         deny=RuleIndex(_compile_rules(loaded, "deny", t.tenant, errors)),
         base_deny=base_deny,
+        ask=RuleIndex(_compile_rules(loaded, "ask", t.tenant, errors)),
+        unmatched_ask=t.unmatched == "ask",
         source=loaded.doc.file,
         credentials=tuple(t.credentials),
         limits=t.limits,
@@ -388,16 +390,14 @@ def _compile_rules(
     for i, rule in enumerate(rules):
         where = loaded.doc.locate((kind, i))
         for j, host in enumerate(rule.hosts):
-            if kind == "allow" and host.startswith("*.") and "." not in host[2:]:
+            if kind != "deny" and host.startswith("*.") and "." not in host[2:]:
                 problem = f"{host!r} would allow a whole top-level domain; name the domains instead"
                 errors.append(_err(loaded.doc, (kind, i, "hosts", j), problem))
-            if kind != "allow" and host == ANY_HOST:
+            if kind == "deny" and host == ANY_HOST:
                 # It would not cover IP literals; deny by network for that.
                 problem = "'*' is for allow rules; to deny everywhere use cidrs: [0.0.0.0/0, ::/0]"
                 errors.append(_err(loaded.doc, (kind, i, "hosts", j), problem))
-        ports = (
-            frozenset(rule.ports) if rule.ports else (DEFAULT_ALLOW_PORTS if kind == "allow" else ANY_PORT)
-        )
+        ports = frozenset(rule.ports) if rule.ports else (ANY_PORT if kind == "deny" else DEFAULT_ALLOW_PORTS)
         out.append(
             CompiledRule(
                 rule_id=f"{owner}/{kind}/{rule.id or i}",

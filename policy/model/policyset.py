@@ -51,6 +51,10 @@ class TenantPolicy:
     # The operator's base deny rules: the same index for every tenant, never relaxed.
     base_deny: RuleIndex
     source: str
+    # The tenant's ask rules (held for an operator's approval when no allow rule allows), and
+    # whether a request no rule matches is asked about too (`unmatched: ask`).
+    ask: RuleIndex = field(default_factory=lambda: RuleIndex(()))
+    unmatched_ask: bool = False
     # The tenant's credential declarations (sandgate.brokers.Credential), for the broker.
     credentials: tuple[Any, ...] = ()
     # The tenant's Rego (its modules, the operator's, its data, the compiled bundle), or None:

@@ -243,6 +243,17 @@ class TenantFile(_Strict):
     sandboxes: list[SandboxEntry] = Field(default_factory=list)
     allow: list[Rule] = Field(default_factory=list)
     deny: list[Rule] = Field(default_factory=list)
+    ask: list[Rule] = Field(
+        default_factory=list,
+        description=(
+            "rules (the allow-rule shape) whose requests no allow rule allows are held until an "
+            "operator approves or denies them (`sandgate requests`); deny rules and the guard refuse first"
+        ),
+    )
+    unmatched: Literal["deny", "ask"] = Field(
+        default="deny",
+        description="what happens to a request no allow or ask rule matches: deny it, or hold it and ask",
+    )
     limits: Limits | None = None
     credentials: list[Credential] = Field(
         default_factory=list,
@@ -262,6 +273,10 @@ class TenantFile(_Strict):
     @model_validator(mode="after")
     def _deny_rules_allow_nothing(self) -> TenantFile:
         _no_websocket_in(self.deny)
+        for i, rule in enumerate(self.ask):
+            if rule.protocol == "tcp":
+                # A held raw tunnel has no request to show the operator; ask for HTTP and TLS only.
+                raise ValueError(f"ask.{i}: 'protocol: tcp' cannot be asked for; allow it or leave it out")
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,9 @@
 An allowed request leaves its (context, decision) on the flow (`PENDING_KEY`), a place in
 the audit queue reserved: TenantLimits (sandgate.proxy.addons.limits) counts it next, and
 AuditCompletion writes its record when the exchange ends.
+A decision to ask (an `ask` rule) holds the CONNECT or request here, the upstream not
+contacted, until an operator decides (sandgate.proxy.approvals): approved, it goes on
+exactly as an allowed one; denied, timed out or over the sandbox's cap, it is refused.
 Every hook is guarded: an exception denies with `internal_error`, never lets traffic through.
 """
 
@@ -19,7 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import structlog
-from mitmproxy import http, tcp
+from mitmproxy import connection, http, tcp
+from mitmproxy.connection import ConnectionState as WireState
 from mitmproxy.proxy import server_hooks
 from mitmproxy.tls import ClientHelloData
 
@@ -43,7 +47,8 @@ from sandgate.proxy.addons.limits import (
     head_bytes,
 )
 from sandgate.proxy.addons.refusal import refuse
-from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.approvals import AccessRequest, Approvals, QueueFull, State
+from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
 from sandgate.proxy.context import ConnectionState, GatewayContext, decision_context
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.respond import decision_response
@@ -60,9 +65,20 @@ class Gate:
     """Decides at CONNECT, ClientHello and per request; guards every upstream connection."""
 
     def __init__(
-        self, ctx: GatewayContext, *, require_sni: bool = True, closer: ConnectionCloser | None = None
+        self,
+        ctx: GatewayContext,
+        *,
+        require_sni: bool = True,
+        closer: ConnectionCloser | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         self.ctx = ctx
+        # Holds `ask` decisions for an operator; None: they are refused (approval_required).
+        self.approvals = approvals
+        # Requests held per client connection (their hold ends when it hangs up), and the
+        # tunnels an approval opened: (host, port, approval) by client connection id.
+        self._held: dict[str, set[AccessRequest]] = {}
+        self._approved_tunnels: dict[str, tuple[str, int, tuple[str, str | None]]] = {}
         # Closes both sides of a connection whose upstream is already open (after a 101).
         self.closer = closer
         # Passthrough tunnels to hosts allowed by name need an SNI naming the host.
@@ -90,6 +106,11 @@ class Gate:
             dctx.host, dctx.port = host, flow.request.port
             request = EgressRequest(Phase.CONNECT, host, flow.request.port, client=_client_ip(flow))
             decision = await self.ctx.decide(dctx.identity, request)
+            if decision.ask:
+                decision = await self._hold(flow, dctx, decision, state)
+                if decision.approval is not None and decision.allowed:
+                    approved = (host, flow.request.port, decision.approval)
+                    self._approved_tunnels[flow.client_conn.id] = approved
             decision = self.ctx.with_credentials(decision, dctx.identity, host, flow.request.port)
             if not decision.allowed or decision.address is None:
                 await self._deny_flow(flow, dctx, decision)
@@ -208,7 +229,14 @@ class Gate:
                 upgrade=requested_upgrade(headers),
             )
             decision = await self.ctx.decide(dctx.identity, request, address=address)
-            if decision.allowed:
+            if decision.ask:
+                tunnel = self._approved_tunnels.get(flow.client_conn.id) if state.in_tunnel else None
+                if tunnel is not None and tunnel[:2] == (host, port):
+                    # The operator approved this tunnel: its requests are not asked about again.
+                    decision = _released(decision, tunnel[2])
+                else:
+                    decision = await self._hold(flow, dctx, decision, state)
+            elif decision.allowed:
                 decision = await decide_readings(
                     self.ctx.decide, dctx.identity, request, decision, address=address
                 )
@@ -269,6 +297,63 @@ class Gate:
                 )
             flow.request.authority = ""
         return host, port, address
+
+    # -- held for approval -------------------------------------------------------------------
+
+    async def _hold(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, state: ConnectionState
+    ) -> Decision:
+        """Hold an `ask` decision until an operator decides; the decision to go on with (allowed,
+        carrying the approval, when approved), or the denial to answer with."""
+        approvals, identity = self.approvals, dctx.identity
+        if approvals is None or state.transparent or identity is None:
+            # Transparent mode cannot hold a request yet: refused, saying what it would need.
+            return decision.as_denial(Reason.APPROVAL_REQUIRED, "this request cannot be held for approval")
+        try:
+            request = approvals.hold(
+                tenant=identity.tenant,
+                sandbox=identity.sandbox,
+                phase=dctx.phase.value,
+                host=dctx.host or "",
+                port=dctx.port or 0,
+                method=dctx.method,
+                path=dctx.path,
+                rule_id=decision.rule_id,
+            )
+        except QueueFull:
+            return decision.as_denial(Reason.APPROVAL_QUEUE_FULL, "too many requests held for approval")
+        held = self._held.setdefault(flow.client_conn.id, set())
+        try:
+            # The held request's own record (decision `ask`), tied to its end's by `approval_id`.
+            record = decision_record(replace(dctx, decision_id=new_decision_id()), decision)
+            record["decision"] = "ask"
+            record["approval_id"] = request.id
+            if not await self.ctx.audit.emit(record):
+                return self._fault(Reason.INTERNAL_ERROR, "audit queue full")
+            log.info("approval.held", id=request.id, sandbox=request.sandbox, host=request.host)
+            held.add(request)
+            client = flow.client_conn
+            # A client that hung up has its read side closed (mitmproxy sees the EOF at once).
+            ended = await approvals.wait(request, lambda: not client.state & WireState.CAN_READ)
+        finally:
+            held.discard(request)
+            # A fault or a cancelled hook ends the hold undecided: never left open, never released.
+            approvals.drop(request)
+        approval = (request.id, request.by)
+        if ended is State.APPROVED:
+            return _released(decision, approval)
+        reason, detail = {
+            State.DENIED: (Reason.APPROVAL_DENIED, "an operator denied this request"),
+            State.EXPIRED: (Reason.APPROVAL_TIMEOUT, "no decision in time"),
+        }.get(ended, (Reason.APPROVAL_REQUIRED, "the client hung up while the request was held"))
+        return replace(decision.as_denial(reason, detail), approval=approval)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._approved_tunnels.pop(client.id, None)
+        held = self._held.pop(client.id, None)
+        if held and self.approvals is not None:
+            for request in list(held):
+                self.approvals.client_gone(request)
 
     # -- the chokepoint ----------------------------------------------------------------------
 
@@ -349,6 +434,11 @@ def sni_problem(sni: str | None, host: str | None, decision: Decision, *, requir
         return None if normalise_host(sni) == host else "SNI does not name the CONNECT host"
     except HostError:
         return "SNI is not a host name"
+
+
+def _released(decision: Decision, approval: tuple[str, str | None]) -> Decision:
+    """An `ask` decision an operator approved: allowed, as it would have been by a rule."""
+    return replace(decision, allowed=True, ask=False, reason=Reason.ALLOWED, approval=approval)
 
 
 def _client_ip(flow: http.HTTPFlow) -> str | None:

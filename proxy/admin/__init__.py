@@ -4,6 +4,7 @@ CLI's client.
 
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
+    "access_requests",
     "client",
     "fanout",
     "handlers",

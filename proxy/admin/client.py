@@ -24,7 +24,10 @@ __all__ = [
     "AdminApiError",
     "ApiCredentialStore",
     "GatewayNotRunning",
+    "access_request",
+    "access_requests",
     "add_sandbox",
+    "decide_access_request",
     "gateway_running",
     "list_credentials",
     "list_sandboxes",
@@ -114,6 +117,24 @@ def status(config: GatewayConfig, timeout: float | None = None) -> dict[str, Any
 def readiness(config: GatewayConfig, timeout: float | None = None) -> dict[str, Any]:
     """`/readyz`: `{"ready": bool, "checks": {name: bool}}` (its 503 is an answer, not an error)."""
     return _call(config, "GET", "/readyz", answers=(503,), timeout=timeout or TIMEOUT)
+
+
+def access_requests(config: GatewayConfig) -> dict[str, Any]:
+    """The requests held for a decision: `{"requests": [...]}`."""
+    return _call(config, "GET", "/v1/access-requests")
+
+
+def access_request(config: GatewayConfig, request_id: str) -> dict[str, Any]:
+    return _call(config, "GET", f"/v1/access-requests/{quote(request_id, safe='')}")
+
+
+def decide_access_request(
+    config: GatewayConfig, request_id: str, *, approve: bool, by: str | None, reason: str | None
+) -> dict[str, Any]:
+    """Approve or deny a held request (AdminApiError 404: unknown, 409: already decided)."""
+    verb = "approve" if approve else "deny"
+    path = f"/v1/access-requests/{quote(request_id, safe='')}/{verb}"
+    return _call(config, "POST", path, json={"by": by, "reason": reason})
 
 
 def reload_policy(config: GatewayConfig) -> dict[str, Any]:

@@ -22,6 +22,12 @@ from tornado.web import Application, HTTPError, RequestHandler
 
 from sandgate.brokers import Secret
 from sandgate.policy.model.tenant import NAME_PATTERN
+from sandgate.proxy.admin.access_requests import (
+    INTERNAL_PATH,
+    decide_request,
+    list_requests,
+    show_request,
+)
 from sandgate.proxy.admin.fanout import (
     CREDENTIALS_PATH,
     METRICS_PATH,
@@ -36,6 +42,7 @@ from sandgate.proxy.admin.fanout import (
     workers_status,
 )
 from sandgate.proxy.admin.state import AdminState
+from sandgate.proxy.approvals import DecideError
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.sandbox_listeners import SandboxListenersError
 from sandgate.proxy.reloader import problem_view
@@ -560,6 +567,53 @@ class LeadOnly(_Handler):
         )
 
 
+class AccessDecision(BaseModel):
+    """`POST /v1/access-requests/{id}/approve|deny` body: who decides, and why (both optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    reason: Annotated[str, Field(max_length=2000)] | None = None
+
+
+_REQUEST_ID = re.compile(r"^[0-9a-f]{12,64}$")
+
+
+def _request_id(value: str) -> str:
+    if not _REQUEST_ID.fullmatch(value):
+        raise ApiError(404, f"no access request {value[:64]!r}", "id")
+    return value
+
+
+class AccessRequests(_Handler):
+    async def get(self) -> None:
+        """The requests held for a decision (every worker's, on the lead)."""
+        self.reply(await list_requests(self.state))
+
+
+class AccessRequestRoute(_Handler):
+    async def get(self, request_id: str) -> None:
+        found = await show_request(self.state, _request_id(request_id))
+        if found is None:
+            raise ApiError(404, f"no access request {request_id!r}", "id")
+        self.reply(found)
+
+
+class AccessRequestDecision(_Handler):
+    async def post(self, request_id: str, verb: str) -> None:
+        """Approve or deny a held request (scope `once`: this request only)."""
+        ask = self.parse(AccessDecision)
+        approve = verb == "approve"
+        try:
+            decided = await decide_request(
+                self.state, _request_id(request_id), approve=approve, by=ask.by, reason=ask.reason
+            )
+        except DecideError as e:
+            raise ApiError(e.status, e.message, "id") from None
+        log.info("admin.access_request_decided", id=request_id, decision=verb, by=ask.by)
+        self.reply(decided)
+
+
 class ReloadAsk(BaseModel):
     """`POST /internal/v1/reload` body (the lead to a peer)."""
 
@@ -590,6 +644,9 @@ def make_app(
                 (CREDENTIALS_PATH, InternalCredentials, kw),
                 (WORKER_PATH, InternalWorker, kw),
                 (METRICS_PATH, InternalMetrics, kw),
+                (INTERNAL_PATH, AccessRequests, kw),
+                (rf"{INTERNAL_PATH}/{segment}", AccessRequestRoute, kw),
+                (rf"{INTERNAL_PATH}/{segment}/(approve|deny)", AccessRequestDecision, kw),
                 (r"/v1/.*", LeadOnly, kw),
             ],
             default_handler_class=NotFound,
@@ -608,6 +665,9 @@ def make_app(
             (rf"/v1/sandboxes/{segment}", Sandbox, kw),
             (r"/v1/credentials", Credentials, kw),
             (rf"/v1/credentials/{segment}/{segment}", Credential, kw),
+            (r"/v1/access-requests", AccessRequests, kw),
+            (rf"/v1/access-requests/{segment}", AccessRequestRoute, kw),
+            (rf"/v1/access-requests/{segment}/(approve|deny)", AccessRequestDecision, kw),
         ],
         default_handler_class=NotFound,
         default_handler_args=kw,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from sandgate.proxy.admin.peers import Peers
+from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
 from sandgate.proxy.reloader import PolicyReloader
@@ -47,3 +48,5 @@ class AdminState:
     role: WorkerRole = SINGLE
     # The lead of several workers: the peers it fans changes and reads out to.
     peers: Peers | None = None
+    # This worker's requests held for an operator's decision (`ask` rules).
+    approvals: Approvals | None = None

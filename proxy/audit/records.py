@@ -92,6 +92,9 @@ def decision_record(
         "error": error,
         "detail": decision.detail or None,
     }
+    if decision.approval is not None:
+        # A request held for approval, as it ended (sandgate.proxy.approvals).
+        record["approval"] = {"id": decision.approval[0], "by": decision.approval[1]}
     if decision.refused:
         # The addresses the guard or a deny network refused, in the order they were checked.
         record["refused"] = [r.as_dict() for r in decision.refused]

@@ -13,6 +13,7 @@ __all__ = [
     "policy",
     "policy_prove",
     "policy_reload",
+    "requests",
     "run",
     "sandbox",
     "status",

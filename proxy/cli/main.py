@@ -78,6 +78,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from sandgate.proxy.cli.audit import run_audit_command
 
         return run_audit_command(args)
+    if command == "requests":
+        # Lazy: httpx and the config model, as `status`.
+        from sandgate.proxy.cli.requests import run_requests_command
+
+        return run_requests_command(args)
     if command == "policy":
         # `policy reload|status` only ask the running gateway (or the fleet): not the Rego
         # engines and loaders below (~0.5 s CPU a call; tests run them often).

@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_credentials(sub)
     _add_audit(sub)
     _add_policy(sub)
+    _add_requests(sub)
     return p
 
 
@@ -101,6 +102,24 @@ def _add_status(sub: Subparsers) -> None:
         help="with --wait: give up after S seconds (default 60)",
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _add_requests(sub: Subparsers) -> None:
+    """`requests list|show|approve|deny`."""
+    req = sub.add_parser("requests", help="requests held for a decision (ask rules): list, approve, deny")
+    req_sub = req.add_subparsers(dest="requests_command", required=True)
+    ls = req_sub.add_parser("list", help="the requests held now (and those whose client hung up)")
+    show = req_sub.add_parser("show", help="one request, held or decided")
+    show.add_argument("id")
+    approve = req_sub.add_parser("approve", help="release a held request (scope once: this request only)")
+    approve.add_argument("id")
+    deny = req_sub.add_parser("deny", help="refuse a held request (403 approval_denied)")
+    deny.add_argument("id")
+    for p in (ls, show, approve, deny):
+        p.add_argument("--config", type=Path, help="the gateway's config (its admin socket)")
+        p.add_argument("--format", choices=("text", "json"), default="text")
+    for p in (approve, deny):
+        p.add_argument("--reason", metavar="TEXT", help="why (kept with the decision)")
 
 
 def _add_sandbox(sub: Subparsers) -> None:

@@ -276,3 +276,12 @@ def test_globs_no_character_is_left_for_are_not_decided(
     code, out, _ = run(capsys, str(rules))
     assert code == 1, out
     assert "acme/allow/api allows requests outside the ceiling: not decided" in out
+
+
+def test_ask_rules_allow_nothing_to_prove(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rules = rules_dir(tmp_path)
+    asking = ACME + "ask:\n  - hosts: [evil.test, '*']\n    ports: [443, 8443]\nunmatched: ask\n"
+    (rules / "tenants" / "acme.yaml").write_text(asking)
+    code, out, err = run(capsys, str(rules))
+    assert (code, err) == (0, "")
+    assert out == f"inside: 3 rules of 1 tenant in {rules} stay inside {rules}/ceiling.yaml\n"

@@ -1,0 +1,87 @@
+"""The access requests the gateway holds (`ask` rules), for the admin API: each worker holds its
+own; the lead answers for the gateway, merging its peers' lists and taking a decision to the
+worker that holds the request (proxy/admin/fanout.py, proxy/admin/peers.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandgate.proxy.admin.peers import READ_TIMEOUT, WRITE_TIMEOUT
+from sandgate.proxy.admin.state import AdminState
+from sandgate.proxy.approvals import DecideError
+
+__all__ = ["INTERNAL_PATH", "decide_request", "list_requests", "show_request"]
+
+# A peer's own access requests (served on its private socket only).
+INTERNAL_PATH = "/internal/v1/access-requests"
+
+
+def _local(state: AdminState) -> list[dict[str, Any]]:
+    if state.approvals is None:
+        return []
+    return [{**r.view(), "worker": state.role.index} for r in state.approvals.listing()]
+
+
+async def list_requests(state: AdminState) -> dict[str, Any]:
+    """The open access requests of every worker (oldest first), and the workers that did not answer."""
+    requests = _local(state)
+    unanswered: list[dict[str, Any]] = []
+    if state.peers is not None:
+        for a in await state.peers.call("GET", INTERNAL_PATH, within=READ_TIMEOUT):
+            listed = a.body.get("requests")
+            if a.ok and isinstance(listed, list):
+                requests.extend(r for r in listed if isinstance(r, dict))
+            else:
+                unanswered.append(a.view())
+    requests.sort(key=lambda r: str(r.get("id")))
+    out: dict[str, Any] = {"requests": requests}
+    if unanswered:
+        out["unanswered"] = unanswered
+    return out
+
+
+async def show_request(state: AdminState, request_id: str) -> dict[str, Any] | None:
+    """One access request, from whichever worker holds (or held) it; None when none does."""
+    if state.approvals is not None:
+        found = state.approvals.get(request_id)
+        if found is not None:
+            return {**found.view(), "worker": state.role.index}
+    if state.peers is not None:
+        for a in await state.peers.call("GET", f"{INTERNAL_PATH}/{request_id}", within=READ_TIMEOUT):
+            if a.ok:
+                return a.body
+    return None
+
+
+async def decide_request(
+    state: AdminState, request_id: str, *, approve: bool, by: str | None, reason: str | None
+) -> dict[str, Any]:
+    """Approve or deny a request on the worker that holds it; DecideError 404 / 409 (or 503
+    when a worker that may hold it did not answer)."""
+    if state.approvals is not None:
+        try:
+            decided = state.approvals.decide(request_id, approve=approve, by=by, reason=reason)
+            return {**decided.view(), "worker": state.role.index}
+        except DecideError as e:
+            if e.status != 404 or state.peers is None:
+                raise
+    if state.peers is None:
+        raise DecideError(404, f"no access request {request_id!r}")
+    verb = "approve" if approve else "deny"
+    answers = await state.peers.call(
+        "POST",
+        f"{INTERNAL_PATH}/{request_id}/{verb}",
+        within=WRITE_TIMEOUT,
+        json={"by": by, "reason": reason},
+    )
+    for a in answers:
+        if a.ok:
+            return a.body
+        if a.status == 409:
+            raise DecideError(
+                409, str(a.body.get("error") or f"access request {request_id!r} is already decided")
+            )
+    if any(a.status != 404 for a in answers):
+        missing = "; ".join(a.error or f"worker {a.index}" for a in answers if a.status != 404)
+        raise DecideError(503, f"no worker that answered holds {request_id!r}; not answered: {missing}")
+    raise DecideError(404, f"no access request {request_id!r}")

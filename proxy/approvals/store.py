@@ -1,0 +1,240 @@
+"""The access requests one worker holds: created on an `ask` decision, ended by an operator's
+approve or deny, by `approvals.ask_timeout_seconds`, or (for the hold, not the entry) by the
+client hanging up. In memory: a worker that restarts drops its held connections with them.
+
+Single-threaded (the gateway's event loop): a state changes once, from `held` or
+`client_gone` to `approved`, `denied` or `expired`, so an approval racing the timeout
+releases the request either exactly once or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+from urllib.parse import parse_qsl
+
+from sandgate.proxy.metrics import METRICS
+
+__all__ = ["AccessRequest", "Approvals", "DecideError", "QueueFull", "State"]
+
+# How often a held request looks whether its client hung up (the reader of a connection whose
+# request is held does not tell: its layer is paused until the hook returns).
+GONE_POLL = 0.25
+# Decided and expired requests kept for `show` (and 409 on a second decision), newest last.
+KEEP_DECIDED = 1000
+
+
+class State(StrEnum):
+    """Where an access request stands."""
+
+    HELD = "held"
+    CLIENT_GONE = "client_gone"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
+
+OPEN = frozenset({State.HELD, State.CLIENT_GONE})
+
+
+class QueueFull(Exception):
+    """The sandbox already has as many requests held as `approvals.max_held_per_sandbox`."""
+
+
+class DecideError(Exception):
+    """A decision that cannot be taken: 404 (unknown id) or 409 (already decided)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def new_request_id() -> str:
+    """A unique id that sorts by time (the audit trail's decision-id style)."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(8).hex()}"
+
+
+def _redact_query(path: str) -> str:
+    # As the audit records do (sandgate.proxy.audit.records.redact_query): keys, never values.
+    base, sep, query = path.partition("?")
+    if not sep:
+        return base
+    keys = [k for k, _ in parse_qsl(query, keep_blank_values=True)]
+    return base + "?" + "&".join(f"{k}=REDACTED" for k in keys) if keys else base + "?REDACTED"
+
+
+def _time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True, eq=False)
+class AccessRequest:
+    """One held request: what it asks for, and where it stands."""
+
+    id: str
+    tenant: str
+    sandbox: str
+    phase: str
+    host: str
+    port: int
+    method: str | None
+    path: str | None
+    rule_id: str | None
+    created: float
+    deadline: float  # monotonic
+    state: State = State.HELD
+    by: str | None = None
+    reason: str | None = None
+    decided: float | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def view(self) -> dict[str, Any]:
+        """The request as the admin API and `sandgate requests` show it."""
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "sandbox": self.sandbox,
+            "phase": self.phase,
+            "host": self.host,
+            "port": self.port,
+            "method": self.method,
+            "path": self.path,
+            "rule_id": self.rule_id,
+            "created": _time(self.created),
+            "state": self.state.value,
+            "by": self.by,
+            "reason": self.reason,
+            "decided": _time(self.decided) if self.decided is not None else None,
+        }
+
+
+class Approvals:
+    """The pending store of one worker process."""
+
+    def __init__(self, *, timeout: float, max_held: int) -> None:
+        self.timeout = timeout
+        self.max_held = max_held
+        self._open: dict[str, AccessRequest] = {}
+        self._closed: OrderedDict[str, AccessRequest] = OrderedDict()
+
+    def held(self, sandbox: str | None = None) -> int:
+        """Requests held open now (their client still waiting), of one sandbox or all."""
+        return sum(
+            1
+            for r in self._open.values()
+            if r.state is State.HELD and (sandbox is None or r.sandbox == sandbox)
+        )
+
+    def hold(
+        self,
+        *,
+        tenant: str,
+        sandbox: str,
+        phase: str,
+        host: str,
+        port: int,
+        method: str | None,
+        path: str | None,
+        rule_id: str | None,
+    ) -> AccessRequest:
+        """A new held request; QueueFull when the sandbox is at its cap."""
+        self._expire()
+        if self.held(sandbox) >= self.max_held:
+            METRICS.approval_outcome("queue_full")
+            raise QueueFull(sandbox)
+        request = AccessRequest(
+            id=new_request_id(),
+            tenant=tenant,
+            sandbox=sandbox,
+            phase=phase,
+            host=host,
+            port=port,
+            method=method,
+            path=_redact_query(path) if path is not None else None,
+            rule_id=rule_id,
+            created=time.time(),
+            deadline=time.monotonic() + self.timeout,
+        )
+        self._open[request.id] = request
+        self._gauge()
+        return request
+
+    async def wait(self, request: AccessRequest, gone: Callable[[], bool] = lambda: False) -> State:
+        """Hold until a decision, the deadline, or the client hanging up (`client_gone`, or
+        `gone()` turning true: looked at every GONE_POLL s); the state it ended in."""
+        while request.state is State.HELD:
+            remaining = request.deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(request.done.wait(), min(remaining, GONE_POLL))
+            if request.state is State.HELD and gone():
+                self.client_gone(request)
+        if request.state is State.HELD:
+            self._close(request, State.EXPIRED)
+        return request.state
+
+    def client_gone(self, request: AccessRequest) -> None:
+        """The held request's client hung up: it is no longer held, and stays listed for a decision."""
+        if request.state is State.HELD:
+            request.state = State.CLIENT_GONE
+            METRICS.approval_outcome("client_gone")
+            request.done.set()
+            self._gauge()
+
+    def drop(self, request: AccessRequest) -> None:
+        """A hold that ended without a decision (a fault, a shutdown): no longer open (one whose
+        client hung up stays listed for a decision)."""
+        if request.state is State.HELD:
+            self._close(request, State.EXPIRED)
+
+    def decide(self, request_id: str, *, approve: bool, by: str | None, reason: str | None) -> AccessRequest:
+        """Approve or deny an open request; DecideError 404 or 409."""
+        self._expire()
+        request = self._open.get(request_id)
+        if request is None:
+            closed = self._closed.get(request_id)
+            if closed is None:
+                raise DecideError(404, f"no access request {request_id!r}")
+            raise DecideError(409, f"access request {request_id!r} is already {closed.state.value}")
+        request.by, request.reason = by, reason
+        self._close(request, State.APPROVED if approve else State.DENIED)
+        return request
+
+    def get(self, request_id: str) -> AccessRequest | None:
+        self._expire()
+        return self._open.get(request_id) or self._closed.get(request_id)
+
+    def listing(self) -> list[AccessRequest]:
+        """The open requests (held, or their client gone), oldest first."""
+        self._expire()
+        return sorted(self._open.values(), key=lambda r: r.id)
+
+    def _close(self, request: AccessRequest, state: State) -> None:
+        request.state = state
+        request.decided = time.time()
+        self._open.pop(request.id, None)
+        self._closed[request.id] = request
+        while len(self._closed) > KEEP_DECIDED:
+            self._closed.popitem(last=False)
+        METRICS.approval_outcome(state.value)
+        request.done.set()
+        self._gauge()
+
+    def _expire(self) -> None:
+        # A request whose client hung up has nobody waiting on its deadline: expired here.
+        now = time.monotonic()
+        for request in [r for r in self._open.values() if r.state is State.CLIENT_GONE and r.deadline <= now]:
+            self._close(request, State.EXPIRED)
+
+    def _gauge(self) -> None:
+        METRICS.approvals_held(self.held())
