@@ -123,7 +123,7 @@ async def decide(
     if not rule_decision.allowed:
         if not relaxed and not rule_decision.ask:
             return rule_decision
-        if trace is not None:
+        if trace is not None and relaxed:
             _trace_relaxed(trace)
 
     dial: str | None = str(ip) if ip is not None else None

@@ -389,6 +389,10 @@ def _compile_rules(
     out = []
     for i, rule in enumerate(rules):
         where = loaded.doc.locate((kind, i))
+        if kind == "ask" and rule.protocol == "tcp":
+            # A held raw tunnel has no request to show the operator: ask for HTTP and TLS only.
+            problem = "'protocol: tcp' cannot be asked for; allow it or leave it out"
+            errors.append(_err(loaded.doc, (kind, i, "protocol"), problem))
         for j, host in enumerate(rule.hosts):
             if kind != "deny" and host.startswith("*.") and "." not in host[2:]:
                 problem = f"{host!r} would allow a whole top-level domain; name the domains instead"

@@ -273,10 +273,6 @@ class TenantFile(_Strict):
     @model_validator(mode="after")
     def _deny_rules_allow_nothing(self) -> TenantFile:
         _no_websocket_in(self.deny)
-        for i, rule in enumerate(self.ask):
-            if rule.protocol == "tcp":
-                # A held raw tunnel has no request to show the operator; ask for HTTP and TLS only.
-                raise ValueError(f"ask.{i}: 'protocol: tcp' cannot be asked for; allow it or leave it out")
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import StaticResolver
+from sandgate.policy.trace import Outcome, StepName, Trace
 
 BASE = """
 deny:
@@ -202,3 +203,27 @@ def test_operator_base_rules_cannot_ask(tmp_path: Path) -> None:
     (root / "base.yaml").write_text("ask:\n  - hosts: [x.example.com]\n")
     with pytest.raises(PolicyLoadError, match="ask"):
         load_policy_dir(root)
+
+
+def test_a_raw_tcp_rule_cannot_be_asked_for(tmp_path: Path) -> None:
+    bad = """
+    tenant: bad
+    ask:
+      - hosts: [db.example.com]
+        ports: [5432]
+        protocol: tcp
+    """
+    with pytest.raises(PolicyLoadError) as e:
+        load_policy_dir(write_rules(tmp_path, {"bad": bad}))
+    assert "bad.yaml:6" in str(e.value) and "ask.0.protocol" in str(e.value)
+
+
+async def test_the_trace_says_the_request_is_held(policy: PolicySet) -> None:
+    trace = Trace()
+    request = EgressRequest(Phase.CONNECT, "new.example.com", 443)
+    d = await decide(policy, ASKER_ID, request, StaticResolver(HOSTS), AddressGuard(), trace=trace)
+    assert d.ask
+    steps = [(s.name, s.outcome) for s in trace.steps]
+    assert (StepName.ALLOW_RULES, Outcome.DENY) in steps
+    assert steps[-1] == (StepName.REGO, Outcome.SKIP)
+    assert "approval_required" in next(s.detail for s in trace.steps if s.name is StepName.ALLOW_RULES)
