@@ -494,7 +494,8 @@ class ApprovalsConfig(_Strict):
         default=60.0, description="how long a request is held for a decision before 403 approval_timeout"
     )
     max_held_per_sandbox: Annotated[int, Field(ge=1, le=10_000)] = Field(
-        default=8, description="requests one sandbox may have held at once; more: 403 approval_queue_full"
+        default=8,
+        description="requests one sandbox may have held at once (per worker); more: 403 approval_queue_full",
     )
 
 

@@ -73,7 +73,8 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
 def shared(start_module_gateway: GatewayFactory, http_upstream: RecordingUpstream) -> RunningGateway:
     return start_module_gateway(
         {"t1.yaml": asking_tenant(http_upstream.port)},
-        config={"approvals": {"max_held_per_sandbox": 2}},
+        # One worker: the cap is per worker (the two-worker test below runs its own gateway).
+        config={"approvals": {"max_held_per_sandbox": 2}, "workers": {"count": 1}},
     )
 
 
