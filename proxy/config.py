@@ -495,7 +495,10 @@ class ApprovalsConfig(_Strict):
     )
     max_held_per_sandbox: Annotated[int, Field(ge=1, le=10_000)] = Field(
         default=8,
-        description="requests one sandbox may have held at once (per worker); more: 403 approval_queue_full",
+        description=(
+            "requests one sandbox may have open at once (held, or hung up and not decided yet; per "
+            "worker); more: 403 approval_queue_full"
+        ),
     )
 
 

@@ -20,6 +20,7 @@ Every hook is guarded: an exception denies with `internal_error`, never lets tra
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import structlog
 from mitmproxy import connection, http, tcp
@@ -31,7 +32,7 @@ from sandgate.policy.decide import literal_ip
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import normalise_host, split_authority
-from sandgate.policy.overrides import decide_readings
+from sandgate.policy.overrides import Decide, decide_readings
 from sandgate.policy.paths import read_target
 from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import requested_upgrade
@@ -231,11 +232,19 @@ class Gate:
             decision = await self.ctx.decide(dctx.identity, request, address=address)
             if decision.ask:
                 tunnel = self._approved_tunnels.get(flow.client_conn.id) if state.in_tunnel else None
+                decide: Decide = self.ctx.decide
                 if tunnel is not None and tunnel[:2] == (host, port):
                     # The operator approved this tunnel: its requests are not asked about again.
                     decision = _released(decision, tunnel[2])
+                    decide = _asks_released(self.ctx.decide, tunnel[2])
                 else:
                     decision = await self._hold(flow, dctx, decision, state)
+                if decision.allowed:
+                    # Approved is this request as shown: another method it can mean (an override
+                    # header) is decided too, and one that would be asked about is refused.
+                    decision = await decide_readings(
+                        decide, dctx.identity, request, decision, address=address
+                    )
             elif decision.allowed:
                 decision = await decide_readings(
                     self.ctx.decide, dctx.identity, request, decision, address=address
@@ -439,6 +448,16 @@ def sni_problem(sni: str | None, host: str | None, decision: Decision, *, requir
 def _released(decision: Decision, approval: tuple[str, str | None]) -> Decision:
     """An `ask` decision an operator approved: allowed, as it would have been by a rule."""
     return replace(decision, allowed=True, ask=False, reason=Reason.ALLOWED, approval=approval)
+
+
+def _asks_released(decide: Decide, approval: tuple[str, str | None]) -> Decide:
+    """`decide` inside a tunnel an operator approved: what it would ask about is allowed."""
+
+    async def in_approved_tunnel(*args: Any, **kwargs: Any) -> Decision:
+        decision = await decide(*args, **kwargs)
+        return _released(decision, approval) if decision.ask else decision
+
+    return in_approved_tunnel
 
 
 def _client_ip(flow: http.HTTPFlow) -> str | None:

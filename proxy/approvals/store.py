@@ -134,6 +134,10 @@ class Approvals:
             if r.state is State.HELD and (sandbox is None or r.sandbox == sandbox)
         )
 
+    def open_for(self, sandbox: str) -> int:
+        """Requests of `sandbox` still open: held, or their client gone and no decision yet."""
+        return sum(1 for r in self._open.values() if r.sandbox == sandbox)
+
     def hold(
         self,
         *,
@@ -148,7 +152,9 @@ class Approvals:
     ) -> AccessRequest:
         """A new held request; QueueFull when the sandbox is at its cap."""
         self._expire()
-        if self.held(sandbox) >= self.max_held:
+        # Every open request counts, a hung-up client's too: a guest that asks and hangs up at
+        # once would otherwise fill the listing (and the trail) without bound.
+        if self.open_for(sandbox) >= self.max_held:
             METRICS.approval_outcome("queue_full")
             raise QueueFull(sandbox)
         request = AccessRequest(

@@ -284,7 +284,7 @@ def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bo
     f.add_argument(
         "--reason", action="append", default=[], choices=[r.value for r in Reason], metavar="REASON"
     )
-    f.add_argument("--decision", action="append", default=[], choices=("allow", "deny", "would_deny"))
+    f.add_argument("--decision", action="append", default=[], choices=("allow", "deny", "would_deny", "ask"))
     f.add_argument("--phase", action="append", default=[], choices=[p.value for p in Phase])
     f.add_argument(
         "--credential", action="append", default=[], metavar="NAME", help="records that injected it"

@@ -265,3 +265,45 @@ def test_with_two_workers_the_lead_decides_for_the_worker_that_holds_it(
     assert [r.target for r in http_upstream.wait_for_requests(1)] == [on_peer["path"]]
     missing = sandgate(gw, "requests", "approve", "0123456789abcdef0123")
     assert missing.returncode == 1 and "no access request" in missing.stderr
+
+
+def test_a_guest_that_asks_and_hangs_up_fills_only_its_own_queue(
+    gw: RunningGateway, http_upstream: RecordingUpstream
+) -> None:
+    """Requests whose client hung up stay open until decided or expired, and count: asking in a
+    loop and hanging up cannot grow the listing (or the trail) without bound."""
+    for i in range(2):
+        curl = start_curl(gw, f"http://api.test:{http_upstream.port}/v1/loop{i}")
+        held(gw, 1)
+        curl.kill()
+        curl.communicate(timeout=10)
+        held(gw, i + 1, state="client_gone")
+    status, body = finish(start_curl(gw, f"http://api.test:{http_upstream.port}/v1/loop-more"))
+    assert (status, json.loads(body)["reason"]) == (403, "approval_queue_full")
+    gone = held(gw, 2, state="client_gone")
+    for request in gone:
+        assert sandgate(gw, "requests", "deny", request["id"]).returncode == 0
+    assert http_upstream.requests == []
+    # `audit query --decision ask` lists what was asked.
+    query = sandgate(gw, "audit", "query", "--decision", "ask", "--format", "json")
+    assert query.returncode == 0, query.stderr
+    asked = {json.loads(line)["approval_id"] for line in query.stdout.splitlines() if line.strip()}
+    assert {r["id"] for r in gone} <= asked
+
+
+def test_an_approved_request_cannot_mean_another_method(
+    gw: RunningGateway, http_upstream: RecordingUpstream
+) -> None:
+    """The operator approves the request as listed (a GET): an override header that makes it
+    mean DELETE is decided too, and refused, since no allow rule allows it."""
+    curl = start_curl(
+        gw, f"http://api.test:{http_upstream.port}/v1/items", "-H", "X-HTTP-Method-Override: DELETE"
+    )
+    [pending] = held(gw)
+    assert pending["method"] == "GET"
+    assert sandgate(gw, "requests", "approve", pending["id"]).returncode == 0
+    status, body = finish(curl)
+    assert status == 403, body
+    assert "DELETE" in json.loads(body).get("detail", "") or json.loads(body)["reason"] == "approval_required"
+    time.sleep(0.3)
+    assert http_upstream.requests == [], "nothing reached the upstream"
