@@ -1,7 +1,8 @@
 """Two sockets joined byte for byte: a passed-through tunnel, with its activity clock and byte counts.
 
 Protocols, not streams: each side's bytes are written to the other as they arrive, with
-back-pressure both ways (a side whose write buffer fills pauses the other side's reads), a
+back-pressure both ways (a side whose write buffer passes asyncio's default 64 KiB pauses
+the other side's reads: what one tunnel holds stays bounded), a
 half-close carried across, and either side's close closing both. No per-chunk hook runs: the
 tunnel's idle timeout is a sweep over `last_activity` (PassthroughFront), not a timer per read.
 """
@@ -11,12 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-__all__ = ["WRITE_HIGH_WATER", "Splice"]
-
-# Bytes queued toward one side before the other side's reads pause: big enough that a bulk
-# transfer is not paused and resumed every few segments, small enough to bound what one
-# tunnel holds (two directions: twice this at most).
-WRITE_HIGH_WATER = 256 * 1024
+__all__ = ["Splice"]
 
 
 class _Side(asyncio.Protocol):
@@ -34,7 +30,6 @@ class _Side(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     def data_received(self, data: bytes) -> None:
         splice = self.splice
@@ -92,7 +87,6 @@ class Splice:
         if upstream is None:
             raise RuntimeError("the upstream is not connected")
         self._keep = keep
-        client.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.client_side.transport = client
         self.client_side.peer = upstream
         self.upstream_side.peer = client
