@@ -158,7 +158,8 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
             "no decision on the held request within `approvals.ask_timeout_seconds`"
         ),
         Reason.APPROVAL_QUEUE_FULL: Meaning(
-            "the sandbox already has `approvals.max_held_per_sandbox` requests held: not held"
+            "the sandbox already has `approvals.max_held_per_sandbox` requests open (held, or hung up "
+            "and undecided): not held"
         ),
     }
 )
