@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import SANDGATE, TOKEN_REF, records_when, wait_quiet, write_gateway_files
-from support import RecordingUpstream, free_port, wait_for_port
+from support import RecordingUpstream, free_port_run, wait_for_port
 from support.netns import Namespace, NetnsLab, in_namespace, netns_lab
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -116,18 +116,21 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         up, g1, g2 = nl.add("up"), nl.add("g1"), nl.add("g2")
         web = in_namespace(up.name, lambda: RecordingUpstream(up.addr, 80, name="web").start())
         table = f"sgs_{nl.tag}"
+        explicit = free_port_run(3)
         config, _ = write_gateway_files(
             tmp_path,
             {
                 "t1.yaml": tenant("t1", [{"id": "vm1", "interface": g1.host_if, "addresses": [g1.addr]}]),
                 "t2.yaml": tenant("t2", []),
             },
+            # Ports below the kernel's ephemeral range: the gateway restarts on them, and a port
+            # from that range can be taken meanwhile by any process's outgoing connection.
             config={
                 "listeners": [
-                    {"host": "127.0.0.1", "port": free_port()},
-                    {"mode": "transparent", "host": "0.0.0.0", "port": free_port()},
+                    {"host": "127.0.0.1", "port": explicit},
+                    {"mode": "transparent", "host": "0.0.0.0", "port": explicit + 1},
                 ],
-                "dns": {"host": "0.0.0.0", "port": free_port()},
+                "dns": {"host": "0.0.0.0", "port": explicit + 2},
                 "resolver": {"hosts": {"api.test": [up.addr]}},
                 "address_guard": {"reachable_by_name": [f"10.200.{nl.subnet}.0/24"]},
                 "host_rules": {"table": table},
