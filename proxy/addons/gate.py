@@ -55,7 +55,7 @@ from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.respond import decision_response
 
 # The flow keys are re-exported for the modules that have always imported them from here.
-__all__ = ["Gate", "sni_problem"]
+__all__ = ["Gate", "sni_problem", "tls_decision"]
 
 log = structlog.get_logger("sandgate.gate")
 
@@ -145,16 +145,9 @@ class Gate:
             raw_sni = data.client_hello.sni
             dctx = state.decision_context(Phase.TLS)
             dctx.sni = raw_sni
-            decision = state.tunnel_decision
-            problem = sni_problem(raw_sni, state.tunnel_host, decision, require_sni=self.require_sni)
-            if problem is not None:
-                decision = Decision(
-                    reason=Reason.SNI_MISMATCH,
-                    policy_version=decision.policy_version,
-                    mode=decision.mode,
-                    address=decision.address,
-                    detail=problem,
-                )
+            decision = tls_decision(
+                raw_sni, state.tunnel_host, state.tunnel_decision, require_sni=self.require_sni
+            )
             queued = await self._record(dctx, decision)
             if not decision.allowed or not queued:
                 self._block(state, decision.reason if queued else Reason.INTERNAL_ERROR)
@@ -420,6 +413,21 @@ class Gate:
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:
         if state is not None:
             state.refused(reason)
+
+
+def tls_decision(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> Decision:
+    """The decision on a tunnel's ClientHello: the tunnel's own, or `sni_mismatch` when the SNI
+    does not fit it (see `sni_problem`)."""
+    problem = sni_problem(sni, host, decision, require_sni=require_sni)
+    if problem is None:
+        return decision
+    return Decision(
+        reason=Reason.SNI_MISMATCH,
+        policy_version=decision.policy_version,
+        mode=decision.mode,
+        address=decision.address,
+        detail=problem,
+    )
 
 
 def sni_problem(sni: str | None, host: str | None, decision: Decision, *, require_sni: bool) -> str | None:

@@ -20,7 +20,7 @@ from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.respond import denied_response, proxy_auth_required
 
-__all__ = ["Identify", "parse_proxy_authorization"]
+__all__ = ["Identify", "client_address", "parse_proxy_authorization"]
 
 log = structlog.get_logger("sandgate.identify")
 
@@ -54,7 +54,7 @@ class Identify:
         try:
             self.ctx.connections[client.id] = ConnectionState(
                 listener=client.proxy_mode.full_spec,
-                client=_addr(client.peername),
+                client=client_address(client.peername),
                 transparent=client.proxy_mode.type_name == "transparent",
             )
         except Exception:
@@ -115,7 +115,7 @@ class Identify:
         dctx = DecisionContext(
             phase=Phase.CONNECT if flow.request.method == "CONNECT" else Phase.REQUEST,
             listener=state.listener if state else flow.client_conn.proxy_mode.full_spec,
-            client=state.client if state else _addr(flow.client_conn.peername),
+            client=state.client if state else client_address(flow.client_conn.peername),
             host=flow.request.host,
             port=flow.request.port,
             method=flow.request.method,
@@ -126,7 +126,8 @@ class Identify:
             flow.response = denied_response(Reason.INTERNAL_ERROR, None, dctx.decision_id)
 
 
-def _addr(peer: tuple[str, int] | object | None) -> str:
+def client_address(peer: tuple[str, int] | object | None) -> str:
+    """`host:port` (`[v6]:port`) of a peer address as records show it; `-` when unknown."""
     if isinstance(peer, tuple) and len(peer) >= 2:
         host = str(peer[0])
         return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"

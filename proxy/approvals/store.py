@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
-from urllib.parse import parse_qsl
 
+from sandgate.proxy.audit.records import format_time, new_decision_id, redact_query
 from sandgate.proxy.metrics import METRICS
 
 __all__ = ["AccessRequest", "Approvals", "DecideError", "QueueFull", "State"]
@@ -58,24 +56,6 @@ class DecideError(Exception):
         self.message = message
 
 
-def new_request_id() -> str:
-    """A unique id that sorts by time (the audit trail's decision-id style)."""
-    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(8).hex()}"
-
-
-def _redact_query(path: str) -> str:
-    # As the audit records do (sandgate.proxy.audit.records.redact_query): keys, never values.
-    base, sep, query = path.partition("?")
-    if not sep:
-        return base
-    keys = [k for k, _ in parse_qsl(query, keep_blank_values=True)]
-    return base + "?" + "&".join(f"{k}=REDACTED" for k in keys) if keys else base + "?REDACTED"
-
-
-def _time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 @dataclass(slots=True, eq=False)
 class AccessRequest:
     """One held request: what it asks for, and where it stands."""
@@ -109,11 +89,11 @@ class AccessRequest:
             "method": self.method,
             "path": self.path,
             "rule_id": self.rule_id,
-            "created": _time(self.created),
+            "created": format_time(self.created),
             "state": self.state.value,
             "by": self.by,
             "reason": self.reason,
-            "decided": _time(self.decided) if self.decided is not None else None,
+            "decided": format_time(self.decided) if self.decided is not None else None,
         }
 
 
@@ -158,14 +138,14 @@ class Approvals:
             METRICS.approval_outcome("queue_full")
             raise QueueFull(sandbox)
         request = AccessRequest(
-            id=new_request_id(),
+            id=new_decision_id(),
             tenant=tenant,
             sandbox=sandbox,
             phase=phase,
             host=host,
             port=port,
             method=method,
-            path=_redact_query(path) if path is not None else None,
+            path=redact_query(path) if path is not None else None,
             rule_id=rule_id,
             created=time.time(),
             deadline=time.monotonic() + self.timeout,

@@ -36,8 +36,8 @@ from sandgate.policy.hosts import split_authority
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.connection_limits import ConnectionLimits
 from sandgate.proxy.addons.drain import Drainer
-from sandgate.proxy.addons.gate import sni_problem
-from sandgate.proxy.addons.identify import parse_proxy_authorization
+from sandgate.proxy.addons.gate import tls_decision
+from sandgate.proxy.addons.identify import client_address, parse_proxy_authorization
 from sandgate.proxy.addons.limits import admit_tunnel
 from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.config import ConnectionsConfig, HeadsConfig
@@ -157,7 +157,7 @@ class PassthroughFront:
             await mitmproxy_handler(reader, writer)
             return
         held = self._held[key] = _Held(writer)
-        state = ConnectionState(listener=listener, client=_address(peer))
+        state = ConnectionState(listener=listener, client=client_address(peer))
         self.ctx.connections[key] = state
         handoff: tuple[bytes, bool] | None = None
         try:
@@ -290,15 +290,7 @@ class PassthroughFront:
         """Record the TLS decision on the ClientHello; whether the tunnel may go on."""
         dctx = state.decision_context(Phase.TLS)
         dctx.sni = sni
-        problem = sni_problem(sni, state.tunnel_host, decision, require_sni=self.require_sni)
-        if problem is not None:
-            decision = Decision(
-                reason=Reason.SNI_MISMATCH,
-                policy_version=decision.policy_version,
-                mode=decision.mode,
-                address=decision.address,
-                detail=problem,
-            )
+        decision = tls_decision(sni, state.tunnel_host, decision, require_sni=self.require_sni)
         queued = await self.ctx.audit.emit(decision_record(dctx, decision))
         if not decision.allowed or not queued:
             state.refused(decision.reason if queued else Reason.INTERNAL_ERROR)
@@ -368,13 +360,6 @@ def _buffered(reader: asyncio.StreamReader) -> bytearray:
     taken = bytearray(buffer)
     buffer.clear()
     return taken
-
-
-def _address(peer: Any) -> str:
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        host = str(peer[0])
-        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
-    return "-"
 
 
 def _ip(peer: Any) -> str | None:
