@@ -78,6 +78,9 @@ class WindowCounter:
     others: int = 0
     others_prev: int = 0
     touched: bool = field(default=False)
+    # New here: the next sync also reads the previous window's fleet total, which a gateway
+    # that met this sandbox after a window boundary would otherwise never learn.
+    fresh: bool = field(default=False)
 
     def roll(self, now: float) -> None:
         """Move to the window `now` falls in."""
@@ -124,13 +127,14 @@ class WindowCounter:
         return max(1, math.ceil(wait))
 
     def pending(self, refresh: bool = False) -> list[tuple[int, int]]:
-        """(window index, unsynced count) worth sending: changed, used since the last sync, or `refresh`."""
+        """(window index, unsynced count) worth sending: changed, used since the last sync, new
+        here, or `refresh` (which also re-reads the previous window's total, still weighed)."""
         out = []
-        if self.mine_prev > self.pushed_prev:
+        if self.mine_prev > self.pushed_prev or self.fresh or refresh:
             out.append((self.index - 1, self.mine_prev - self.pushed_prev))
         if self.mine > self.pushed or self.touched or refresh:
             out.append((self.index, self.mine - self.pushed))
-        self.touched = False
+        self.touched = self.fresh = False
         return out
 
     def merge(self, index: int, delta: int, fleet_total: int) -> None:
@@ -211,7 +215,8 @@ class Limiter:
         if len(self.counters) == before:
             return False
         for _, counter, _ in checks:
-            counter.touched = True  # sent (with a zero delta) by the next sync, which reads the total
+            # Sent (with a zero delta) by the next sync, which reads both windows' totals.
+            counter.touched = counter.fresh = True
         return True
 
     def add_egress(

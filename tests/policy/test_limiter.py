@@ -114,6 +114,26 @@ def test_fleet_totals_merged_in_count_against_the_limit() -> None:
     assert sum(fleet.values()) == 10
 
 
+def test_a_gateway_meeting_a_sandbox_after_a_window_boundary_learns_the_previous_window() -> None:
+    """The fleet's count from the minute before still weighs; a newcomer must read it too."""
+    clock_a, clock_b = Clock(6000.0), Clock(6000.0)
+    a, b = Limiter(clock_a), Limiter(clock_b)
+    limits = Limits(requests_per_minute=10)
+    fleet: dict[tuple[CounterKey, int], int] = {}
+
+    def sync(limiter: Limiter) -> None:
+        for item in limiter.pending():
+            fleet[(item.key, item.index)] = fleet.get((item.key, item.index), 0) + item.delta
+            limiter.merge(item, fleet[(item.key, item.index)])
+
+    assert admitted(a, limits, 8) == 8
+    sync(a)
+    clock_a.now = clock_b.now = 6066.0  # the next minute, a tenth of it gone: 8 * 0.9 still weighs
+    assert b.prepare("t1", "sb1", limits)
+    sync(b)
+    assert admitted(b, limits, 10) == 2
+
+
 @pytest.mark.parametrize(
     ("gateways", "share"),
     [(2, 3), (3, 2), (1, 6)],
