@@ -1,4 +1,5 @@
-"""Requests held open for an operator's decision (`ask` rules): the pending store of one worker."""
+"""Requests held open for an operator's decision (`ask` rules) and guests' proposals: the pending
+store of one worker."""
 
 from sandgate.proxy.approvals.store import (
     AccessRequest,

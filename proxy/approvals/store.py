@@ -1,8 +1,9 @@
-"""The access requests one worker holds: created on an `ask` decision, ended by an operator's
-approve or deny, by `approvals.ask_timeout_seconds`, or (for the hold, not the entry) by the
-client hanging up. In memory: a worker that restarts drops its held connections with them.
+"""The access requests one worker holds: created on an `ask` decision (kind `held`) or proposed
+by a guest through the gateway's own endpoint (kind `proposal`, nobody held on it), ended by an
+operator's approve or deny, by `approvals.ask_timeout_seconds`, or (for the hold, not the entry)
+by the client hanging up. In memory: a worker that restarts drops its held connections with them.
 
-Single-threaded (the gateway's event loop): a state changes once, from `held` or
+Single-threaded (the gateway's event loop): a state changes once, from `held`, `pending` or
 `client_gone` to `approved`, `denied` or `expired`, so an approval racing the timeout
 releases the request either exactly once or not at all.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,26 +23,31 @@ from typing import Any
 from sandgate.proxy.audit.records import format_time, new_decision_id, redact_query
 from sandgate.proxy.metrics import METRICS
 
-__all__ = ["AccessRequest", "Approvals", "DecideError", "QueueFull", "State"]
+__all__ = ["NOTE_MAX", "AccessRequest", "Approvals", "DecideError", "QueueFull", "State", "clean_note"]
 
 # How often a held request looks whether its client hung up (the reader of a connection whose
 # request is held does not tell: its layer is paused until the hook returns).
 GONE_POLL = 0.25
 # Decided and expired requests kept for `show` (and 409 on a second decision), newest last.
 KEEP_DECIDED = 1000
+# The longest guest note kept (characters): it is shown to operators, never trusted.
+NOTE_MAX = 500
 
 
 class State(StrEnum):
     """Where an access request stands."""
 
     HELD = "held"
+    PENDING = "pending"  # a proposal: open, nobody held on it
     CLIENT_GONE = "client_gone"
     APPROVED = "approved"
     DENIED = "denied"
     EXPIRED = "expired"
 
 
-OPEN = frozenset({State.HELD, State.CLIENT_GONE})
+OPEN = frozenset({State.HELD, State.PENDING, State.CLIENT_GONE})
+# Open requests nobody waits on: the store expires them at their deadline itself.
+UNHELD = frozenset({State.PENDING, State.CLIENT_GONE})
 
 
 class QueueFull(Exception):
@@ -58,7 +65,7 @@ class DecideError(Exception):
 
 @dataclass(slots=True, eq=False)
 class AccessRequest:
-    """One held request: what it asks for, and where it stands."""
+    """One held request or guest proposal: what it asks for, and where it stands."""
 
     id: str
     tenant: str
@@ -75,6 +82,10 @@ class AccessRequest:
     by: str | None = None
     reason: str | None = None
     decided: float | None = None
+    kind: str = "held"  # "held" (an `ask` decision) or "proposal" (the guest's endpoint)
+    methods: tuple[str, ...] | None = None  # a proposal's methods (None: any)
+    paths: tuple[str, ...] | None = None  # a proposal's path globs (None: any)
+    note: str | None = None  # the guest's reason text: untrusted, cleaned by clean_note
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def view(self) -> dict[str, Any]:
@@ -94,6 +105,10 @@ class AccessRequest:
             "by": self.by,
             "reason": self.reason,
             "decided": format_time(self.decided) if self.decided is not None else None,
+            "kind": self.kind,
+            "methods": list(self.methods) if self.methods is not None else None,
+            "paths": list(self.paths) if self.paths is not None else None,
+            "note": self.note,
         }
 
 
@@ -115,7 +130,7 @@ class Approvals:
         )
 
     def open_for(self, sandbox: str) -> int:
-        """Requests of `sandbox` still open: held, or their client gone and no decision yet."""
+        """Requests of `sandbox` still open: held, proposed, or their client gone and undecided."""
         return sum(1 for r in self._open.values() if r.sandbox == sandbox)
 
     def hold(
@@ -131,12 +146,7 @@ class Approvals:
         rule_id: str | None,
     ) -> AccessRequest:
         """A new held request; QueueFull when the sandbox is at its cap."""
-        self._expire()
-        # Every open request counts, a hung-up client's too: a guest that asks and hangs up at
-        # once would otherwise fill the listing (and the trail) without bound.
-        if self.open_for(sandbox) >= self.max_held:
-            METRICS.approval_outcome("queue_full")
-            raise QueueFull(sandbox)
+        self._admit(sandbox)
         request = AccessRequest(
             id=new_decision_id(),
             tenant=tenant,
@@ -150,9 +160,60 @@ class Approvals:
             created=time.time(),
             deadline=time.monotonic() + self.timeout,
         )
+        self._store(request)
+        return request
+
+    def propose(
+        self,
+        *,
+        tenant: str,
+        sandbox: str,
+        host: str,
+        port: int,
+        methods: tuple[str, ...] | None,
+        paths: tuple[str, ...] | None,
+        note: str | None,
+        rule_id: str | None = None,
+    ) -> AccessRequest:
+        """A guest's proposal: open (`pending`) until a decision or its deadline, nobody held on
+        it; QueueFull when the sandbox is at its cap (proposals count with held requests)."""
+        self._admit(sandbox)
+        request = AccessRequest(
+            id=new_decision_id(),
+            tenant=tenant,
+            sandbox=sandbox,
+            phase="proposal",
+            host=host,
+            port=port,
+            method=None,
+            path=None,
+            rule_id=rule_id,
+            created=time.time(),
+            deadline=time.monotonic() + self.timeout,
+            state=State.PENDING,
+            kind="proposal",
+            methods=methods,
+            paths=tuple(redact_query(p) for p in paths) if paths is not None else None,
+            note=clean_note(note),
+        )
+        self._store(request)
+        return request
+
+    def _admit(self, sandbox: str) -> None:
+        self._expire()
+        # Every open request counts, a hung-up client's too: a guest that asks and hangs up at
+        # once would otherwise fill the listing (and the trail) without bound.
+        if self.open_for(sandbox) >= self.max_held:
+            METRICS.approval_outcome("queue_full")
+            raise QueueFull(sandbox)
+
+    def _store(self, request: AccessRequest) -> None:
         self._open[request.id] = request
         self._gauge()
-        return request
+        self._opened(request)
+
+    def _opened(self, request: AccessRequest) -> None:
+        """A new open request was stored (held or proposed): the hook for what announces it."""
 
     async def wait(self, request: AccessRequest, gone: Callable[[], bool] = lambda: False) -> State:
         """Hold until a decision, the deadline, or the client hanging up (`client_gone`, or
@@ -217,10 +278,23 @@ class Approvals:
         self._gauge()
 
     def _expire(self) -> None:
-        # A request whose client hung up has nobody waiting on its deadline: expired here.
+        # A proposal, or a request whose client hung up, has nobody waiting on its deadline:
+        # expired here.
         now = time.monotonic()
-        for request in [r for r in self._open.values() if r.state is State.CLIENT_GONE and r.deadline <= now]:
+        for request in [r for r in self._open.values() if r.state in UNHELD and r.deadline <= now]:
             self._close(request, State.EXPIRED)
 
     def _gauge(self) -> None:
         METRICS.approvals_held(self.held())
+
+
+def clean_note(note: str | None) -> str | None:
+    """A guest's reason text fit to show an operator: control and format characters (escapes,
+    bidi overrides) dropped, whitespace runs made one space, at most NOTE_MAX characters."""
+    if note is None:
+        return None
+    kept = "".join(
+        " " if ch.isspace() else ch for ch in note if ch.isspace() or unicodedata.category(ch)[0] != "C"
+    )
+    cleaned = " ".join(kept.split())[:NOTE_MAX]
+    return cleaned or None
