@@ -40,7 +40,8 @@ WORKERS_SUBSET+=(
 # every test is isolated (free ports, per-run names, per-state_dir nft tables). `-n 0` runs
 # the suite in one process; later arguments win.
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile "$@" || status=$?
+# `--durations`: the slowest tests in every run's log, where CI time goes.
+.venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --durations=30 "$@" || status=$?
 # Every gateway above that does not set its count ran as one process (tests/conftest.py:
 # SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,

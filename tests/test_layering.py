@@ -295,15 +295,26 @@ def function_level_imports(path: Path) -> list[tuple[int, bool]]:
     return found
 
 
+# Modules outside the CLI that may defer one heavy import, and why.
+DEFERRED_IMPORTS = {
+    # opa_client brings aiohttp (~0.5 s of CPU per process) for an engine that is off by default.
+    Path("policy/rego/opa.py"): "opa_client",
+}
+
+
 def test_no_import_hides_inside_a_function() -> None:
     # Factories live in their own modules and import at the top. The CLI alone may defer a
-    # heavy import (start-up time of every command), with a comment saying why.
+    # heavy import (start-up time of every command), with a comment saying why; so may the
+    # modules in DEFERRED_IMPORTS, for the one import named there.
     hidden = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             where = path.relative_to(ROOT)
+            allowed = where.parts[:2] == ("proxy", "cli") or where in DEFERRED_IMPORTS
             for line, commented in function_level_imports(path):
-                if not (where.parts[:2] == ("proxy", "cli") and commented):
+                text = path.read_text().splitlines()[line - 1]
+                named = where not in DEFERRED_IMPORTS or DEFERRED_IMPORTS[where] in text
+                if not (allowed and commented and named):
                     hidden.append(f"{where}:{line}")
     assert hidden == []
 

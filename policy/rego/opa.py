@@ -16,8 +16,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from opa_client import AsyncOpaClient
-
 from sandgate.policy.rego.program import RegoModule
 from sandgate.policy.rego.protocol import UNDEFINED, EngineError, RegoQuery, RegoVerdict, fault, interpret
 
@@ -51,6 +49,11 @@ class OpaEngine:
         self._port = parts.port or (443 if parts.scheme == "https" else 8181)
         self._ssl = parts.scheme == "https"
         self._token = token
+        # Imported here, not at module level: it brings aiohttp (~0.5 s of CPU), which a gateway
+        # on the embedded engine (the default) and most CLI calls never need.
+        from opa_client import AsyncOpaClient
+
+        self._client_type = AsyncOpaClient
         self.timeout = timeout
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -66,7 +69,7 @@ class OpaEngine:
         async with self._opening:
             if self._client is not None:
                 return self._client
-            client = AsyncOpaClient(
+            client = self._client_type(
                 host=self._host,
                 port=self._port,
                 ssl=self._ssl,

@@ -17,6 +17,7 @@ from sandgate.policy.errors import PolicySetError
 from sandgate.proxy.config import GatewayConfig, for_worker, load_config
 from sandgate.proxy.errors import ConfigError, ListenerError
 from sandgate.proxy.logsetup import configure_logging
+from sandgate.proxy.mitm.lean_import import skip_default_addons
 from sandgate.proxy.worker_role import WorkerRole
 
 __all__ = ["run_command", "with_proxy_port", "worker_argv"]
@@ -46,6 +47,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _serve(config: GatewayConfig) -> int:
     """The gateway in this process (one worker, as sandgate always ran)."""
+    skip_default_addons()  # before anything imports mitmproxy.addons
     # Lazy: the runtime loads mitmproxy, which a supervisor never needs.
     from sandgate.proxy.runtime import serve
 
@@ -62,6 +64,7 @@ def _serve(config: GatewayConfig) -> int:
 def _serve_worker(config: GatewayConfig) -> int:
     """One worker under a supervisor: a listener it cannot bind is left for the supervisor to
     report (once, not once per attempt)."""
+    skip_default_addons()  # before anything imports mitmproxy.addons
     # Lazy: the runtime loads mitmproxy, which a supervisor never needs.
     from sandgate.proxy.runtime import serve
     from sandgate.proxy.workers.child import bind_to_supervisor, leave_start_failure

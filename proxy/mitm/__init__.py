@@ -11,6 +11,7 @@ __all__ = [
     "closer",
     "dispatch",
     "head_caps",
+    "lean_import",
     "message_check",
     "option_reads",
     "reuse_port",
