@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import time
 from dataclasses import dataclass, replace
 
 from sandgate.policy.address_guard import AddressGuard, IPAddress
@@ -17,6 +18,7 @@ from sandgate.policy.decision import (
 )
 from sandgate.policy.errors import ResolveError
 from sandgate.policy.matcher import RuleMatch
+from sandgate.policy.model.grants import Grant, Grants
 from sandgate.policy.model.policyset import PolicySet, TenantPolicy
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.engine import make_engine
@@ -51,6 +53,7 @@ async def decide(
     address: str | None = None,
     engine: PolicyEngine | None = None,
     trace: Trace | None = None,
+    grants: Grants | None = None,
 ) -> Decision:
     """Decide one request. The order, and the reason each step denies with:
 
@@ -58,7 +61,9 @@ async def decide(
     2. an IP-literal destination: the address guard                     → private_address
     3. tenant deny rules, the operator's base deny rules among them     → host_denied
     4. tenant allow rules (`hosts: ["*"]` last, and never for an
-       IP literal)                                                      → host_not_allowed,
+       IP literal), then the grants approvals added (the tenant's
+       grants file, and `grants`: the gateway's sandbox and fleet
+       grants), live ones only                                          → host_not_allowed,
                                                                           port_not_allowed,
                                                                           method_not_allowed,
                                                                           path_not_allowed,
@@ -114,7 +119,7 @@ async def decide(
     if trace is not None:
         trace.steps.append(_guard_passed(request.host, ip))
 
-    rule_decision, relaxable, named = _rules(policy, tenant, request, ip, trace)
+    rule_decision, relaxable, named = _rules(policy, tenant, request, ip, trace, identity.sandbox, grants)
     relaxed = (
         relaxable
         and tenant.mode is Mode.REPORT
@@ -148,10 +153,15 @@ async def decide(
     # Rules for the name, and deny rules for the network the dialled address is in, may need
     # per-request checks: either one means the tunnel must be intercepted.
     dial_ip = _parse_ip(dial)
-    inspect = any(
-        index.needs_inspection(request.host, ip, request.port)
-        for index in (tenant.allow, tenant.deny, tenant.base_deny, tenant.ask)
-    ) or any(index.needs_inspection("", dial_ip, request.port) for index in (tenant.deny, tenant.base_deny))
+    # A grant that names methods or paths decides per request: its tunnel is intercepted.
+    inspect = (
+        rule_decision.inspect
+        or any(
+            index.needs_inspection(request.host, ip, request.port)
+            for index in (tenant.allow, tenant.deny, tenant.base_deny, tenant.ask)
+        )
+        or any(index.needs_inspection("", dial_ip, request.port) for index in (tenant.deny, tenant.base_deny))
+    )
     if rule_decision.ask and not relaxed:
         # Held for an operator (sandgate.proxy.approvals): checked like an allowed request up
         # to here, with its address pinned; Rego is asked nothing until it is approved.
@@ -228,6 +238,8 @@ def _rules(
     request: EgressRequest,
     ip: IPAddress | None,
     trace: Trace | None = None,
+    sandbox: str = "",
+    grants: Grants | None = None,
 ) -> tuple[Decision, bool, bool]:
     """Steps 3 and 4: the decision, whether report mode may relax a denial, and whether the
     host is named by a rule (the allowing one, not `hosts: ["*"]`; for a denial, any allow
@@ -259,6 +271,29 @@ def _rules(
             raw_tcp=match.rule.raw_tcp,
         )
         return allowed, True, not match.any_host
+    grant = _granted(tenant, sandbox, grants, request)
+    if grant is not None:
+        # An approval's grant: allowed as an allow rule would (deny rules refused above, the
+        # guard and Rego still follow), without asking again.
+        granted = Decision(
+            allowed=True,
+            reason=Reason.ALLOWED,
+            rule_id=grant.rule_id,
+            policy_version=policy.version,
+            mode=tenant.mode,
+            inspect=grant.rule.inspect,
+        )
+        if trace is not None:
+            trace.steps.pop()
+            what = f"granted by approval {grant.id} ({grant.scope})"
+            trace.add(StepName.ALLOW_RULES, Outcome.OK, what, grant.rule)
+        # The guard reads the host as named by a rule only when an allow or ask rule names it
+        # (as it did when the request was asked about): a grant opens no operator range.
+        return (
+            granted,
+            True,
+            tenant.allow.names_explicitly(request.host) or tenant.ask.names_explicitly(request.host),
+        )
     nearest = match.nearest.rule_id if match.nearest else None
     asked = tenant.ask.match(*args, no_match=Reason.HOST_NOT_ALLOWED, upgrade=request.upgrade)
     if asked.rule is not None or tenant.unmatched_ask:
@@ -283,6 +318,21 @@ def _rules(
         True,
         tenant.allow.names_explicitly(request.host),
     )
+
+
+def _granted(
+    tenant: TenantPolicy, sandbox: str, grants: Grants | None, request: EgressRequest
+) -> Grant | None:
+    """The live grant that allows the request: the tenant's grants file's, then the gateway's."""
+    if not tenant.grants and not grants:
+        return None
+    now = time.time()
+    r = request
+    args = (tenant.name, sandbox, r.host, r.port, r.method, r.path, r.upgrade, now)
+    found = tenant.grants.match(*args)
+    if found is None and grants is not None:
+        found = grants.match(*args)
+    return found
 
 
 # Resolver answers repeat: parse each address text once, and render each address once.

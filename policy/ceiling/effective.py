@@ -4,11 +4,15 @@ gateway loads them, with their globs.
 The compiled rules (policy/model/loader.py) keep path globs only as a regex; the prover needs
 them as written, so the tenant, preset and base files are read again (they have just loaded)
 and each rule is paired with its compiled one, in the gateway's order: the tenant's own
-allow rules, then each included preset's; its deny rules; the operator's base deny rules.
+allow rules, then each included preset's, then the grants of its grants file that have not
+expired (a grant is an allow rule an approval added; its paths are globs as written, so an
+exact path is read as itself); its deny rules; the operator's base deny rules. Grants a
+running gateway keeps for one sandbox, or in redis, are not in the files and not proved.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +20,7 @@ from pathlib import Path
 from sandgate.policy.ceiling.shape import RuleShape, ports_of
 from sandgate.policy.decision import Mode
 from sandgate.policy.matcher import CompiledRule
+from sandgate.policy.model.grants import Grant
 from sandgate.policy.model.policyset import PolicySet, TenantPolicy
 from sandgate.policy.model.tenant import BaseFile, PresetFile, Rule, TenantFile
 from sandgate.policy.model.yamlsource import load_yaml, validate
@@ -39,8 +44,8 @@ class TenantRules:
     has_rego: bool = False
 
 
-def effective_rules(policy: PolicySet) -> list[TenantRules]:
-    """Every tenant of a strictly loaded policy, by name."""
+def effective_rules(policy: PolicySet, now: float | None = None) -> list[TenantRules]:
+    """Every tenant of a strictly loaded policy, by name (grants live at `now`, default: now)."""
     presets: dict[str, PresetFile] = {}
     base: list[Rule] = []
     for file in policy.files:
@@ -50,10 +55,13 @@ def effective_rules(policy: PolicySet) -> list[TenantRules]:
             presets[model.preset] = model
         elif path.name == "base.yaml" and path.parent.name != "tenants":
             base = list(validate(BaseFile, load_yaml(path)).deny)
-    return [_tenant(policy.tenants[name], presets, base) for name in sorted(policy.tenants)]
+    at = time.time() if now is None else now
+    return [_tenant(policy.tenants[name], presets, base, at) for name in sorted(policy.tenants)]
 
 
-def _tenant(tenant: TenantPolicy, presets: dict[str, PresetFile], base: list[Rule]) -> TenantRules:
+def _tenant(
+    tenant: TenantPolicy, presets: dict[str, PresetFile], base: list[Rule], now: float
+) -> TenantRules:
     doc = load_yaml(Path(tenant.source))
     model = validate(TenantFile, doc)
     written: list[Rule] = list(model.allow)
@@ -69,7 +77,8 @@ def _tenant(tenant: TenantPolicy, presets: dict[str, PresetFile], base: list[Rul
     return TenantRules(
         tenant.name,
         tenant.source,
-        _pair(tenant.allow.rules, written, deny=False),
+        _pair(tenant.allow.rules, written, deny=False)
+        + tuple(_grant_shape(g) for g in tenant.grants if g.live(now)),
         denies=denies,
         report_mode=report,
         has_rego=tenant.rego is not None,
@@ -96,4 +105,18 @@ def _shape(compiled: CompiledRule, written: Rule, deny: bool) -> RuleShape:
         rule_id=compiled.rule_id,
         origin=compiled.origin,
         deny=deny,
+    )
+
+
+def _grant_shape(grant: Grant) -> RuleShape:
+    """A grant as the allow rule it is: one host (or address), one port."""
+    rule = grant.rule
+    return RuleShape(
+        hosts=rule.hosts,
+        cidrs=rule.cidrs,
+        ports=ports_of([grant.port]),
+        methods=rule.methods,
+        paths=grant.paths,
+        rule_id=rule.rule_id,
+        origin=rule.origin,
     )

@@ -4,6 +4,8 @@ Layout: `base.yaml` (the operator's deny rules for every tenant), `presets/*.yam
 rules tenants include), `tenants/*.yaml` (one tenant per file). Strict: either the whole
 directory loads, or PolicySetError lists what is wrong and the caller keeps what it had.
 Isolated (the gateway): a broken tenant file takes only its own tenant (see load_policy_dir).
+A tenant's grants file (`tenants/<tenant>.grants.yaml`, sandgate.policy.model.grants) is part
+of that tenant: a broken one is that tenant's problem, as its own file's would be.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sandgate.policy.errors import (
 )
 from sandgate.policy.matcher import ANY_HOST, ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
 from sandgate.policy.model.claims import Claim, conflicts
+from sandgate.policy.model.grants import EMPTY_GRANTS, Grants, GrantsFile, grant_from_entry
 from sandgate.policy.model.policyset import LoadNotice, PolicySet, SandboxRecord, TenantPolicy, TenantProblem
 from sandgate.policy.model.rego_loader import RegoLoad, load_rego, rego_watch_files
 from sandgate.policy.model.salvage import salvage
@@ -83,6 +86,7 @@ def load_policy_dir(
     base: _Loaded[BaseFile] | None = None
     presets: dict[str, _Loaded[PresetFile]] = {}
     tenant_files: list[_Loaded[TenantFile]] = []
+    grants_files: dict[str, Path] = {}
     unloadable_presets: set[str] = set()
     for p in files:
         if p.suffix == ".rego":
@@ -104,6 +108,8 @@ def load_policy_dir(
                 errors.append(_err(preset.doc, ("preset",), problem))
                 continue
             presets[preset.model.preset] = preset
+        elif p.parent.name == "tenants" and (tenant_name := grants_file_tenant(p)) is not None:
+            grants_files[tenant_name] = p
         elif p.parent.name == "tenants":
             tenant_file = _load_one(p, TenantFile, tenant_errors.setdefault(str(p), []))
             if tenant_file is not None:
@@ -120,6 +126,7 @@ def load_policy_dir(
 
     compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]] = []
     defined: dict[str, str] = {}
+    grants_docs: dict[str, YamlDocument] = {}
     for loaded in tenant_files:
         errors = tenant_errors[loaded.doc.file]
         tenant = _compile_tenant(loaded, preset_rules, broken_presets, base_deny, errors)
@@ -132,6 +139,9 @@ def load_policy_dir(
             _SandboxRegistry().declare(loaded, errors)
             continue
         defined[tenant.name] = tenant.source
+        grants_path = grants_files.get(tenant.name)
+        if grants_path is not None:
+            tenant = replace(tenant, grants=_load_grants(grants_path, tenant.name, errors, grants_docs))
         if not errors:
             compiled.append((loaded, tenant))
     rego = _load_rego(rules_dir, compiled, tenant_errors, operator_errors, isolate=isolate)
@@ -151,7 +161,7 @@ def load_policy_dir(
             tenant,
             rego=program,
             sandboxes=records,
-            digest=_tenant_digest(loaded.doc, rules_dir, records, program),
+            digest=_tenant_digest(loaded.doc, rules_dir, records, program, grants_docs.get(tenant.name)),
         )
     all_errors = [*operator_errors, *_flatten(preset_errors), *_flatten(tenant_errors)]
     if operator_errors or (all_errors and not isolate):
@@ -159,6 +169,7 @@ def load_policy_dir(
 
     problems = _isolate(tenant_files, preset_errors, tenant_errors, tenants, previous, base_deny, registry)
     registry.notices += _name_notices(tenant_files)
+    registry.notices += _orphan_grants(grants_files, defined)
     keep_only(t.rego for t in tenants.values() if t.rego is not None)
     docs = [x.doc for x in (base, *presets.values()) if x is not None]
     return PolicySet(
@@ -344,6 +355,56 @@ def _name_notices(tenant_files: list[_Loaded[TenantFile]]) -> list[LoadNotice]:
         text = f"tenant {name!r} is defined in a file named {stem!r}: rename one of them so they agree"
         notices.append(LoadNotice(where, "tenant", text))
     return notices
+
+
+GRANTS_SUFFIXES = (".grants.yaml", ".grants.yml")
+
+
+def grants_file_tenant(path: Path) -> str | None:
+    """The tenant a grants file (`<tenant>.grants.yaml`) is for, or None for any other file."""
+    for suffix in GRANTS_SUFFIXES:
+        if path.name.endswith(suffix):
+            return path.name[: -len(suffix)]
+    return None
+
+
+def _load_grants(
+    path: Path, tenant: str, errors: list[PolicyLoadError], docs: dict[str, YamlDocument]
+) -> Grants:
+    """A tenant's grants file; its problems are the tenant's (file:line: field: problem)."""
+    try:
+        doc = load_yaml(path)
+        model = validate(GrantsFile, doc)
+    except PolicySetError as e:
+        errors.extend(e.errors)
+        return EMPTY_GRANTS
+    except PolicyLoadError as e:
+        errors.append(e)
+        return EMPTY_GRANTS
+    docs[tenant] = doc
+    if model.tenant != tenant:
+        problem = f"this grants file is for tenant {tenant!r} (its name), not {model.tenant!r}"
+        errors.append(_err(doc, ("tenant",), problem))
+        return EMPTY_GRANTS
+    grants = []
+    seen: set[str] = set()
+    for i, entry in enumerate(model.grants):
+        where = doc.locate(("grants", i))
+        if entry.id in seen:
+            errors.append(_err(doc, ("grants", i, "id"), f"grant {entry.id!r} is listed twice"))
+            continue
+        seen.add(entry.id)
+        grants.append(grant_from_entry(tenant, entry, f"{where.file}:{where.line}"))
+    return Grants(grants)
+
+
+def _orphan_grants(grants_files: dict[str, Path], defined: dict[str, str]) -> list[LoadNotice]:
+    """A note for each grants file whose tenant is not defined: it grants nothing."""
+    return [
+        LoadNotice(str(path), "tenant", f"no tenant {name!r} is defined: its grants allow nothing")
+        for name, path in sorted(grants_files.items())
+        if name not in defined
+    ]
 
 
 def _compile_tenant(
@@ -542,11 +603,18 @@ def _err(doc: YamlDocument, loc: tuple[str | int, ...], problem: str) -> PolicyL
 
 
 def _tenant_digest(
-    doc: YamlDocument, rules_dir: Path, records: Iterable[SandboxRecord], program: RegoProgram | None
+    doc: YamlDocument,
+    rules_dir: Path,
+    records: Iterable[SandboxRecord],
+    program: RegoProgram | None,
+    grants: YamlDocument | None = None,
 ) -> str:
-    """What one tenant was loaded from: its file, its sandboxes' token digests, its Rego."""
+    """What one tenant was loaded from: its file, its grants file, its sandboxes' token
+    digests, its Rego."""
     h = hashlib.sha256()
     h.update(f"{_relative(doc.file, rules_dir)}\0{doc.digest}\0".encode())
+    if grants is not None:
+        h.update(f"{_relative(grants.file, rules_dir)}\0{grants.digest}\0".encode())
     for record in records:
         h.update(record.token_digest or b"-")
     if program is not None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandgate.policy.decision import Identity, Mode
 from sandgate.policy.matcher import CompiledRule, RuleIndex
+from sandgate.policy.model.grants import EMPTY_GRANTS, Grants
 from sandgate.policy.model.sandbox_tokens import digest_token, tokens_equal
 from sandgate.policy.rego.program import RegoProgram
 
@@ -55,6 +56,9 @@ class TenantPolicy:
     # whether a request no rule matches is asked about too (`unmatched: ask`).
     ask: RuleIndex = field(default_factory=lambda: RuleIndex(()))
     unmatched_ask: bool = False
+    # The grants of its grants file (`<tenant>.grants.yaml`): allow rules approvals added for
+    # the whole tenant (sandgate.policy.model.grants), looked at after its allow rules.
+    grants: Grants = EMPTY_GRANTS
     # The tenant's credential declarations (sandgate.brokers.Credential), for the broker.
     credentials: tuple[Any, ...] = ()
     # The tenant's Rego (its modules, the operator's, its data, the compiled bundle), or None:
