@@ -52,7 +52,7 @@ from sandgate.proxy.addons.hop_by_hop import HopByHop
 from sandgate.proxy.addons.http_seam import HttpErrorSeam, check_seam
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.latency import UpstreamTiming
-from sandgate.proxy.addons.limits import TenantLimits
+from sandgate.proxy.addons.limits import TenantLimits, count_tunnel_bytes
 from sandgate.proxy.addons.trailers import Trailers
 from sandgate.proxy.addons.transparent import Transparent
 from sandgate.proxy.addons.upgrades import Upgrades
@@ -88,6 +88,7 @@ from sandgate.proxy.mitm.reuse_port import install as install_reuse_port
 from sandgate.proxy.mitm.reuse_port import set_front
 from sandgate.proxy.mitm.speedups import install as install_speedups
 from sandgate.proxy.mitm.trailers import patch_http1_trailers
+from sandgate.proxy.mitm.tunnel_meter import install as install_tunnel_meter
 from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
 from sandgate.proxy.net.name_bindings import NameBindings
@@ -384,6 +385,11 @@ class Gateway:
         install_backpressure(config.connections.max_held_bytes)
         # mitmproxy's per-event costs (hook dispatch, field checks, option reads), cut in place.
         install_speedups()
+        # Bytes a guest sends into a tunnel mitmproxy passes through count against its limits.
+        ctx = self.ctx
+        install_tunnel_meter(
+            lambda client, nbytes: count_tunnel_bytes(ctx, ctx.connections.get(client.id), nbytes)
+        )
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
         self.drainer = Drainer(self.ctx, self.master)
         self._drain_task: asyncio.Future[None] | None = None
@@ -438,7 +444,7 @@ class Gateway:
             # Right after the Gate: limits count only what it allowed, before the broker wraps a
             # metered body; the record of an allowed exchange is completed before the broker
             # scrubs the response whose size it counts.
-            TenantLimits(self.ctx),
+            TenantLimits(self.ctx, closer),
             AuditCompletion(self.ctx),
             HopByHop(),
             CredentialBroker(self.ctx),

@@ -4,7 +4,10 @@ After the Gate in the chain, and only on what the policy allowed (report mode to
 - each HTTP request the Gate allowed counts as a request (429 `rate_limited` with
   Retry-After); a declared body over `request_body_bytes` is 413 `body_too_large`; a body of
   unknown length is metered as it goes and cut at the body or byte limit;
-- each new passthrough or raw tunnel counts as one request when its upstream is dialled.
+- each new passthrough or raw tunnel counts as one request when its upstream is dialled;
+- each chunk a guest sends on a raw TCP stream (a `protocol: tcp` tunnel, a non-WebSocket
+  101) or into a passed-through TLS tunnel counts as egress bytes, and the stream is cut at
+  the byte limit.
 Egress bytes of an HTTP request: its request line, headers and body as the guest sent them.
 A refused request's pending decision is taken off the flow and its denial recorded here, so
 the request has one record. Every hook is guarded: a fault denies with `internal_error`.
@@ -15,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import structlog
-from mitmproxy import http
+from mitmproxy import http, tcp
 from mitmproxy.proxy import server_hooks
 
 from sandgate.policy.decision import Decision, Identity, Phase
@@ -27,6 +30,7 @@ from sandgate.proxy.addons.flow_keys import APPROVAL_KEY, HEAD_BYTES_KEY, PENDIN
 from sandgate.proxy.addons.refusal import refuse, refuse_now
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.respond import decision_response, limited_response
 
 __all__ = [
@@ -35,9 +39,11 @@ __all__ = [
     "admit_tunnel",
     "body_length_unknown",
     "body_meter",
+    "count_tunnel_bytes",
     "declared_length",
     "head_bytes",
     "tenant_limits",
+    "tunnel_context",
 ]
 
 
@@ -47,8 +53,9 @@ log = structlog.get_logger("sandgate.limits")
 class TenantLimits:
     """Counts each allowed request and each new tunnel against its tenant's limits."""
 
-    def __init__(self, ctx: GatewayContext) -> None:
+    def __init__(self, ctx: GatewayContext, closer: ConnectionCloser | None = None) -> None:
         self.ctx = ctx
+        self.closer = closer
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         pending = flow.metadata.get(PENDING_KEY)
@@ -89,6 +96,54 @@ class TenantLimits:
         except Exception:
             log.exception("hook_failed", hook="limits.server_connect")
             data.server.error = "sandgate: internal error"
+
+    async def tcp_message(self, flow: tcp.TCPFlow) -> None:
+        messages = flow.messages
+        if not messages:
+            return
+        # mitmproxy keeps every chunk of a raw stream on its flow: an endless stream would grow
+        # the gateway without bound. Those before this one were relayed already.
+        del messages[:-1]
+        message = messages[-1]
+        if not message.from_client:
+            return
+        state = self.ctx.connections.get(flow.client_conn.id)
+        try:
+            if state is not None and state.denied is not None:
+                message.content = b""  # cut already: nothing more goes upstream
+                return
+            identity = state.identity if state is not None else None
+            limits = tenant_limits(self.ctx.policy, identity)
+            if state is None or identity is None or limits is None:
+                return
+            exceeded = self.ctx.limiter.add_egress(
+                identity.tenant, identity.sandbox, limits, len(message.content)
+            )
+            if exceeded is None:
+                return
+            message.content = b""
+            await self._cut_tunnel(
+                flow,
+                state,
+                _limit_decision(_tunnel_base(self.ctx, state), exceeded, within="in a raw TCP stream"),
+            )
+        except Exception:
+            log.exception("hook_failed", hook="limits.tcp_message")
+            message.content = b""
+            fault = Decision(
+                reason=Reason.INTERNAL_ERROR, policy_version=self.ctx.policy.version, detail="hook failed"
+            )
+            if state is not None and state.denied is None:
+                await self._cut_tunnel(flow, state, fault)
+            elif self.closer is not None:
+                self.closer.close(flow.client_conn, flow.server_conn)
+
+    async def _cut_tunnel(self, flow: tcp.TCPFlow, state: ConnectionState, denial: Decision) -> None:
+        """Close a raw stream on both sides, then record why (once: later chunks are dropped)."""
+        state.refused(denial.reason)
+        if self.closer is not None:
+            self.closer.close(flow.client_conn, flow.server_conn)
+        await self.ctx.audit.emit(decision_record(tunnel_context(state), denial))
 
     def _withdraw_approval(self, flow: http.HTTPFlow) -> None:
         """The Gate approved the dial for this request before its limits were counted: undo it."""
@@ -139,7 +194,13 @@ class TenantLimits:
         response = limited_response(
             exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
         )
-        refuse_now(self.ctx.audit, flow, response, dctx, _limit_decision(decision, exceeded, streamed=True))
+        refuse_now(
+            self.ctx.audit,
+            flow,
+            response,
+            dctx,
+            _limit_decision(decision, exceeded, within="in a streamed body"),
+        )
 
     async def _admit_tunnel(
         self, state: ConnectionState, data: server_hooks.ServerConnectionHookData
@@ -163,17 +224,47 @@ async def admit_tunnel(ctx: GatewayContext, state: ConnectionState) -> LimitExce
     if exceeded is None:
         return None
     state.refused(exceeded.reason)
+    await ctx.audit.emit(
+        decision_record(tunnel_context(state), _limit_decision(_tunnel_base(ctx, state), exceeded))
+    )
+    return exceeded
+
+
+def count_tunnel_bytes(ctx: GatewayContext, state: ConnectionState | None, nbytes: int) -> bool:
+    """Count bytes a guest sent into a passed-through tunnel (no flow, no hook: the front's
+    splice and mitmproxy's ignored TCP layer call this per chunk); False: cut the tunnel, it
+    passed a byte limit (its denial queued, once) or was refused before."""
+    if state is None or state.denied is not None:
+        return False  # refused before, or (never expected) not a connection sandgate admitted
+    identity = state.identity
+    limits = tenant_limits(ctx.policy, identity)
+    if identity is None or limits is None:
+        return True
+    exceeded = ctx.limiter.add_egress(identity.tenant, identity.sandbox, limits, nbytes)
+    if exceeded is None:
+        return True
+    state.refused(exceeded.reason)
+    denial = _limit_decision(_tunnel_base(ctx, state), exceeded, within="in a passthrough tunnel")
+    # Not awaited: a relay has no hook to wait in; the record takes a place over the bound.
+    ctx.audit.emit_nowait(decision_record(tunnel_context(state), denial))
+    return False
+
+
+def tunnel_context(state: ConnectionState) -> DecisionContext:
+    """A tunnel's decision context: its CONNECT target (for a transparent raw tunnel, which has
+    none, the original destination) and SNI."""
     dctx = state.decision_context(Phase.CONNECT)
-    # A transparent raw tunnel has no tunnel host: its original destination is recorded.
     dst_host, dst_port = state.original_dst or (None, None)
     dctx.host, dctx.port, dctx.sni = (
         state.tunnel_host or dst_host,
         state.tunnel_port or dst_port,
         state.sni,
     )
-    base = state.tunnel_decision or Decision(policy_version=ctx.policy.version)
-    await ctx.audit.emit(decision_record(dctx, _limit_decision(base, exceeded)))
-    return exceeded
+    return dctx
+
+
+def _tunnel_base(ctx: GatewayContext, state: ConnectionState) -> Decision:
+    return state.tunnel_decision or Decision(policy_version=ctx.policy.version)
 
 
 class LimitStreamCut(Exception):
@@ -252,6 +343,7 @@ def _is_tunnel(state: ConnectionState) -> bool:
     )
 
 
-def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, streamed: bool = False) -> Decision:
-    """The denial recorded for a limit, keeping the allowing decision's rule and version."""
-    return decision.as_denial(exceeded.reason, exceeded.limit + (" (in a streamed body)" if streamed else ""))
+def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, within: str | None = None) -> Decision:
+    """The denial recorded for a limit (`within`: where it was passed, for the detail), keeping
+    the allowing decision's rule and version."""
+    return decision.as_denial(exceeded.reason, exceeded.limit + (f" ({within})" if within else ""))

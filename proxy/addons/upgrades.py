@@ -133,7 +133,12 @@ class Upgrades:
         session = flow.metadata.get(_SESSION_KEY)
         if flow.websocket is None or not flow.websocket.messages:
             return
-        message = flow.websocket.messages[-1]
+        messages = flow.websocket.messages
+        # mitmproxy keeps every message of a session on its flow: a guest streaming for hours
+        # would grow the gateway without bound. The ones before this were relayed already, and
+        # no addon reads back further than the newest (this hook runs first).
+        del messages[:-1]
+        message = messages[-1]
         if not message.from_client:
             return
         if not isinstance(session, _Session) or session.closed:

@@ -38,7 +38,7 @@ from sandgate.proxy.addons.connection_limits import ConnectionLimits
 from sandgate.proxy.addons.drain import Drainer
 from sandgate.proxy.addons.gate import tls_decision
 from sandgate.proxy.addons.identify import client_address, parse_proxy_authorization
-from sandgate.proxy.addons.limits import admit_tunnel
+from sandgate.proxy.addons.limits import admit_tunnel, count_tunnel_bytes
 from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.config import ConnectionsConfig, HeadsConfig
 from sandgate.proxy.context import ConnectionState, GatewayContext
@@ -310,7 +310,10 @@ class PassthroughFront:
     ) -> None:
         """Dial exactly the checked address and pass bytes both ways until either side closes."""
         loop = asyncio.get_running_loop()
-        splice = Splice()
+        ctx = self.ctx
+        # Every chunk the guest sends counts against its tenant's byte limits (as the limits are
+        # then: a reload that adds one applies to open tunnels too).
+        splice = Splice(lambda nbytes: count_tunnel_bytes(ctx, state, nbytes))
         try:
             await asyncio.wait_for(
                 loop.create_connection(splice.upstream_protocol, address, port),

@@ -11,8 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
-__all__ = ["Splice"]
+import structlog
+
+__all__ = ["Splice", "UpMeter"]
+
+log = structlog.get_logger("sandgate.front")
+
+# Counts the bytes a guest sends upstream; False: cut the tunnel (over a byte limit).
+UpMeter = Callable[[int], bool]
 
 
 class _Side(asyncio.Protocol):
@@ -38,6 +46,9 @@ class _Side(asyncio.Protocol):
             splice.bytes_down += len(data)
         else:
             splice.bytes_up += len(data)
+            if splice.meter is not None and not splice.metered(len(data)):
+                splice.abort()  # over a byte limit (recorded by the meter): this chunk stays here
+                return
         if self.peer is not None:
             self.peer.write(data)
 
@@ -66,7 +77,8 @@ class _Side(asyncio.Protocol):
 class Splice:
     """A tunnel between a guest's transport and its upstream's; `done` resolves when both closed."""
 
-    def __init__(self) -> None:
+    def __init__(self, meter: UpMeter | None = None) -> None:
+        self.meter = meter
         self.client_side = _Side(self, upstream=False)
         self.upstream_side = _Side(self, upstream=True)
         self.bytes_up = 0
@@ -74,6 +86,15 @@ class Splice:
         self.last_activity = time.monotonic()
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._keep: object = None
+
+    def metered(self, nbytes: int) -> bool:
+        """The meter's answer for `nbytes` more upstream; a meter that fails cuts the tunnel."""
+        assert self.meter is not None
+        try:
+            return self.meter(nbytes)
+        except Exception:
+            log.exception("front.meter_failed")
+            return False
 
     def upstream_protocol(self) -> asyncio.Protocol:
         """The protocol for the upstream connection (loop.create_connection's factory result)."""
@@ -92,6 +113,9 @@ class Splice:
         self.upstream_side.peer = client
         if pending:
             self.bytes_up += len(pending)
+            if self.meter is not None and not self.metered(len(pending)):
+                self.abort()
+                return
             upstream.write(pending)
         client.set_protocol(self.client_side)
         if client.is_closing():

@@ -17,5 +17,6 @@ __all__ = [
     "reuse_port",
     "speedups",
     "trailers",
+    "tunnel_meter",
     "wire_errors",
 ]
