@@ -11,6 +11,7 @@ import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -487,6 +488,32 @@ class WorkersConfig(_Strict):
     )
 
 
+class WebhookConfig(_Strict):
+    """A signed POST per new access request (sandgate.proxy.approvals.webhook)."""
+
+    url: str = Field(description="http:// or https:// URL the gateway POSTs each new access request to")
+    secret: str = Field(
+        description="HMAC-SHA256 key reference (env:VAR or file:PATH, 16+ bytes); signs every call"
+    )
+    timeout_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
+        default=5.0, description="one attempt's limit (connect to answer)"
+    )
+    max_attempts: Annotated[int, Field(ge=1, le=20)] = Field(
+        default=5, description="attempts per request (backoff 0.5 s doubling, at most 30 s between)"
+    )
+    queue: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=1000, description="calls waiting to be sent (per worker); past that, dropped and counted"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("expected an http:// or https:// URL")
+        return v
+
+
 class ApprovalsConfig(_Strict):
     """Requests held for an operator's decision (`ask` rules, `sandgate requests`)."""
 
@@ -499,6 +526,9 @@ class ApprovalsConfig(_Strict):
             "requests one sandbox may have open at once (held, or hung up and not decided yet; per "
             "worker); more: 403 approval_queue_full"
         ),
+    )
+    webhook: WebhookConfig | None = Field(
+        default=None, description="announce each new access request with a signed POST (off when unset)"
     )
 
 
@@ -699,6 +729,10 @@ def _anchor_references(config: GatewayConfig) -> GatewayConfig:
         ),
         "admin": admin.model_copy(update={"token": _anchor_reference(config, admin.token)}),
     }
+    hook = config.approvals.webhook
+    if hook is not None:
+        hook = hook.model_copy(update={"secret": _anchor_reference(config, hook.secret)})
+        update["approvals"] = config.approvals.model_copy(update={"webhook": hook})
     if config.redis is not None:
         update["redis"] = config.redis.model_copy(
             update={"password": _anchor_reference(config, config.redis.password)}

@@ -20,6 +20,8 @@ __all__ = ["METRICS", "GatewayGauges", "Metrics"]
 # Deciding is sub-millisecond on the allowlist path, milliseconds with Rego or DNS.
 DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.0)
 UPSTREAM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A held request waits for a person: from a fraction of a second (automatic) to its timeout.
+APPROVAL_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 NO_TENANT = "-"
 
 
@@ -47,6 +49,9 @@ class GatewayGauges:
     front_handed_off: Callable[[], int] = lambda: 0
     # Tenant files that did not load, as (file, tenant or "", kept its last good version).
     policy_problems: Callable[[], Iterable[tuple[str, str, bool]]] = lambda: ()
+    # Grants in force (scopes `sandbox` and `tenant` of an approval): the grants store's count,
+    # wired in proxy/runtime.py's _attach_metrics once it exposes one; 0 until then.
+    grants_in_force: Callable[[], int] = lambda: 0
 
 
 class _GatewayCollector(Collector):
@@ -118,6 +123,9 @@ class _GatewayCollector(Collector):
         for file, tenant, kept in g.policy_problems():
             broken.add_metric([file, tenant, "true" if kept else "false"], 1)
         yield broken
+        yield GaugeMetricFamily(
+            "sandgate_grants_in_force", "Grants an approval made that are in force now", g.grants_in_force()
+        )
 
 
 class Metrics:
@@ -160,6 +168,23 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        # By tenant and how the wait ended; no sandbox label: sandboxes come and go without bound
+        # (`sandgate audit stats` has them per sandbox, from the trail).
+        self._approval_wait = Histogram(
+            "sandgate_approval_wait_seconds",
+            "Time an access request waited for a decision, by tenant and outcome "
+            "(approved, denied, expired, client_gone)",
+            ["tenant", "outcome"],
+            buckets=APPROVAL_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self._webhook_calls = Counter(
+            "sandgate_approval_webhook_calls",
+            "Approval webhook calls by result: delivered, retried (an attempt that failed and is "
+            "tried again), failed (given up), dropped (the queue was full)",
+            ["result"],
+            registry=self.registry,
+        )
         self._decision_children: dict[tuple[str, str, str, str], Counter] = {}
         self._injection_children: dict[tuple[str, str], Counter] = {}
         self._collector: _GatewayCollector | None = None
@@ -179,6 +204,14 @@ class Metrics:
     def approval_outcome(self, outcome: str) -> None:
         """Count one held (or refused) ask by how it ended."""
         self._approval_outcomes.labels(outcome).inc()
+
+    def approval_wait(self, tenant: str, outcome: str, seconds: float) -> None:
+        """The time one access request waited, observed when its wait ended."""
+        self._approval_wait.labels(tenant, outcome).observe(seconds)
+
+    def webhook_call(self, result: str) -> None:
+        """Count one approval webhook call (or attempt) by its result."""
+        self._webhook_calls.labels(result).inc()
 
     def decision_seconds(self, seconds: float) -> None:
         self._decision_seconds.observe(seconds)

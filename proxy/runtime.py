@@ -61,6 +61,7 @@ from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.approvals import Approvals
+from sandgate.proxy.approvals.webhook import webhook_for
 from sandgate.proxy.audit.forward import ForwardSink
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, StdoutSink, audit_file_sink
@@ -193,6 +194,8 @@ class _Lifecycle:
             gw.front.start()
         gw.credential_watch.start()
         gw.secret_refresh.start()
+        if gw.webhook is not None:
+            gw.webhook.start()
         if gw.own_watch is not None:
             await gw.own_watch.start()
         if gw.limit_sync is not None:
@@ -231,6 +234,8 @@ class _Lifecycle:
         if gw.fleet is not None:
             steps.append(gw.fleet.stop)
         steps += [gw.credential_watch.stop, gw.secret_refresh.stop, gw.credential_store.aclose]
+        if gw.webhook is not None:
+            steps.append(gw.webhook.stop)
         if gw.own_watch is not None:
             steps.append(gw.own_watch.stop)
         if gw.limit_sync is not None:
@@ -399,6 +404,13 @@ class Gateway:
         # Requests held for an operator's decision (`ask` rules): this worker's pending store.
         self.approvals = Approvals(
             timeout=config.approvals.ask_timeout_seconds, max_held=config.approvals.max_held_per_sandbox
+        )
+        # Each worker announces the requests it holds (ConfigError here when the secret is unreadable).
+        self.webhook = webhook_for(
+            config.approvals.webhook,
+            self.approvals,
+            gateway_id=self.fleet.gateway_id if self.fleet is not None else socket.gethostname(),
+            worker=config.worker.index,
         )
         self.connection_limits = ConnectionLimits(self.ctx, config.connections, server)
         self.h2_guard = H2Guard(self.ctx, config.http2)

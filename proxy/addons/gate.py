@@ -341,6 +341,7 @@ class Gate:
             held.discard(request)
             # A fault or a cancelled hook ends the hold undecided: never left open, never released.
             approvals.drop(request)
+        dctx.waited = request.waited
         approval = (request.id, request.by)
         if ended is State.APPROVED:
             return _released(decision, approval)

@@ -21,8 +21,9 @@ from prometheus_client.registry import Collector
 
 __all__ = ["NOT_SUMMED", "merge_expositions", "render"]
 
-# Gauges whose samples are flags (1 each) about the gateway's files, the same on every worker.
-NOT_SUMMED = frozenset({"sandgate_policy_file_errors"})
+# Gauges about the gateway's files, the same on every worker: flags (1 each), and the grants
+# in force (every worker reads the same grants).
+NOT_SUMMED = frozenset({"sandgate_policy_file_errors", "sandgate_grants_in_force"})
 
 _SUMMED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram", "gauge", "unknown"})
 

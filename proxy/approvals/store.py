@@ -20,10 +20,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import structlog
+
 from sandgate.proxy.audit.records import format_time, new_decision_id, redact_query
 from sandgate.proxy.metrics import METRICS
 
 __all__ = ["NOTE_MAX", "AccessRequest", "Approvals", "DecideError", "QueueFull", "State", "clean_note"]
+
+log = structlog.get_logger("sandgate.approvals")
 
 # How often a held request looks whether its client hung up (the reader of a connection whose
 # request is held does not tell: its layer is paused until the hook returns).
@@ -86,6 +90,10 @@ class AccessRequest:
     methods: tuple[str, ...] | None = None  # a proposal's methods (None: any)
     paths: tuple[str, ...] | None = None  # a proposal's path globs (None: any)
     note: str | None = None  # the guest's reason text: untrusted, cleaned by clean_note
+    # Seconds from its creation to the end of its hold or wait (a decision, its deadline, its
+    # client hanging up): set once, when that happens.
+    waited: float | None = None
+    started: float = field(default_factory=time.monotonic, repr=False)
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def view(self) -> dict[str, Any]:
@@ -119,6 +127,8 @@ class Approvals:
         self.timeout = timeout
         self.max_held = max_held
         self._open: dict[str, AccessRequest] = {}
+        # Called with every new open request (sandgate.proxy.approvals.webhook announces it).
+        self.on_opened: list[Callable[[AccessRequest], None]] = []
         self._closed: OrderedDict[str, AccessRequest] = OrderedDict()
 
     def held(self, sandbox: str | None = None) -> int:
@@ -213,7 +223,12 @@ class Approvals:
         self._opened(request)
 
     def _opened(self, request: AccessRequest) -> None:
-        """A new open request was stored (held or proposed): the hook for what announces it."""
+        """A new open request was stored: tell whoever announces it (never raises)."""
+        for listener in self.on_opened:
+            try:
+                listener(request)
+            except Exception:
+                log.exception("approval.announce_failed", id=request.id)
 
     async def wait(self, request: AccessRequest, gone: Callable[[], bool] = lambda: False) -> State:
         """Hold until a decision, the deadline, or the client hanging up (`client_gone`, or
@@ -235,6 +250,7 @@ class Approvals:
         if request.state is State.HELD:
             request.state = State.CLIENT_GONE
             METRICS.approval_outcome("client_gone")
+            self._waited(request, "client_gone")
             request.done.set()
             self._gauge()
 
@@ -274,6 +290,7 @@ class Approvals:
         while len(self._closed) > KEEP_DECIDED:
             self._closed.popitem(last=False)
         METRICS.approval_outcome(state.value)
+        self._waited(request, state.value)
         request.done.set()
         self._gauge()
 
@@ -283,6 +300,12 @@ class Approvals:
         now = time.monotonic()
         for request in [r for r in self._open.values() if r.state in UNHELD and r.deadline <= now]:
             self._close(request, State.EXPIRED)
+
+    def _waited(self, request: AccessRequest, outcome: str) -> None:
+        # The time it waited ends once: a request whose client hung up waited until then.
+        if request.waited is None:
+            request.waited = time.monotonic() - request.started
+            METRICS.approval_wait(request.tenant, outcome, request.waited)
 
     def _gauge(self) -> None:
         METRICS.approvals_held(self.held())

@@ -4,6 +4,7 @@ them back (sources, queries, formats, stats, suggestions).
 
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
+    "approval_stats",
     "collector",
     "files",
     "format",

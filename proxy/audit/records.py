@@ -51,6 +51,8 @@ class DecisionContext:
     identity: Identity | None = None
     decision_id: str = field(default_factory=new_decision_id)
     started: float = field(default_factory=time.monotonic)
+    # Seconds the request was held for an approval (sandgate.proxy.addons.gate), for its end record.
+    waited: float | None = None
 
 
 def decision_record(
@@ -94,7 +96,10 @@ def decision_record(
     }
     if decision.approval is not None:
         # A request held for approval, as it ended (sandgate.proxy.approvals).
-        record["approval"] = {"id": decision.approval[0], "by": decision.approval[1]}
+        approval: dict[str, Any] = {"id": decision.approval[0], "by": decision.approval[1]}
+        if ctx.waited is not None:
+            approval["waited_seconds"] = round(ctx.waited, 3)
+        record["approval"] = approval
     if decision.refused:
         # The addresses the guard or a deny network refused, in the order they were checked.
         record["refused"] = [r.as_dict() for r in decision.refused]

@@ -16,11 +16,18 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from sandgate.proxy.audit.approval_stats import (
+    GRANT_EVENT,
+    ApprovalStats,
+    approvals_document,
+    approvals_table,
+)
 from sandgate.proxy.audit.files import JsonlSource, Source, audit_files
 from sandgate.proxy.audit.format import json_line, table_header, table_row
 from sandgate.proxy.audit.query import AuditInputError, Query, Record, parse_time
@@ -181,13 +188,29 @@ def _query(args: argparse.Namespace, source: Source, query: Query) -> None:
 
 
 def _stats(args: argparse.Namespace, source: Source, query: Query) -> None:
-    """`audit stats`: counts per tenant."""
+    """`audit stats`: counts per tenant, and approvals per sandbox."""
+    approvals = ApprovalStats()
     with contextlib.closing(source.records(query)) as records:
-        document = stats_document(collect_stats(records), args.top)
+        document = stats_document(collect_stats(_counted(records, approvals)), args.top)
+    # Grants are records of their own event: a second pass, over those only (a malformed line
+    # was counted by the first: counted once).
+    malformed = source.malformed
+    with contextlib.closing(source.records(replace(query, event=GRANT_EVENT))) as grants:
+        for record in grants:
+            approvals.add(record)
+    source.malformed = malformed
+    document["approvals"] = approvals_document(approvals)
     if args.format == "json":
         print(json.dumps(document, indent=2))
     else:
-        print("\n".join(stats_table(document)))
+        print("\n".join(stats_table(document) + approvals_table(document["approvals"])))
+
+
+def _counted(records: Iterable[Record], approvals: ApprovalStats) -> Iterator[Record]:
+    """`records`, each counted into `approvals` on the way."""
+    for record in records:
+        approvals.add(record)
+        yield record
 
 
 def _suggest(args: argparse.Namespace, source: Source, query: Query) -> None:

@@ -319,6 +319,7 @@ STATS = {
             "top_reasons": [{"reason": "no_identity", "count": 1}],
         },
     ],
+    "approvals": [],
 }
 
 
