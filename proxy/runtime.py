@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -26,7 +27,7 @@ from sandgate.brokers import Broker
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.errors import PolicySetError, SandgateError
 from sandgate.policy.model.loader import load_policy_dir, policy_files
-from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.model.policyset import PolicySet, TenantPolicy
 from sandgate.policy.rego.compiler import use_store
 from sandgate.policy.rego.engine import make_engine
 from sandgate.policy.rego.protocol import PolicyEngine
@@ -667,6 +668,9 @@ class Gateway:
                 policy_problems=lambda: [
                     (p.file, p.tenant or "", p.kept_last_good) for p in self.ctx.policy.problems
                 ],
+                # The tenants' grants files; grants the gateway keeps itself (scope `sandbox`,
+                # a fleet's in redis) are to be added here once it holds them.
+                grants_in_force=lambda: _live_grants(self.ctx.policy.tenants.values()),
             )
         )
 
@@ -753,6 +757,12 @@ class Gateway:
             self.ctx.audit.close()
         sys.stderr.flush()
         return self.exit_code
+
+
+def _live_grants(tenants: Iterable[TenantPolicy]) -> int:
+    """Grants in force now in the tenants' grants files."""
+    now = time.time()
+    return sum(1 for tenant in tenants for grant in tenant.grants if grant.live(now))
 
 
 def listener_failure(config: GatewayConfig, down: list[Any]) -> str:

@@ -68,6 +68,13 @@ def decide(gw: RunningGateway, request_id: str, verb: str) -> None:
         assert answer.status_code == 200, answer.text
 
 
+def gauge(gw: RunningGateway, name: str) -> float:
+    with admin(gw) as client:
+        text = client.get("http://sandgate/metrics").text
+    [value] = [float(line.split(" ")[1]) for line in text.splitlines() if line.startswith(f"{name} ")]
+    return value
+
+
 def wait_metrics(gw: RunningGateway) -> dict[tuple[str, str, str | None], float]:
     """The `sandgate_approval_wait_seconds` samples for tenant t1, by (sample, outcome, le)."""
     with admin(gw) as client:
@@ -87,10 +94,25 @@ def wait_metrics(gw: RunningGateway) -> dict[tuple[str, str, str | None], float]
 def test_held_approved_denied_expired_and_gone_are_timed_and_counted(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream
 ) -> None:
+    # The tenant's grants file: one grant in force, one expired (for a path never asked about).
+    grants = {
+        "tenant": "t1",
+        "grants": [
+            {"id": "00aa11bb22cc", "host": "api.test", "port": http_upstream.port, "paths": ["/granted"]},
+            {
+                "id": "00aa11bb22cd",
+                "host": "api.test",
+                "port": http_upstream.port,
+                "paths": ["/old"],
+                "expires": "2020-01-01T00:00:00Z",
+            },
+        ],
+    }
     gw = start_gateway(
-        {"t1.yaml": asking_tenant(http_upstream.port)},
+        {"t1.yaml": asking_tenant(http_upstream.port), "t1.grants.yaml": yaml.safe_dump(grants)},
         config={"approvals": {"ask_timeout_seconds": TIMEOUT}},
     )
+    assert gauge(gw, "sandgate_grants_in_force") == 1
     url = f"http://api.test:{http_upstream.port}"
     approved = start_curl(gw, f"{url}/approved")
     time.sleep(0.3)  # held a moment: its wait is at least this
