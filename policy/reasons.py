@@ -50,6 +50,7 @@ class Reason(StrEnum):
     APPROVAL_DENIED = "approval_denied"
     APPROVAL_TIMEOUT = "approval_timeout"
     APPROVAL_QUEUE_FULL = "approval_queue_full"
+    RESERVED_HOST = "reserved_host"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,11 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
         Reason.APPROVAL_QUEUE_FULL: Meaning(
             "the sandbox already has `approvals.max_held_per_sandbox` requests open (held, or hung up "
             "and undecided): not held"
+        ),
+        Reason.RESERVED_HOST: Meaning(
+            "the gateway's own name (`approvals.endpoint_name`, default `sandgate.internal`): answered"
+            " by the gateway over plain HTTP on port 80 only, never resolved or forwarded; a CONNECT"
+            " (403), another port (403) or TLS (closed) to it is refused"
         ),
     }
 )

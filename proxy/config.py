@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sandgate.policy.addresses import parse_network
 from sandgate.policy.errors import HostError, PolicyLoadError
+from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model.yamlsource import load_yaml, validate
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.statusfile import STATUS_FILE
@@ -530,6 +531,55 @@ class ApprovalsConfig(_Strict):
     webhook: WebhookConfig | None = Field(
         default=None, description="announce each new access request with a signed POST (off when unset)"
     )
+    endpoint_name: str | None = Field(
+        default="sandgate.internal",
+        description=(
+            "the name the gateway answers itself (plain HTTP, port 80): guests propose access "
+            "requests at http://<name>/v1/access-requests; never resolved or forwarded; null: no endpoint"
+        ),
+    )
+    endpoint_address: str = Field(
+        default="169.254.77.77",
+        description=(
+            "the IPv4 address the DNS listener answers for endpoint_name (transparent mode): the guest "
+            "routes it to the gateway, whose host rules steer it to the transparent listener"
+        ),
+    )
+    proposals_per_minute: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        default=10, description="access requests one sandbox may propose per minute (per worker); more: 429"
+    )
+
+    @field_validator("endpoint_name")
+    @classmethod
+    def _endpoint_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            normal = normalise_host(value)
+        except HostError as e:
+            raise ValueError(str(e)) from None
+        if normal != value or "*" in normal or _is_address(normal):
+            raise ValueError(f"{value!r}: a host name in lower case, not an address or a pattern")
+        return value
+
+    @field_validator("endpoint_address")
+    @classmethod
+    def _endpoint_address(cls, value: str) -> str:
+        try:
+            address = ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IPv4 address") from None
+        if address.is_unspecified or address.is_loopback or address.is_multicast:
+            raise ValueError(f"{value!r}: a guest cannot route it to the gateway")
+        return str(address)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 class LogConfig(_Strict):

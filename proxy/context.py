@@ -16,6 +16,7 @@ from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.resolver import Resolver
+from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.audit.trail import AuditLog
 from sandgate.proxy.metrics import METRICS
@@ -163,11 +164,20 @@ class GatewayContext:
         self.limiter = Limiter()
         # Fleet mode: learn the fleet's counts before the first decisions on a sandbox new here.
         self.limit_learn: Callable[[str, str, Limits | None], Awaitable[None]] | None = None
+        # The name the gateway answers itself (sandgate.proxy.approvals.reserved): never decided
+        # as a destination, so no rule can make it resolved or dialled.
+        self.reserved: ReservedName | None = None
 
     async def decide(
         self, identity: Identity | None, request: EgressRequest, *, address: str | None = None
     ) -> Decision:
         """The policy's decision (the evaluation order in sandgate.policy.decide), Rego included."""
+        if self.reserved is not None and request.host == self.reserved.name:
+            return Decision(
+                reason=Reason.RESERVED_HOST,
+                policy_version=self.policy.version,
+                detail="the gateway's own name: answered over plain HTTP on port 80 only",
+            )
         if identity is not None and self.broker is not None and not request.credentials:
             names = self.broker.bound_names(identity.tenant, request.host, request.port)
             if names:

@@ -4,13 +4,15 @@ Every answer has one shape: a status, `X-Sandgate-Reason`, `X-Sandgate-Decision-
 body `{"error", "reason", "host", "decision_id"}`. The status tells "not allowed" from "could
 not reach": 403 for policy, 400 for a request the gateway cannot read, 413/429 for limits,
 502/504 when an allowed destination could not be resolved, reached or understood. Nothing
-from the wire (upstream or guest bytes) is ever quoted in an answer.
+from the wire (upstream bytes) is ever quoted in an answer; of the guest's own request, only a
+denial an approval could change names its destination, method and path (no query) again, in
+`ask`: the endpoint to propose at and the proposal that would allow it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from mitmproxy import http
 
@@ -18,6 +20,7 @@ from sandgate.policy.decision import Decision, Refusal
 from sandgate.policy.reasons import Reason
 
 __all__ = [
+    "ASKABLE",
     "decision_response",
     "denied_response",
     "limited_response",
@@ -39,6 +42,21 @@ _STATUS = {
 _ERROR_TEXT = {400: "invalid request", 403: "egress denied", 502: "bad gateway", 504: "gateway timeout"}
 
 
+# Denials an operator's approval could turn around: nothing allowed it, or it was asked about.
+# Never the guard's, a deny rule's, Rego's or a limit's: no proposal changes those.
+ASKABLE = frozenset(
+    {
+        Reason.HOST_NOT_ALLOWED,
+        Reason.PORT_NOT_ALLOWED,
+        Reason.METHOD_NOT_ALLOWED,
+        Reason.PATH_NOT_ALLOWED,
+        Reason.APPROVAL_REQUIRED,
+        Reason.APPROVAL_DENIED,
+        Reason.APPROVAL_TIMEOUT,
+    }
+)
+
+
 def status_for(reason: Reason) -> int:
     """The status a refusal with `reason` is answered with (403 unless it is not about policy)."""
     return _STATUS.get(reason, 403)
@@ -53,12 +71,15 @@ def denied_response(
     status: int | None = None,
     close: bool = False,
     refused: Sequence[Refusal] = (),
+    ask: Mapping[str, object] | None = None,
 ) -> http.Response:
     """A refusal (403 by default) with the reason in a header and a JSON body an agent can read.
 
     `message` is a policy author's explanation (a Rego denial's), never gateway internals.
     `status` overrides the reason's (504 for a timeout); `close` asks the client to hang up.
     `refused`: the addresses the address guard refused (`private_address`), each with why.
+    `ask`: where and what to propose (sandgate.proxy.approvals.reserved), shown only for a
+    denial an approval could change (ASKABLE).
     """
     code = status if status is not None else status_for(reason)
     fields: dict[str, object] = {
@@ -71,6 +92,8 @@ def denied_response(
         fields["message"] = message
     if refused:
         fields["refused"] = [{"address": r.address, "kind": r.kind, "why": r.why} for r in refused]
+    if ask is not None and reason in ASKABLE:
+        fields["ask"] = dict(ask)
     body = json.dumps(fields).encode()
     headers = {
         "Content-Type": "application/json",
@@ -83,16 +106,19 @@ def denied_response(
     return http.Response.make(code, body, headers)
 
 
-def decision_response(decision: Decision, host: str | None, decision_id: str) -> http.Response:
+def decision_response(
+    decision: Decision, host: str | None, decision_id: str, *, ask: Mapping[str, object] | None = None
+) -> http.Response:
     """The refusal of a denied decision, with what of it the guest may read.
 
     Only a Rego author's message reaches the guest; other details stay in the audit trail,
-    except the addresses the guard refused (no secret), so an agent can say what to open.
+    except the addresses the guard refused (no secret), so an agent can say what to open,
+    and (`ask`) where to ask for a request an approval would let through.
     """
     reason = decision.reason
     message = decision.detail if reason is Reason.POLICY_DENIED else None
     refused = decision.refused if reason is Reason.PRIVATE_ADDRESS else ()
-    return denied_response(reason, host, decision_id, message, refused=refused)
+    return denied_response(reason, host, decision_id, message, refused=refused, ask=ask)
 
 
 def upstream_error_response(

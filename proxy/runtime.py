@@ -62,6 +62,8 @@ from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.approvals import Approvals
+from sandgate.proxy.approvals.endpoint import AccessEndpoint
+from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.approvals.webhook import webhook_for
 from sandgate.proxy.audit.forward import ForwardSink
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
@@ -413,6 +415,15 @@ class Gateway:
             gateway_id=self.fleet.gateway_id if self.fleet is not None else socket.gethostname(),
             worker=config.worker.index,
         )
+        # The guests' own endpoint at the reserved name (sandgate.proxy.approvals.reserved).
+        endpoint = None
+        if config.approvals.endpoint_name is not None:
+            self.ctx.reserved = ReservedName(
+                config.approvals.endpoint_name, config.approvals.endpoint_address
+            )
+            endpoint = AccessEndpoint(
+                self.ctx, self.approvals, self.ctx.reserved, per_minute=config.approvals.proposals_per_minute
+            )
         self.connection_limits = ConnectionLimits(self.ctx, config.connections, server)
         self.h2_guard = H2Guard(self.ctx, config.http2)
         # The passthrough front reads the explicit listeners' connections first (sandgate.proxy.front).
@@ -452,7 +463,11 @@ class Gateway:
             Upgrades(self.ctx, closer),
             Trailers(closer),
             Gate(
-                self.ctx, require_sni=config.passthrough.require_sni, closer=closer, approvals=self.approvals
+                self.ctx,
+                require_sni=config.passthrough.require_sni,
+                closer=closer,
+                approvals=self.approvals,
+                endpoint=endpoint,
             ),
             # Right after the Gate: limits count only what it allowed, before the broker wraps a
             # metered body; the record of an allowed exchange is completed before the broker

@@ -14,6 +14,8 @@ AuditCompletion writes its record when the exchange ends.
 A decision to ask (an `ask` rule) holds the CONNECT or request here, the upstream not
 contacted, until an operator decides (sandgate.proxy.approvals): approved, it goes on
 exactly as an allowed one; denied, timed out or over the sandbox's cap, it is refused.
+Requests to the gateway's own name (sandgate.proxy.approvals.reserved) are never decided as a
+destination: the guests' endpoint answers them (sandgate.proxy.approvals.endpoint).
 Every hook is guarded: an exception denies with `internal_error`, never lets traffic through.
 """
 
@@ -49,6 +51,7 @@ from sandgate.proxy.addons.limits import (
 )
 from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.approvals import AccessRequest, Approvals, QueueFull, State
+from sandgate.proxy.approvals.endpoint import ENDPOINT_KEY, AccessEndpoint
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
 from sandgate.proxy.context import ConnectionState, GatewayContext, decision_context
 from sandgate.proxy.mitm.closer import ConnectionCloser
@@ -72,8 +75,11 @@ class Gate:
         require_sni: bool = True,
         closer: ConnectionCloser | None = None,
         approvals: Approvals | None = None,
+        endpoint: AccessEndpoint | None = None,
     ) -> None:
         self.ctx = ctx
+        # Answers requests to the reserved name; None: no endpoint (and no name is reserved).
+        self.endpoint = endpoint
         # Holds `ask` decisions for an operator; None: they are refused (approval_required).
         self.approvals = approvals
         # Requests held per client connection (their hold ends when it hangs up), and the
@@ -207,6 +213,9 @@ class Gate:
                 return
             host, port, address = target
             dctx.host, dctx.port, dctx.sni = host, port, state.sni
+            if self.endpoint is not None and host == self.endpoint.name and not state.in_tunnel:
+                await self.endpoint.headers(flow, dctx, port)  # the gateway's own: never forwarded
+                return
             headers = tuple(flow.request.headers.items(multi=True))
             request = EgressRequest(
                 Phase.REQUEST,
@@ -258,6 +267,17 @@ class Gate:
             flow.metadata[PENDING_KEY] = (dctx, decision)
         except Exception:
             log.exception("hook_failed", hook="requestheaders")
+            await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "hook failed"))
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if self.endpoint is None or ENDPOINT_KEY not in flow.metadata or flow.response is not None:
+            return
+        try:
+            await self.endpoint.answer(flow)
+        except Exception:
+            log.exception("hook_failed", hook="request")
+            flow.metadata.pop(ENDPOINT_KEY, None)
+            dctx = self._context(flow, Phase.REQUEST)
             await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "hook failed"))
 
     def _request_target(
@@ -408,7 +428,10 @@ class Gate:
         state = self.ctx.connections.get(flow.client_conn.id)
         if flow.request.method == "CONNECT" and state is not None:
             state.refused(decision.reason)
-        response = decision_response(decision, dctx.host, dctx.decision_id)
+        ask = None
+        if self.endpoint is not None:
+            ask = self.endpoint.reserved.ask(dctx.host, dctx.port, dctx.method, dctx.path)
+        response = decision_response(decision, dctx.host, dctx.decision_id, ask=ask)
         await refuse(self.ctx.audit, flow, response, dctx, decision)
 
     def _block(self, state: ConnectionState | None, reason: Reason) -> None:

@@ -7,6 +7,8 @@ answers, or its own resolver); the connection is then dialled to the gateway's o
 address for the name. Anything else is `host_mismatch` (or, with `reroute`, dialled to the
 pinned address anyway): the guest's chosen IP never decides where a name's bytes go.
 A destination without a name (no SNI, no Host) is decided by `cidrs` rules alone.
+The gateway's own name (sandgate.proxy.approvals.reserved) is never looked up: a request with
+it as Host goes to the Gate, which answers it itself; TLS naming it is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sandgate.policy.hosts import normalise_host, split_authority
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.identify import IDENTITY_KEY
 from sandgate.proxy.addons.refusal import refuse
+from sandgate.proxy.approvals.reserved import ENDPOINT_PORT
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.respond import denied_response
@@ -71,6 +74,9 @@ class Transparent:
         assert state.original_dst is not None
         ip, port = state.original_dst
         policy = self.ctx.policy
+        reserved = self.ctx.reserved
+        if reserved is not None and (ip, port) == (reserved.address, ENDPOINT_PORT):
+            return None  # the gateway's own endpoint, whatever ports the tenant's rules name
         if state.identity is None:
             return Decision(reason=Reason.NO_IDENTITY, policy_version=policy.version)
         tenant = policy.tenant(state.identity.tenant)
@@ -156,6 +162,10 @@ class Transparent:
             if claimed_port != port:
                 await self._deny(flow, state, Decision(reason=Reason.HOST_MISMATCH), name)
                 return
+            reserved = self.ctx.reserved
+            if reserved is not None and name == reserved.name:
+                flow.request.data.host = name  # answered by the Gate itself, never resolved
+                return
             if name != ip and not await self._bound(state, name):
                 await self._deny(
                     flow,
@@ -196,6 +206,8 @@ class Transparent:
         """
         if self.ctx.reroute:
             return True
+        if self.ctx.reserved is not None and name == self.ctx.reserved.name:
+            return True  # the decision refuses it (reserved_host): never looked up
         assert state.original_dst is not None
         if state.identity is None:
             return True  # the decision denies with no_identity

@@ -6,7 +6,8 @@ filtered through the address guard (as the explicit proxy would pick them), retu
 remembered as name bindings. When the guard refuses every address of the asked family the
 guest gets an empty answer and the record says `private_address` with the refusal. Nothing a
 guest sends is ever forwarded raw: other record types get an empty answer, malformed or
-oversized queries an error.
+oversized queries an error. The gateway's own name (sandgate.proxy.approvals.reserved) is
+answered here, never looked up: type A with `approvals.endpoint_address`, other types empty.
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ class DnsListener:
             return _reply(query, dns.rcode.NXDOMAIN)
         dctx.host = name
         dctx.method = dns.rdatatype.to_text(question.rdtype)
+        reserved = self.ctx.reserved
+        if reserved is not None and name == reserved.name and identity is not None:
+            return _reserved_reply(query, reserved.address, self.max_ttl)
         decision = self._decide(identity, name)
         if not decision.allowed:
             await self.ctx.audit.emit(decision_record(dctx, decision))
@@ -248,6 +252,17 @@ class _UdpProtocol(asyncio.DatagramProtocol):
 def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode) -> bytes:
     response = dns.message.make_response(query)
     response.set_rcode(rcode)
+    return response.to_wire()
+
+
+def _reserved_reply(query: dns.message.Message, address: str, ttl: int) -> bytes:
+    """The answer for the gateway's own name: its endpoint address (A), nothing of other types."""
+    question = query.question[0]
+    response = dns.message.make_response(query)
+    if question.rdclass == dns.rdataclass.IN and question.rdtype == dns.rdatatype.A:
+        response.answer.append(
+            dns.rrset.from_text_list(question.name, ttl, dns.rdataclass.IN, dns.rdatatype.A, [address])
+        )
     return response.to_wire()
 
 
