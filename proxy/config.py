@@ -548,6 +548,14 @@ class ApprovalsConfig(_Strict):
     proposals_per_minute: Annotated[int, Field(ge=1, le=10_000)] = Field(
         default=10, description="access requests one sandbox may propose per minute (per worker); more: 429"
     )
+    grant_ttl_seconds: Annotated[float, Field(gt=0, le=31_536_000)] = Field(
+        default=3600.0,
+        description="how long a grant of scope `sandbox` allows when the approval names no --ttl",
+    )
+    grant_max_ttl_seconds: Annotated[float, Field(gt=0, le=31_536_000)] = Field(
+        default=7 * 86_400.0,
+        description="the longest a grant may allow (a longer --ttl is capped to it)",
+    )
 
     @field_validator("endpoint_name")
     @classmethod

@@ -11,6 +11,7 @@ from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.limiter import Limiter
+from sandgate.policy.model.grants import EMPTY_GRANTS, Grants
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
@@ -156,6 +157,9 @@ class GatewayContext:
         self.broker = broker
         # Evaluates tenants' Rego (step 6 of decide); None: decide's default embedded engine.
         self.engine = engine
+        # The gateway's grants beyond the tenants' grants files (sandbox scope; tenant scope in
+        # a fleet): swapped whole by sandgate.proxy.approvals.GrantBook.
+        self.grants: Grants = EMPTY_GRANTS
         self.connections: dict[str, ConnectionState] = {}
         # Guests' addresses whose CONNECT the passthrough front recorded before it handed the
         # tunnel to mitmproxy (sandgate.proxy.front): the Gate does not record it twice.
@@ -185,7 +189,14 @@ class GatewayContext:
         started = time.perf_counter()
         try:
             return await decide(
-                self.policy, identity, request, self.resolver, self.guard, address=address, engine=self.engine
+                self.policy,
+                identity,
+                request,
+                self.resolver,
+                self.guard,
+                address=address,
+                engine=self.engine,
+                grants=self.grants,
             )
         finally:
             METRICS.decision_seconds(time.perf_counter() - started)

@@ -26,6 +26,7 @@ from mitmproxy.addons import next_layer, proxyserver, tlsconfig
 from sandgate.brokers import Broker
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.errors import PolicySetError, SandgateError
+from sandgate.policy.model.grants import Grants
 from sandgate.policy.model.loader import load_policy_dir, policy_files
 from sandgate.policy.model.policyset import PolicySet, TenantPolicy
 from sandgate.policy.rego.compiler import use_store
@@ -63,6 +64,7 @@ from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.approvals.endpoint import AccessEndpoint
+from sandgate.proxy.approvals.grants import GrantBook, GrantStore, RedisGrants, StateFileGrants
 from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.approvals.webhook import webhook_for
 from sandgate.proxy.audit.forward import ForwardSink
@@ -424,6 +426,21 @@ class Gateway:
             endpoint = AccessEndpoint(
                 self.ctx, self.approvals, self.ctx.reserved, per_minute=config.approvals.proposals_per_minute
             )
+        # Grants approvals added for one sandbox (and, in a fleet, for a tenant): hot, in force
+        # on every worker (and gateway) without a reload; the lead sweeps the expired ones.
+        grant_store: GrantStore = (
+            RedisGrants(self.fleet.client, config.redis.prefix)
+            if self.fleet is not None and config.redis is not None
+            else StateFileGrants(config.state_path / "grants.json")
+        )
+        self.grant_book = GrantBook(
+            grant_store,
+            self._put_grants,
+            self.ctx.audit.emit,
+            sweep=config.worker.lead,
+            default_ttl=config.approvals.grant_ttl_seconds,
+            max_ttl=config.approvals.grant_max_ttl_seconds,
+        )
         self.connection_limits = ConnectionLimits(self.ctx, config.connections, server)
         self.h2_guard = H2Guard(self.ctx, config.http2)
         # The passthrough front reads the explicit listeners' connections first (sandgate.proxy.front).
@@ -633,6 +650,9 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await peers.aclose()
 
+    def _put_grants(self, grants: Grants) -> None:
+        self.ctx.grants = grants
+
     def admin_state(self) -> AdminState:
         """What the admin API serves from this gateway."""
         state = AdminState(
@@ -647,6 +667,7 @@ class Gateway:
             sandbox_listeners=self.sandbox_listeners,
             role=self.config.worker,
             approvals=self.approvals,
+            grants=self.grant_book,
         )
         if state.role.lead and state.role.count > 1:
             # The lead answers for the gateway: it fans changes and reads out to the other workers.
@@ -742,6 +763,8 @@ class Gateway:
         if self.fleet is not None:
             # Before the listeners open: a registered sandbox is known from the first request.
             await self.fleet.start()
+        # Before the listeners open too: a grant in force before a restart is from the first request.
+        await self.grant_book.start()
         loop = asyncio.get_running_loop()
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -767,6 +790,7 @@ class Gateway:
                     loop.remove_signal_handler(sig)
             await self.stop_admin()  # already done by the done hook, unless the master failed first
             METRICS.detach()
+            await self.grant_book.stop()
             if self.fleet is not None:
                 await self.fleet.stop()
             self.ctx.audit.close()

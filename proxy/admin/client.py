@@ -29,6 +29,7 @@ __all__ = [
     "add_sandbox",
     "decide_access_request",
     "gateway_running",
+    "grants",
     "list_credentials",
     "list_sandboxes",
     "open_sandbox_listeners",
@@ -36,6 +37,7 @@ __all__ = [
     "reload_policy",
     "remove_credential",
     "remove_sandbox",
+    "revoke_grant",
     "set_credential",
     "status",
     "update_sandbox",
@@ -129,12 +131,33 @@ def access_request(config: GatewayConfig, request_id: str) -> dict[str, Any]:
 
 
 def decide_access_request(
-    config: GatewayConfig, request_id: str, *, approve: bool, by: str | None, reason: str | None
+    config: GatewayConfig,
+    request_id: str,
+    *,
+    approve: bool,
+    by: str | None,
+    reason: str | None,
+    scope: str | None = None,
+    ttl_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """Approve or deny a held request (AdminApiError 404: unknown, 409: already decided)."""
+    """Approve (with a scope) or deny a request (AdminApiError 404: unknown, 409: already decided)."""
     verb = "approve" if approve else "deny"
     path = f"/v1/access-requests/{quote(request_id, safe='')}/{verb}"
-    return _call(config, "POST", path, json={"by": by, "reason": reason})
+    body: dict[str, Any] = {"by": by, "reason": reason}
+    if scope is not None:
+        body["scope"] = scope
+    if ttl_seconds is not None:
+        body["ttl_seconds"] = ttl_seconds
+    return _call(config, "POST", path, json=body)
+
+
+def grants(config: GatewayConfig) -> dict[str, Any]:
+    """The grants in force: `{"grants": [...]}`."""
+    return _call(config, "GET", "/v1/grants")
+
+
+def revoke_grant(config: GatewayConfig, grant_id: str, *, by: str | None) -> dict[str, Any]:
+    return _call(config, "POST", f"/v1/grants/{quote(grant_id, safe='')}/revoke", json={"by": by})
 
 
 def reload_policy(config: GatewayConfig) -> dict[str, Any]:

@@ -23,9 +23,13 @@ from tornado.web import Application, HTTPError, RequestHandler
 from sandgate.brokers import Secret
 from sandgate.policy.model.tenant import NAME_PATTERN
 from sandgate.proxy.admin.access_requests import (
+    GRANTS_REFRESH_PATH,
     INTERNAL_PATH,
+    approve_request,
     decide_request,
+    list_grants,
     list_requests,
+    revoke_grant,
     show_request,
 )
 from sandgate.proxy.admin.fanout import (
@@ -43,6 +47,7 @@ from sandgate.proxy.admin.fanout import (
 )
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.approvals import DecideError
+from sandgate.proxy.approvals.grants import GrantStoreError
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.sandbox_listeners import SandboxListenersError
 from sandgate.proxy.reloader import problem_view
@@ -574,6 +579,10 @@ class AccessDecision(BaseModel):
 
     by: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     reason: Annotated[str, Field(max_length=2000)] | None = None
+    # Approvals only: once (a held request's default), sandbox (a proposal's) or tenant; the
+    # grant's TTL (sandbox: approvals.grant_ttl_seconds by default; capped by grant_max_ttl_seconds).
+    scope: Literal["once", "sandbox", "tenant"] | None = None
+    ttl_seconds: Annotated[float, Field(gt=0)] | None = None
 
 
 _REQUEST_ID = re.compile(r"^[0-9a-f]{12,64}$")
@@ -605,13 +614,65 @@ class AccessRequestDecision(_Handler):
         ask = self.parse(AccessDecision)
         approve = verb == "approve"
         try:
-            decided = await decide_request(
-                self.state, _request_id(request_id), approve=approve, by=ask.by, reason=ask.reason
-            )
+            if approve and self.state.role.lead:
+                decided = await approve_request(
+                    self.state,
+                    _request_id(request_id),
+                    by=ask.by,
+                    reason=ask.reason,
+                    scope=ask.scope,
+                    ttl_seconds=ask.ttl_seconds,
+                    reload=lambda: _reload(self.state, "grant"),
+                )
+            else:
+                if not approve and (ask.scope is not None or ask.ttl_seconds is not None):
+                    raise DecideError(400, "scope and ttl_seconds go with approve only")
+                decided = await decide_request(
+                    self.state, _request_id(request_id), approve=approve, by=ask.by, reason=ask.reason
+                )
         except DecideError as e:
             raise ApiError(e.status, e.message, "id") from None
         log.info("admin.access_request_decided", id=request_id, decision=verb, by=ask.by)
         self.reply(decided)
+
+
+class GrantRevoke(BaseModel):
+    """`POST /v1/grants/{id}/revoke` body: who withdraws it (optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+
+
+class GrantsRoute(_Handler):
+    def get(self) -> None:
+        """The grants in force (the gateway's and the tenants' grants files')."""
+        self.reply(list_grants(self.state))
+
+
+class GrantRevokeRoute(_Handler):
+    async def post(self, grant_id: str) -> None:
+        ask = self.parse(GrantRevoke)
+        try:
+            revoked = await revoke_grant(
+                self.state, _request_id(grant_id), by=ask.by, reload=lambda: _reload(self.state, "grant")
+            )
+        except DecideError as e:
+            raise ApiError(e.status, e.message, "id") from None
+        log.info("admin.grant_revoked", id=grant_id, by=ask.by)
+        self.reply(revoked)
+
+
+class InternalGrantsRefresh(_Handler):
+    """A peer: read the grants store again now (the lead changed it)."""
+
+    async def post(self) -> None:
+        if self.state.grants is not None:
+            try:
+                await self.state.grants.refresh(force=True)
+            except GrantStoreError as e:
+                raise ApiError(503, str(e)) from None
+        self.reply({"ok": True})
 
 
 class ReloadAsk(BaseModel):
@@ -647,6 +708,7 @@ def make_app(
                 (INTERNAL_PATH, AccessRequests, kw),
                 (rf"{INTERNAL_PATH}/{segment}", AccessRequestRoute, kw),
                 (rf"{INTERNAL_PATH}/{segment}/(approve|deny)", AccessRequestDecision, kw),
+                (GRANTS_REFRESH_PATH, InternalGrantsRefresh, kw),
                 (r"/v1/.*", LeadOnly, kw),
             ],
             default_handler_class=NotFound,
@@ -668,6 +730,8 @@ def make_app(
             (r"/v1/access-requests", AccessRequests, kw),
             (rf"/v1/access-requests/{segment}", AccessRequestRoute, kw),
             (rf"/v1/access-requests/{segment}/(approve|deny)", AccessRequestDecision, kw),
+            (r"/v1/grants", GrantsRoute, kw),
+            (rf"/v1/grants/{segment}/revoke", GrantRevokeRoute, kw),
         ],
         default_handler_class=NotFound,
         default_handler_args=kw,

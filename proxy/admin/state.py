@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.approvals import Approvals
+from sandgate.proxy.approvals.grants import GrantBook
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
 from sandgate.proxy.reloader import PolicyReloader
@@ -50,3 +51,5 @@ class AdminState:
     peers: Peers | None = None
     # This worker's requests held for an operator's decision (`ask` rules).
     approvals: Approvals | None = None
+    # The gateway's grants beyond the grants files (sandbox scope; tenant scope in a fleet).
+    grants: GrantBook | None = None

@@ -103,6 +103,9 @@ class Query:
     decisions: frozenset[str] = frozenset()
     phases: frozenset[str] = frozenset()
     credentials: frozenset[str] = frozenset()
+    # Records tied to these access requests (sandgate.proxy.approvals), of every event: the one
+    # that asked, the grant made, the release, the requests a grant allowed, its end.
+    approvals: frozenset[str] = frozenset()
     since: datetime | None = None
     until: datetime | None = None
 
@@ -113,7 +116,10 @@ class Query:
 
     def matches(self, record: Record) -> bool:
         """Whether the record is selected (cheap field checks first, the time last)."""
-        if record.get("event") != self.event:
+        if self.approvals:
+            if not self._approval_ok(record):
+                return False
+        elif record.get("event") != self.event:
             return False
         for values, key in (
             (self.tenants, "tenant"),
@@ -143,6 +149,17 @@ class Query:
         host = dest_host(record)
         return host is not None and any(host_matches(p, host) for p in self.hosts)
 
+    def _approval_ok(self, record: Record) -> bool:
+        """Whether the record belongs to one of the wanted access requests' chains."""
+        if record.get("approval_id") in self.approvals:
+            return True
+        approval = record.get("approval")
+        if isinstance(approval, Mapping) and approval.get("id") in self.approvals:
+            return True
+        rule_id = record.get("rule_id")
+        # A request a grant allowed names the grant's rule: `<tenant>/grant/<approval id>`.
+        return isinstance(rule_id, str) and rule_id.rpartition("/grant/")[2] in self.approvals
+
     def _credentials_ok(self, record: Record) -> bool:
         """Whether the record's `credentials` list names one of the wanted credentials."""
         used = record.get("credentials")
@@ -155,7 +172,7 @@ class Query:
         condition only (a field name may hold the value too): `matches` decides.
         """
         values = (
-            [self.event],
+            [] if self.approvals else [self.event],
             self.tenants,
             self.sandboxes,
             self.reasons,
@@ -166,6 +183,9 @@ class Query:
         groups = [tuple(_needle(v) for v in sorted(vs)) for vs in values if vs]
         if self.hosts:
             groups.append(tuple(_host_needle(p) for p in self.hosts))
+        if self.approvals:
+            # The id ends a string: `approval_id`, `approval.id`, or a grant's rule id.
+            groups.append(tuple(_needle(a, suffix=True) for a in sorted(self.approvals)))
         # A filter with a value that has no reliable needle cannot rule a line out.
         return tuple(tuple(n for n in g if n is not None) for g in groups if None not in g)
 

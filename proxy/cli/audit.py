@@ -54,6 +54,7 @@ def build_query(args: argparse.Namespace, now: datetime) -> Query:
         decisions=frozenset(args.decision),
         phases=frozenset(args.phase),
         credentials=frozenset(args.credential),
+        approvals=frozenset(getattr(args, "approval", ())),
         since=parse_time(args.since, now) if args.since else None,
         until=parse_time(args.until, now) if args.until else None,
     )

@@ -105,17 +105,36 @@ def _add_status(sub: Subparsers) -> None:
 
 
 def _add_requests(sub: Subparsers) -> None:
-    """`requests list|show|approve|deny`."""
+    """`requests list|show|approve|deny|grants|revoke`."""
     req = sub.add_parser("requests", help="requests held for a decision (ask rules): list, approve, deny")
     req_sub = req.add_subparsers(dest="requests_command", required=True)
     ls = req_sub.add_parser("list", help="the requests held now (and those whose client hung up)")
     show = req_sub.add_parser("show", help="one request, held or decided")
     show.add_argument("id")
-    approve = req_sub.add_parser("approve", help="release a held request (scope once: this request only)")
+    approve = req_sub.add_parser(
+        "approve", help="release a held request; with --scope sandbox or tenant, grant what it asked for too"
+    )
     approve.add_argument("id")
+    approve.add_argument(
+        "--scope",
+        choices=("once", "sandbox", "tenant"),
+        help=(
+            "once: this request only (a held request's default); sandbox: a grant for its sandbox "
+            "(a proposal's default); tenant: a grant in the tenant's grants file (redis in a fleet)"
+        ),
+    )
+    approve.add_argument(
+        "--ttl",
+        metavar="D",
+        help="how long the grant allows: 90s, 30m, 2h, 1d (default: approvals.grant_ttl_seconds for "
+        "sandbox, none for tenant; capped by approvals.grant_max_ttl_seconds)",
+    )
     deny = req_sub.add_parser("deny", help="refuse a held request (403 approval_denied)")
     deny.add_argument("id")
-    for p in (ls, show, approve, deny):
+    grants = req_sub.add_parser("grants", help="the grants in force (approvals with scope sandbox or tenant)")
+    revoke = req_sub.add_parser("revoke", help="withdraw a grant (by its approval id)")
+    revoke.add_argument("id")
+    for p in (ls, show, approve, deny, grants, revoke):
         p.add_argument("--config", type=Path, help="the gateway's config (its admin socket)")
         p.add_argument("--format", choices=("text", "json"), default="text")
     for p in (approve, deny):
@@ -289,8 +308,16 @@ def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bo
     f.add_argument(
         "--credential", action="append", default=[], metavar="NAME", help="records that injected it"
     )
+    f.add_argument(
+        "--approval",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="the chain of one access request, every kind of record: asked, grant made, released, "
+        "grant used, grant expired or revoked",
+    )
     if any_event:
-        f.add_argument("--event", choices=("decision", "policy_reload"), default="decision")
+        f.add_argument("--event", choices=("decision", "policy_reload", "grant"), default="decision")
     f.add_argument("--since", metavar="T", help="from this time: RFC 3339, or 15m, 2h, 1d ago")
     f.add_argument("--until", metavar="T", help="before this time: RFC 3339, or 15m, 2h, 1d ago")
 

@@ -1,8 +1,13 @@
-"""`sandgate requests list|show ID|approve ID|deny ID [--reason TEXT]`: requests held for a
-decision (`ask` rules), through the running gateway's admin API. A decision is scope `once`:
-it releases (or refuses) that one request; it changes no rule.
+"""`sandgate requests list|show ID|approve ID [--scope S] [--ttl D]|deny ID [--reason TEXT]|
+grants|revoke ID`: requests held for a decision (`ask` rules) or proposed by a sandbox, through
+the running gateway's admin API.
 
-Exit 0: done. 1: no such request, or it was already decided. 2: no gateway answers, or usage.
+Scope `once` (a held request's default) releases that one request and changes no rule;
+`sandbox` (a proposal's default) also grants what it asked for to its sandbox for a TTL;
+`tenant` grants it to the whole tenant (its grants file, or redis in a fleet).
+
+Exit 0: done. 1: no such request or grant, or it was already decided. 2: no gateway answers,
+or usage (a scope the request cannot take, a bad --ttl).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import re
 import sys
 from typing import Any
 
@@ -19,6 +25,17 @@ from sandgate.proxy.config import load_config
 __all__ = ["run_requests_command"]
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `30m`, `2h`, `1d` in seconds (ValueError otherwise)."""
+    found = _DURATION.match(text.strip())
+    if found is None or float(found.group(1)) <= 0:
+        raise ValueError(f"--ttl {text!r}: use a positive duration like 90s, 30m, 2h or 1d")
+    return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
 
 
 def run_requests_command(args: argparse.Namespace) -> int:
@@ -33,10 +50,30 @@ def run_requests_command(args: argparse.Namespace) -> int:
             found = admin_client.access_request(config, args.id)
             _emit(args.format, found, _detail(found))
             return EXIT_OK
+        if command == "grants":
+            listing = admin_client.grants(config)
+            _emit(args.format, listing, _grants_table(listing.get("grants", [])))
+            return EXIT_OK
+        if command == "revoke":
+            revoked = admin_client.revoke_grant(config, args.id, by=_user())
+            _emit(args.format, revoked, f"{revoked['id']}: revoked ({_grant_what(revoked)})")
+            return EXIT_OK
+        approve = command == "approve"
+        try:
+            ttl = parse_duration(args.ttl) if approve and args.ttl is not None else None
+        except ValueError as e:
+            print(f"sandgate: {e}", file=sys.stderr)
+            return EXIT_USAGE
         decided = admin_client.decide_access_request(
-            config, args.id, approve=command == "approve", by=_user(), reason=args.reason
+            config,
+            args.id,
+            approve=approve,
+            by=_user(),
+            reason=args.reason,
+            scope=args.scope if approve else None,
+            ttl_seconds=ttl,
         )
-        _emit(args.format, decided, f"{decided['id']}: {decided['state']} by {decided.get('by') or '-'}")
+        _emit(args.format, decided, _decided(decided))
         return EXIT_OK
     except admin_client.GatewayNotRunning as e:
         print(f"sandgate: {e}", file=sys.stderr)
@@ -59,6 +96,33 @@ def _what(r: dict[str, Any]) -> str:
     if r.get("method"):
         return f"{r['method']} {where}{r.get('path') or ''}"
     return f"CONNECT {where}"
+
+
+def _decided(d: dict[str, Any]) -> str:
+    line = f"{d['id']}: {d['state']} by {d.get('by') or '-'}"
+    if d.get("scope"):
+        line += f" (scope {d['scope']})"
+    grant = d.get("grant")
+    if isinstance(grant, dict):
+        until = grant.get("expires") or "revoked"
+        line += f"\ngranted: {_grant_what(grant)}, until {until} ({grant.get('origin')})"
+    return line
+
+
+def _grant_what(g: dict[str, Any]) -> str:
+    who = g.get("sandbox") or f"tenant {g.get('tenant')}"
+    methods = ",".join(g.get("methods") or []) or "any method"
+    paths = ",".join(g.get("paths") or []) or "any path"
+    return f"{who}: {methods} {g.get('host')}:{g.get('port')} {paths}"
+
+
+def _grants_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{g['id']}  {g['scope']:<7}  {_grant_what(g)}  until {g.get('expires') or '-'}"
+        + ("  (expired)" if g.get("expired") else "")
+        for g in rows
+    ]
+    return "\n".join(lines) if lines else "no grants"
 
 
 def _table(rows: list[dict[str, Any]], unanswered: list[dict[str, Any]]) -> str:
