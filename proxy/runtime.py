@@ -704,9 +704,9 @@ class Gateway:
                 policy_problems=lambda: [
                     (p.file, p.tenant or "", p.kept_last_good) for p in self.ctx.policy.problems
                 ],
-                # The tenants' grants files; grants the gateway keeps itself (scope `sandbox`,
-                # a fleet's in redis) are to be added here once it holds them.
-                grants_in_force=lambda: _live_grants(self.ctx.policy.tenants.values()),
+                # The tenants' grants files, and the grants the gateway keeps itself (scope
+                # `sandbox`; a fleet's in redis).
+                grants_in_force=lambda: _live_grants(self.ctx.policy.tenants.values(), self.ctx.grants),
             )
         )
 
@@ -798,10 +798,11 @@ class Gateway:
         return self.exit_code
 
 
-def _live_grants(tenants: Iterable[TenantPolicy]) -> int:
-    """Grants in force now in the tenants' grants files."""
+def _live_grants(tenants: Iterable[TenantPolicy], kept: Grants) -> int:
+    """Grants in force now: the tenants' grants files' and the gateway's own."""
     now = time.time()
-    return sum(1 for tenant in tenants for grant in tenant.grants if grant.live(now))
+    in_files = sum(1 for tenant in tenants for grant in tenant.grants if grant.live(now))
+    return in_files + sum(1 for grant in kept if grant.live(now))
 
 
 def listener_failure(config: GatewayConfig, down: list[Any]) -> str:
