@@ -3,9 +3,10 @@ the time held (p50, p99, max) and the grants made.
 
 Read from the records the gateway writes: an `ask` decision record per held request; its end
 record (with `approval: {id, by, waited_seconds}`) whose reason says how it ended; a refusal
-with `approval_queue_full` for an ask past the cap; and a `grant` record per grant an
-approval made. Times are counted in log-spaced bins (5 % wide), so memory grows with sandboxes
-and never with records; a percentile is its bin's upper edge (at most the exact maximum).
+with `approval_queue_full` for an ask past the cap; and a `grant` record (`action: made`)
+per grant an approval made, a tenant-wide one counted under sandbox `*`. Times are counted in
+log-spaced bins (5 % wide), so memory grows with sandboxes and never with records; a
+percentile is its bin's upper edge (at most the exact maximum).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ OUTCOMES = {
     "approval_required": "client_gone",
 }
 QUEUE_FULL = "approval_queue_full"
+# Where a grant for the whole tenant (scope `tenant`, no sandbox) is counted.
+TENANT_WIDE = "*"
 _SMALLEST = 0.001  # seconds: bin 0 holds everything up to a millisecond
 _RATIO = math.log(1.05)
 
@@ -82,7 +85,9 @@ class ApprovalStats:
         """Count one record (records about nothing approvals-related are passed over)."""
         event = record.get("event")
         if event == GRANT_EVENT:
-            self._of(record).grants += 1
+            # Grants made (not revoked or expired); a tenant-wide one counts under sandbox `*`.
+            if record.get("action", "made") == "made":
+                self._of(record, TENANT_WIDE).grants += 1
             return
         if event != "decision":
             return
@@ -105,9 +110,12 @@ class ApprovalStats:
         entry.outcomes[OUTCOMES.get(str(record.get("reason")), "other")] += 1
         entry.add_wait(float(waited))
 
-    def _of(self, record: Record) -> SandboxApprovals:
+    def _of(self, record: Record, no_sandbox: str = "-") -> SandboxApprovals:
         tenant, sandbox = record.get("tenant"), record.get("sandbox")
-        key = (str(tenant) if tenant is not None else "-", str(sandbox) if sandbox is not None else "-")
+        key = (
+            str(tenant) if tenant is not None else "-",
+            str(sandbox) if sandbox is not None else no_sandbox,
+        )
         entry = self.sandboxes.get(key)
         if entry is None:
             entry = self.sandboxes[key] = SandboxApprovals()

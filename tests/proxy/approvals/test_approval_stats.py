@@ -210,7 +210,8 @@ def test_stats_count_asks_outcomes_grants_and_time_held_per_sandbox(
     records.append({**end("sb1", 0, "approval_queue_full", None), "approval": None})
     records.append(end("sb1", 101, "allowed", None))
     grant = {"event": "grant", "time": "2026-12-01T10:00:02.000Z", "tenant": "t1", "sandbox": "sb1"}
-    records += [grant, grant]
+    records += [{**grant, "action": "made"}, {**grant, "action": "made"}, {**grant, "action": "revoked"}]
+    records.append({**grant, "action": "made", "sandbox": None})  # scope tenant
     # sb2: one denied, one expired, one client gone.
     for n, reason in enumerate(("approval_denied", "approval_timeout", "approval_required")):
         records += [ask("sb2", n), end("sb2", n, reason, 0.5 * (n + 1))]
@@ -218,7 +219,8 @@ def test_stats_count_asks_outcomes_grants_and_time_held_per_sandbox(
     write_trail(trail, records)
 
     assert main(["audit", "stats", "--file", str(trail), "--format", "json"]) == 0
-    sb1, sb2 = json.loads(capsys.readouterr().out)["approvals"]
+    tenant_wide, sb1, sb2 = json.loads(capsys.readouterr().out)["approvals"]
+    assert (tenant_wide["sandbox"], tenant_wide["asks"], tenant_wide["grants"]) == ("*", 0, 1)
     assert (sb1["sandbox"], sb1["asks"], sb1["outcomes"], sb1["grants"]) == (
         "sb1",
         101,
