@@ -423,8 +423,18 @@ class Gateway:
             self.ctx.reserved = ReservedName(
                 config.approvals.endpoint_name, config.approvals.endpoint_address
             )
+            # With several workers a poll may land on one that does not hold the request: it
+            # asks the lead's admin socket, which asks every worker.
+            lead_admin = None
+            if config.admin.enabled and config.worker.count > 1:
+                socket_ = config.admin.socket
+                lead_admin = config.path(socket_) if socket_ else config.state_path / "admin.sock"
             endpoint = AccessEndpoint(
-                self.ctx, self.approvals, self.ctx.reserved, per_minute=config.approvals.proposals_per_minute
+                self.ctx,
+                self.approvals,
+                self.ctx.reserved,
+                per_minute=config.approvals.proposals_per_minute,
+                lead_admin=lead_admin,
             )
         # Grants approvals added for one sandbox (and, in a fleet, for a tenant): hot, in force
         # on every worker (and gateway) without a reload; the lead sweeps the expired ones.

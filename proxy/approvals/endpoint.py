@@ -9,7 +9,9 @@ proposes access and polls the answer, without leaving the sandbox.
   proposal (Approvals.propose: 202 `{id, state, poll}`, an audit record `ask` with `approval_id`).
 - `GET /v1/access-requests/<id>`: its state, for the sandbox that made it only (else 404).
 The sandbox is the one the connection is identified as (proxy credential, or source address in
-transparent mode): nothing in the request names it. Each worker answers for its own store.
+transparent mode): nothing in the request names it. Each worker keeps the proposals made through
+it; with several workers a poll for an id this one does not hold asks the lead's admin API (which
+asks every worker), since the explicit listener spreads a sandbox's connections over them.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+import httpx
 import structlog
 from mitmproxy import http
 
@@ -37,12 +41,12 @@ from sandgate.proxy.approvals.reserved import (
     ReservedName,
     path_problem,
 )
-from sandgate.proxy.approvals.store import AccessRequest, Approvals, QueueFull, clean_note
+from sandgate.proxy.approvals.store import Approvals, QueueFull, clean_note
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.respond import decision_response
 
-__all__ = ["ENDPOINT_KEY", "AccessEndpoint", "Invalid", "Proposal", "guest_view", "parse_proposal"]
+__all__ = ["ENDPOINT_KEY", "AccessEndpoint", "Invalid", "Proposal", "parse_proposal"]
 
 log = structlog.get_logger("sandgate.endpoint")
 
@@ -58,6 +62,10 @@ REFUSING = frozenset({Reason.PRIVATE_ADDRESS, Reason.HOST_DENIED, Reason.DNS_DEN
 _ID = re.compile(r"^[0-9a-f]{28}$")
 _FIELDS = frozenset({"host", "port", "methods", "paths", "reason"})
 WINDOW = 60.0
+# Polls one sandbox may make per minute for ids this worker does not hold (each asks the lead,
+# which asks every worker): enough for an agent polling a few requests every second or two.
+MISSES_PER_MINUTE = 120
+LEAD_TIMEOUT = 2.0
 # What a guest polling its request sees: no operator's name or text.
 GUEST_FIELDS = ("id", "kind", "state", "host", "port", "methods", "paths", "created", "decided")
 
@@ -148,22 +156,32 @@ def _json(status: int, fields: dict[str, Any], headers: dict[str, str] | None = 
     )
 
 
-def _error(status: int, error: str, **fields: Any) -> http.Response:
-    return _json(status, {"error": error, **fields})
+def _error(status: int, error: str, *, headers: dict[str, str] | None = None, **fields: Any) -> http.Response:
+    return _json(status, {"error": error, **fields}, headers)
 
 
 class AccessEndpoint:
     """Answers the guests' requests to the reserved name, for one worker's pending store."""
 
     def __init__(
-        self, ctx: GatewayContext, approvals: Approvals, reserved: ReservedName, *, per_minute: int
+        self,
+        ctx: GatewayContext,
+        approvals: Approvals,
+        reserved: ReservedName,
+        *,
+        per_minute: int,
+        lead_admin: Path | None = None,
     ) -> None:
         self.ctx = ctx
         self.approvals = approvals
         self.reserved = reserved
         self.per_minute = per_minute
-        # Proposal times per sandbox in the last minute (a sliding window, per worker).
+        # The lead's admin socket, asked for requests other workers hold (None: one worker).
+        self.lead_admin = lead_admin
+        # Proposal times per sandbox in the last minute (a sliding window, per worker), and of
+        # polls this worker could not answer alone.
         self._recent: dict[str, deque[float]] = {}
+        self._misses: dict[str, deque[float]] = {}
 
     @property
     def name(self) -> str:
@@ -210,7 +228,7 @@ class AccessEndpoint:
                 flow.response = _error(405, "use GET to poll an access request")
                 flow.response.headers["Allow"] = "GET"
                 return
-            flow.response = self._poll(identity, path.removeprefix(ENDPOINT_PATH + "/"))
+            flow.response = await self._poll(identity, path.removeprefix(ENDPOINT_PATH + "/"))
         else:
             flow.response = _error(404, "not found", access_requests=self.reserved.endpoint)
 
@@ -313,25 +331,47 @@ class AccessEndpoint:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _poll(self, identity: Identity, request_id: str) -> http.Response:
-        found = self.approvals.get(request_id) if _ID.match(request_id) else None
-        if found is None or (found.tenant, found.sandbox) != (identity.tenant, identity.sandbox):
+    async def _poll(self, identity: Identity, request_id: str) -> http.Response:
+        missing = _error(404, "no such access request")
+        if not _ID.match(request_id):
+            return missing
+        found = self.approvals.get(request_id)
+        if found is not None:
+            view = found.view()
+        elif self.lead_admin is not None:
+            wait = _admit(self._misses, identity.sandbox, MISSES_PER_MINUTE)
+            if wait is not None:
+                return _error(429, "too many polls", retry_after=wait, headers={"Retry-After": str(wait)})
+            asked = await self._ask_lead(request_id)
+            if asked is None:
+                return _error(503, "the gateway could not look the request up", headers={"Retry-After": "1"})
+            view = asked
+        else:
+            return missing
+        if (view.get("tenant"), view.get("sandbox")) != (identity.tenant, identity.sandbox):
             # Another sandbox's request is not there for this one, not even its existence.
-            return _error(404, "no such access request")
-        return _json(200, guest_view(found))
+            return missing
+        return _json(200, {k: view.get(k) for k in GUEST_FIELDS})
+
+    async def _ask_lead(self, request_id: str) -> dict[str, Any] | None:
+        """The request as the lead's admin API shows it ({} when no worker holds it), or None
+        when the lead did not answer."""
+        assert self.lead_admin is not None
+        transport = httpx.AsyncHTTPTransport(uds=str(self.lead_admin))
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://sandgate") as client:
+                answer = await client.get(f"{ENDPOINT_PATH}/{request_id}", timeout=LEAD_TIMEOUT)
+        except httpx.HTTPError as e:
+            log.warning("endpoint.lead_unanswered", error=type(e).__name__)
+            return None
+        if answer.status_code == 404:
+            return {}
+        body = answer.json() if answer.status_code == 200 else None
+        return body if isinstance(body, dict) else None
 
     def _admit(self, sandbox: str) -> int | None:
         """None when `sandbox` may propose now (counted), else the seconds to wait."""
-        now = time.monotonic()
-        for key in [k for k, q in self._recent.items() if not q or q[-1] <= now - WINDOW]:
-            del self._recent[key]
-        recent = self._recent.setdefault(sandbox, deque())
-        while recent and recent[0] <= now - WINDOW:
-            recent.popleft()
-        if len(recent) >= self.per_minute:
-            return max(1, math.ceil(recent[0] + WINDOW - now))
-        recent.append(now)
-        return None
+        return _admit(self._recent, sandbox, self.per_minute)
 
     async def _screen(self, identity: Identity, p: Proposal) -> Decision | None:
         """A refusal (the guard, a deny rule, the reserved name), an allowed decision (nothing
@@ -375,12 +415,19 @@ class AccessEndpoint:
         await self.ctx.audit.emit(decision_record(dctx, decision))
 
 
-def guest_view(request: AccessRequest) -> dict[str, Any]:
-    """What the sandbox that made a request sees of it: no operator's name or text."""
-    view = request.view()
-    return {
-        k: view[k] for k in ("id", "kind", "state", "host", "port", "methods", "paths", "created", "decided")
-    }
+def _admit(windows: dict[str, deque[float]], sandbox: str, per_minute: int) -> int | None:
+    """None when `sandbox` is under `per_minute` in its sliding window (counted now), else the
+    seconds until it is."""
+    now = time.monotonic()
+    for key in [k for k, q in windows.items() if not q or q[-1] <= now - WINDOW]:
+        del windows[key]
+    recent = windows.setdefault(sandbox, deque())
+    while recent and recent[0] <= now - WINDOW:
+        recent.popleft()
+    if len(recent) >= per_minute:
+        return max(1, math.ceil(recent[0] + WINDOW - now))
+    recent.append(now)
+    return None
 
 
 def _is_glob(path: str) -> bool:

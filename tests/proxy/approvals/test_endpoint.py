@@ -316,3 +316,39 @@ def test_a_denial_names_the_endpoint_and_a_proposal_that_is_accepted_as_is(
     assert refused.status_code == 403 and refused.json()["reason"] == "host_denied"
     assert "ask" not in refused.json()
     assert http_upstream.requests == []
+
+
+def test_with_two_workers_a_poll_finds_the_request_whichever_worker_answers(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> None:
+    gw = start_gateway(
+        {"t1.yaml": tenant(http_upstream.port)},
+        config={
+            "workers": {"count": 2},
+            "approvals": {"max_held_per_sandbox": 50, "proposals_per_minute": 50},
+        },
+    )
+
+    def fresh(sandbox: str) -> httpx.Client:
+        # A connection per request: the explicit listener spreads them over both workers.
+        return httpx.Client(
+            proxy=gw.proxy(sandbox, token(sandbox)),
+            timeout=10,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
+
+    with fresh("sb1") as sb1, fresh("sb2") as sb2:
+        made = [sb1.post(ENDPOINT, json=proposal(http_upstream.port)) for _ in range(12)]
+        assert [m.status_code for m in made] == [202] * 12
+        ids = [m.json()["id"] for m in made]
+        listed = {r["id"]: r for r in admin(gw, "GET", "/v1/access-requests").json()["requests"]}
+        assert {listed[i]["worker"] for i in ids} == {0, 1}, "both workers hold some"
+        assert admin(gw, "POST", f"/v1/access-requests/{ids[0]}/approve", json={}).status_code == 200
+        for request_id in ids:
+            for _ in range(3):
+                polled = sb1.get(f"{ENDPOINT}/{request_id}")
+                assert polled.status_code == 200, polled.text
+                assert polled.json()["state"] == ("approved" if request_id == ids[0] else "pending")
+                assert polled.json()["id"] == request_id and "worker" not in polled.json()
+                assert sb2.get(f"{ENDPOINT}/{request_id}").status_code == 404, "another sandbox: not there"
+        assert sb1.get(f"{ENDPOINT}/{'0' * 28}").status_code == 404
