@@ -264,6 +264,30 @@ def test_a_failing_receiver_gets_the_same_call_again(
     assert metric(gw, 'sandgate_approval_webhook_calls_total{result="delivered"}') == 1
 
 
+def test_a_guests_proposal_is_announced_and_decided_by_the_receiver(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream, receiver: Receiver
+) -> None:
+    receiver.decide = "approve"
+    gw = start_hooked(start_gateway, http_upstream, receiver.url)
+    receiver.admin_socket = gw.root / "state" / "admin.sock"
+    endpoint = "http://sandgate.internal/v1/access-requests"
+    proposal = {"host": "api.test", "port": http_upstream.port, "methods": ["POST"], "reason": "upload"}
+    with httpx.Client(proxy=gw.proxy(), timeout=10) as guest:
+        answer = guest.post(endpoint, json=proposal)
+        assert answer.status_code == 202, answer.text
+        [call] = receiver.wait_calls(1)
+        assert call.genuine
+        request = call.body["request"]
+        assert (request["id"], request["kind"], request["state"], request["note"]) == (
+            answer.json()["id"],
+            "proposal",
+            "pending",
+            "upload",
+        )
+        assert receiver.decisions == [200]
+        assert guest.get(answer.json()["poll"]).json()["state"] == "approved"
+
+
 def test_with_two_workers_each_request_is_announced_once(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream, receiver: Receiver
 ) -> None:
