@@ -556,6 +556,16 @@ class ApprovalsConfig(_Strict):
         default=7 * 86_400.0,
         description="the longest a grant may allow (a longer --ttl is capped to it)",
     )
+    auto: Literal["off", "within_ceiling"] = Field(
+        default="off",
+        description=(
+            "within_ceiling: approve, without a person, an access request whose grant adds nothing "
+            "outside the ceiling and touches none of its always_human entries nor a credential's host"
+        ),
+    )
+    ceiling: str | None = Field(
+        default=None, description="the ceiling file `auto` proves against; default: <rules_dir>/ceiling.yaml"
+    )
 
     @field_validator("endpoint_name")
     @classmethod
@@ -653,6 +663,19 @@ class GatewayConfig(_Strict):
     @property
     def state_path(self) -> Path:
         return self.path(self.state_dir)
+
+    @property
+    def ceiling_path(self) -> Path:
+        """The ceiling automatic approval proves against (as `sandgate policy prove` reads it)."""
+        return (
+            self.path(self.approvals.ceiling) if self.approvals.ceiling else self.rules_path / "ceiling.yaml"
+        )
+
+    @model_validator(mode="after")
+    def _auto_needs_admin(self) -> GatewayConfig:
+        if self.approvals.auto != "off" and not self.admin.enabled:
+            raise ValueError("approvals.auto approves through the admin API: it needs admin.enabled")
+        return self
 
     @property
     def worker(self) -> WorkerRole:

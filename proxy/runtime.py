@@ -63,6 +63,7 @@ from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.approvals import Approvals
+from sandgate.proxy.approvals.auto import AutoApprover, through_admin_api
 from sandgate.proxy.approvals.endpoint import AccessEndpoint
 from sandgate.proxy.approvals.grants import GrantBook, GrantStore, RedisGrants, StateFileGrants
 from sandgate.proxy.approvals.reserved import ReservedName
@@ -417,6 +418,13 @@ class Gateway:
             gateway_id=self.fleet.gateway_id if self.fleet is not None else socket.gethostname(),
             worker=config.worker.index,
         )
+        # Requests the operator's ceiling proves harmless are approved without a person.
+        if config.approvals.auto == "within_ceiling":
+            ctx = self.ctx
+            approver = AutoApprover(
+                config.ceiling_path, lambda: ctx.policy, through_admin_api(config.admin_socket_path)
+            )
+            self.approvals.on_opened.append(approver.opened)
         # The guests' own endpoint at the reserved name (sandgate.proxy.approvals.reserved).
         endpoint = None
         if config.approvals.endpoint_name is not None:
