@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 NAME = "sandgate.internal"
 ENDPOINT = f"http://{NAME}/v1/access-requests"
-SANDBOXES = ("sb1", "sb2", "sb3", "sb4", "sb5", "sb6", "sb7")
+SANDBOXES = ("sb1", "sb2", "sb3", "sb4", "sb5", "sb6", "sb7", "sb8")
 PER_MINUTE = 4
 
 
@@ -316,6 +316,28 @@ def test_a_denial_names_the_endpoint_and_a_proposal_that_is_accepted_as_is(
     assert refused.status_code == 403 and refused.json()["reason"] == "host_denied"
     assert "ask" not in refused.json()
     assert http_upstream.requests == []
+
+
+def test_from_denial_to_proposal_to_approval_the_request_then_goes_out(
+    gw: RunningGateway, guest: Any, http_upstream: RecordingUpstream
+) -> None:
+    url = f"http://api.test:{http_upstream.port}/v1/exports"
+    denied = guest("sb8").get(url)
+    assert denied.status_code == 403 and denied.json()["reason"] == "path_not_allowed"
+    ask = denied.json()["ask"]
+    created = guest("sb8").post(ask["endpoint"], json={**ask["proposal"], "reason": "nightly export"})
+    assert created.status_code == 202, created.text
+    approved = admin(gw, "POST", f"/v1/access-requests/{created.json()['id']}/approve", json={"by": "alice"})
+    assert approved.status_code == 200, approved.text
+    assert guest("sb8").get(created.json()["poll"]).json()["state"] == "approved"
+    # The proposal approved (a proposal's default scope: this sandbox) lets the request out.
+    allowed = guest("sb8").get(url)
+    assert allowed.status_code == 200, allowed.text
+    assert [r.target for r in http_upstream.wait_for_requests(1)] == ["/v1/exports"]
+    # Only what was proposed: another path is still refused, with its own proposal.
+    other = guest("sb8").get(f"http://api.test:{http_upstream.port}/v1/other")
+    assert other.status_code == 403 and other.json()["ask"]["proposal"]["paths"] == ["/v1/other"]
+    assert guest("sb1").get(url).status_code == 403, "another sandbox is not covered"
 
 
 def test_with_two_workers_a_poll_finds_the_request_whichever_worker_answers(
