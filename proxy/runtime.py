@@ -58,6 +58,7 @@ from sandgate.proxy.addons.limits import TenantLimits, count_tunnel_bytes
 from sandgate.proxy.addons.trailers import Trailers
 from sandgate.proxy.addons.transparent import Transparent
 from sandgate.proxy.addons.upgrades import Upgrades
+from sandgate.proxy.admin.access_requests import sweep_file_grants
 from sandgate.proxy.admin.fanout import confirm_reload
 from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
@@ -687,6 +688,11 @@ class Gateway:
             approvals=self.approvals,
             grants=self.grant_book,
         )
+        if state.role.lead:
+            # The lead takes expired grants out of the tenants' grants files (and records it).
+            self.grant_book.sweep_files = partial(
+                sweep_file_grants, state, partial(self.reloader.reload, "grant_expired", with_peers=True)
+            )
         if state.role.lead and state.role.count > 1:
             # The lead answers for the gateway: it fans changes and reads out to the other workers.
             state.peers = Peers(self.config.state_path, state.role)

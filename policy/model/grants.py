@@ -235,6 +235,13 @@ class Grants:
                 return g
         return None
 
+    def names_host(self, tenant: str, sandbox: str, host: str, now: float) -> bool:
+        """Whether a live grant of `tenant` (for `sandbox`, or the whole tenant) names `host`."""
+        return any(
+            (g.sandbox is None or g.sandbox == sandbox) and g.live(now)
+            for g in self._by_host.get((tenant, host), ())
+        )
+
     def of_tenant(self, tenant: str) -> tuple[Grant, ...]:
         return tuple(g for g in self._all if g.tenant == tenant)
 

@@ -34,6 +34,7 @@ __all__ = [
     "list_requests",
     "revoke_grant",
     "show_request",
+    "sweep_file_grants",
 ]
 
 log = structlog.get_logger("sandgate.admin")
@@ -298,6 +299,32 @@ def list_grants(state: AdminState) -> dict[str, Any]:
         out.append({**g.view(), "expired": not g.live(now)})
     out.sort(key=lambda v: (str(v["tenant"]), str(v["id"])))
     return {"grants": out}
+
+
+async def sweep_file_grants(state: AdminState, reload: Reload) -> list[Grant]:
+    """The lead: remove expired grants from the tenants' grants files (they allow nothing
+    already), reload, and record each as expired; those removed."""
+    now = time.time()
+    gone: list[tuple[Path, Grant]] = []
+    for tenant in list(state.ctx.policy.tenants.values()):
+        expired = [g.id for g in tenant.grants if not g.live(now)]
+        if not expired:
+            continue
+        path = grants_path(tenant.source, tenant.name)
+        try:
+            removed = await asyncio.to_thread(remove_grants, path, tenant.name, expired)
+        except GrantsFileError as e:
+            log.warning("grants.file_sweep_failed", file=str(path), error=str(e))
+            continue
+        gone.extend((path, g) for g in removed)
+    if not gone:
+        return []
+    try:
+        await reload()
+    finally:
+        for where, g in gone:
+            await state.ctx.audit.emit(grant_record(g, "expired", where=str(where), by=None))
+    return [g for _, g in gone]
 
 
 async def revoke_grant(state: AdminState, grant_id: str, *, by: str | None, reload: Reload) -> dict[str, Any]:

@@ -246,6 +246,8 @@ class GrantBook:
         self.max_ttl = max_ttl
         # The lead sweeps expired grants (and records it); its peers only read.
         self.sweeps = sweep
+        # The lead's sweep of the tenants' grants files too (set with the admin state).
+        self.sweep_files: Callable[[], Awaitable[object]] | None = None
         self._token: object = object()
         self._task = BackgroundTask("sandgate-grants", self._run)
         self._last_sweep = 0.0
@@ -307,5 +309,10 @@ class GrantBook:
                 if self.sweeps and time.monotonic() - self._last_sweep >= SWEEP_SECONDS:
                     self._last_sweep = time.monotonic()
                     await self.sweep()
+                    if self.sweep_files is not None:
+                        await self.sweep_files()
             except GrantStoreError as e:
                 log.warning("grants.store_unavailable", error=str(e))
+            except Exception:
+                # A sweep that failed is tried again; expired grants allow nothing meanwhile.
+                log.exception("grants.sweep_failed")

@@ -17,6 +17,7 @@ import contextlib
 import ipaddress
 import socket
 import struct
+import time
 from collections.abc import Callable
 
 import dns.exception
@@ -207,7 +208,13 @@ class DnsListener:
                 mode=tenant.mode,
                 detail="a deny rule refuses this name",
             )
-        if tenant.allow.names_host(name):
+        now = time.time()
+        if (
+            tenant.allow.names_host(name)
+            or tenant.grants.names_host(tenant.name, identity.sandbox, name, now)
+            or self.ctx.grants.names_host(tenant.name, identity.sandbox, name, now)
+        ):
+            # A grant's host is answered too: its connections are decided with the grant.
             return Decision(
                 allowed=True, reason=Reason.ALLOWED, policy_version=policy.version, mode=tenant.mode
             )

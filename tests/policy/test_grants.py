@@ -243,3 +243,14 @@ def test_prove_counts_live_grants_among_the_effective_rules(tmp_path: Path) -> N
     assert [x.rule_id for x in proof.excesses] == [f"asker/grant/{ID1}"]
     example = proof.excesses[0].example
     assert example is not None and (example.host, example.path) == ("api.example.com", "/v1/items")
+
+
+def test_the_dns_listener_answers_a_name_only_a_live_grant_of_the_sandbox_names() -> None:
+    grants = Grants(
+        [grant(sandbox="a-1", expires=time.time() + 60), grant(ID2, "gone.example.com", expires=1.0)]
+    )
+    now = time.time()
+    assert grants.names_host("asker", "a-1", "api.example.com", now)
+    assert not grants.names_host("asker", "a-2", "api.example.com", now), "another sandbox's grant"
+    assert not grants.names_host("other", "a-1", "api.example.com", now), "another tenant's"
+    assert not grants.names_host("asker", "a-1", "gone.example.com", now), "expired"

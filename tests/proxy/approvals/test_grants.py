@@ -384,3 +384,61 @@ def test_grants_state_path_is_private(gw: RunningGateway, http_upstream: Recordi
     path = Path(gw.root / "state" / "grants.json")
     assert path.stat().st_mode & 0o077 == 0
     assert sandgate(gw, "requests", "revoke", decided["id"]).returncode == 0
+
+
+def test_a_proposal_is_granted_to_its_sandbox_by_default_and_never_once(
+    gw: RunningGateway, http_upstream: RecordingUpstream
+) -> None:
+    """A sandbox proposes access through the gateway's own endpoint (nothing is held): approved
+    with no scope, it is a sandbox grant of exactly its methods and path globs; `once` is refused."""
+    proposal = {
+        "host": "api.test",
+        "port": http_upstream.port,
+        "methods": ["GET"],
+        "paths": ["/v2/**"],
+        "reason": "read v2",
+    }
+    posted = subprocess.run(
+        ["curl", "-sS", "-m", "10", "-x", gw.proxy("sb1"), "--json", json.dumps(proposal)]
+        + ["http://sandgate.internal/v1/access-requests"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    pid = json.loads(posted.stdout)["id"]
+    once = sandgate(gw, "requests", "approve", pid, "--scope", "once")
+    assert once.returncode == 2 and "proposal holds no request to release once" in once.stderr
+    out = sandgate(gw, "requests", "approve", pid, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    decided = json.loads(out.stdout)
+    assert (decided["scope"], decided["grant"]["sandbox"], decided["grant"]["paths"]) == (
+        "sandbox",
+        "sb1",
+        ["/v2/**"],
+    )
+    base = f"http://api.test:{http_upstream.port}"
+    assert allowed_at_once(gw, f"{base}/v2/items/1")
+    assert not allowed_at_once(gw, f"{base}/v3")
+    assert not allowed_at_once(gw, f"{base}/v2/items", sandbox="sb2")
+    assert sandgate(gw, "requests", "revoke", pid).returncode == 0
+
+
+def test_an_expired_tenant_grant_leaves_its_grants_file_and_is_recorded(
+    gw: RunningGateway, http_upstream: RecordingUpstream
+) -> None:
+    url = f"http://api.test:{http_upstream.port}/v1/brief"
+    path = gw.rules_dir / "tenants" / "t1.grants.yaml"
+    try:
+        decided = ask_and_approve(gw, url, "--scope", "tenant", "--ttl", "2s")
+        assert decided["grant"]["expires"] is not None
+        assert allowed_at_once(gw, url, sandbox="sb2")
+        ends = gw.records_until(
+            lambda rs: any(r.get("action") == "expired" for r in rs), event="grant", timeout=15
+        )
+        [end] = [r for r in ends if r["action"] == "expired"]
+        assert (end["approval_id"], end["scope"], end["where"]) == (decided["id"], "tenant", str(path))
+        assert yaml.safe_load(path.read_text())["grants"] == []
+        assert not allowed_at_once(gw, url)
+    finally:
+        path.unlink(missing_ok=True)
+        assert sandgate(gw, "policy", "reload").returncode == 0
