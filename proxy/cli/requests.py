@@ -93,6 +93,10 @@ def _user() -> str | None:
 
 def _what(r: dict[str, Any]) -> str:
     where = f"{r.get('host')}:{r.get('port')}"
+    if r.get("kind") == "proposal":
+        methods = ",".join(r.get("methods") or []) or "any method"
+        paths = ",".join(r.get("paths") or []) or "any path"
+        return f"proposal: {methods} {where} {paths}"
     if r.get("method"):
         return f"{r['method']} {where}{r.get('path') or ''}"
     return f"CONNECT {where}"
@@ -139,7 +143,11 @@ def _table(rows: list[dict[str, Any]], unanswered: list[dict[str, Any]]) -> str:
 
 
 def _detail(r: dict[str, Any]) -> str:
-    fields = ("id", "state", "tenant", "sandbox", "phase", "rule_id", "created", "by", "reason", "decided")
+    # `note`: a proposal's reason text, as the guest wrote it (cleaned).
+    fields = (
+        *("id", "state", "tenant", "sandbox", "phase", "rule_id", "created"),
+        *("by", "reason", "decided", "note"),
+    )
     lines = [f"{name}: {r.get(name) if r.get(name) is not None else '-'}" for name in fields]
     lines.insert(5, f"request: {_what(r)}")
     return "\n".join(lines)

@@ -144,6 +144,15 @@ def test_a_denied_proposal_polls_denied_and_another_sandbox_cannot_read_it(
     body = guest("sb2").post(ENDPOINT, json=proposal(http_upstream.port)).json()
     assert guest("sb3").get(body["poll"]).status_code == 404, "another sandbox: not there"
     assert guest("sb3").get(f"{ENDPOINT}/not-an-id").status_code == 404
+    listed = subprocess.run(
+        [SANDGATE, "requests", "list", "--config", str(gw.root / "sandgate.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    # What the operator reads is what the guest asked for, not a CONNECT it never sent.
+    (line,) = [x for x in listed.stdout.splitlines() if x.startswith(body["id"])]
+    assert f"t1/sb2  proposal: POST api.test:{http_upstream.port} /v1/items/*" in line, line
     denied = subprocess.run(
         [SANDGATE, "requests", "deny", body["id"], "--config", str(gw.root / "sandgate.yaml")],
         capture_output=True,
