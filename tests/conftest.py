@@ -236,8 +236,11 @@ class RunningGateway:
         while True:
             found = []
             if self.audit_path.exists():
-                for line in self.audit_path.read_text().splitlines()[self._audit_mark :]:
-                    rec = json.loads(line)  # every line must be well-formed JSON
+                text = self.audit_path.read_text()
+                # A last line without its newline is still being written: read it next time.
+                lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
+                for line in lines[self._audit_mark :]:
+                    rec = json.loads(line)  # every whole line must be well-formed JSON
                     if rec.get("event") == event:
                         found.append(rec)
             if count is None or len(found) >= count or time.monotonic() > deadline:

@@ -443,7 +443,9 @@ def test_jail_cleans_up_when_it_is_terminated(lab: Lab, tmp_path: Path) -> None:
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
-    deadline = time.monotonic() + 30
+    # Generous: the jail waits for the gateway to take its registration (host rules, a
+    # reload), which on a loaded 2-core machine was seen to take over 30 s.
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not _jailed_pids(_jail_resources() - before):
         time.sleep(0.1)
     if not _jailed_pids(_jail_resources() - before):
