@@ -218,7 +218,9 @@ def test_a_passthrough_tunnel_is_cut_at_the_egress_limit_with_one_record(
         assert _send_until_cut(tls, 8 * MIB), "the gateway cuts the tunnel long before 8 MiB"
         tls.close()
         assert sink.closed.wait(10), "the upstream side is closed too"
-        assert MIB < sink.received <= 2 * MIB + 512 * 1024
+        # At most the cap (and what was in flight) reached the upstream; what a loaded upstream
+        # had not read yet when the tunnel was cut is lost with it, so there is no lower bound.
+        assert sink.received <= 2 * MIB + 512 * 1024
         records = gw.records_until(lambda rs: any(r["reason"] == "rate_limited" for r in rs))
         (denial,) = [r for r in records if r["decision"] == "deny"]
         assert (denial["reason"], denial["detail"], denial["rule_id"]) == (

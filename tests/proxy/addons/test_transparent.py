@@ -446,12 +446,18 @@ def test_jail_cleans_up_when_it_is_terminated(lab: Lab, tmp_path: Path) -> None:
     # Generous: the jail waits for the gateway to take its registration (host rules, a
     # reload), which on a loaded 2-core machine was seen to take over 30 s.
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not _jailed_pids(_jail_resources() - before):
+    while (
+        time.monotonic() < deadline and not _jailed_pids(_jail_resources() - before) and proc.poll() is None
+    ):
         time.sleep(0.1)
     if not _jailed_pids(_jail_resources() - before):
+        exited = proc.poll()
         proc.terminate()  # the jail cleans up on SIGTERM
         proc.wait(30)
-        raise AssertionError(f"the command did not run in a jail: {(tmp_path / 'jail.err').read_text()}")
+        raise AssertionError(
+            f"the command did not run in a jail (jail exit: {exited}, resources now: "
+            f"{sorted(_jail_resources() - before)}): {(tmp_path / 'jail.err').read_text()}"
+        )
     proc.send_signal(signal.SIGTERM)  # forwarded to the command, which dies of it
     assert proc.wait(30) == 128 + signal.SIGTERM
 
