@@ -23,6 +23,7 @@ from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.approvals import DecideError
 from sandgate.proxy.approvals.grants import GrantStoreError, grant_record
 from sandgate.proxy.approvals.grants_file import GrantsFileError, add_grant, grants_path, remove_grants
+from sandgate.proxy.approvals.store import asked_for
 
 __all__ = [
     "GRANTS_REFRESH_PATH",
@@ -188,17 +189,12 @@ def grant_for(
     book = state.grants
     if book is None:
         raise DecideError(501, "this gateway keeps no grants")
-    methods = view.get("methods")
-    if methods is None and view.get("method"):
-        methods = [view["method"]]
-    paths = view.get("paths")
-    if paths is None and view.get("path"):
+    methods, paths = asked_for(view)
+    if view.get("paths") is None and paths is not None:
         # A held request's path, without its query (already redacted): matched exactly.
-        exact = str(view["path"]).partition("?")[0]
-        problem = exact_path_problem(exact)
+        problem = exact_path_problem(paths[0])
         if problem is not None:
             raise DecideError(400, problem)
-        paths = [exact]
     try:
         entry = GrantEntry(
             id=str(view["id"]),

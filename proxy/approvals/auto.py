@@ -24,7 +24,7 @@ import structlog
 from sandgate.policy.ceiling import Ceiling, load_ceiling
 from sandgate.policy.ceiling.auto import asked_shape, needs_a_person
 from sandgate.policy.model.policyset import PolicySet
-from sandgate.proxy.approvals.store import AccessRequest
+from sandgate.proxy.approvals.store import AccessRequest, asked_for
 from sandgate.proxy.tasks import spawn
 
 __all__ = ["AUTO_BY", "AutoApprover", "through_admin_api"]
@@ -72,8 +72,7 @@ class AutoApprover:
         if tenant is None:
             return "its tenant is not loaded"
         bound = [h for c in tenant.credentials for h in getattr(c, "hosts", ())]
-        methods = request.methods if request.methods is not None else _one(request.method)
-        paths = request.paths if request.paths is not None else _one(_no_query(request.path))
+        methods, paths = asked_for(request.view())
         return needs_a_person(asked_shape(request.host, request.port, methods, paths), ceiling, bound)
 
     async def _approve(self, request: AccessRequest, scope: str) -> None:
@@ -122,11 +121,3 @@ def through_admin_api(socket: Path, timeout: float = 15.0) -> Approve:
             raise RuntimeError(f"the admin API answered {answer.status_code}: {answer.text[:200]}")
 
     return approve
-
-
-def _one(value: str | None) -> tuple[str, ...] | None:
-    return (value,) if value else None
-
-
-def _no_query(path: str | None) -> str | None:
-    return path.partition("?")[0] if path is not None else None

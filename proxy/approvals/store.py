@@ -15,7 +15,7 @@ import contextlib
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -25,7 +25,16 @@ import structlog
 from sandgate.proxy.audit.records import format_time, new_decision_id, redact_query
 from sandgate.proxy.metrics import METRICS
 
-__all__ = ["NOTE_MAX", "AccessRequest", "Approvals", "DecideError", "QueueFull", "State", "clean_note"]
+__all__ = [
+    "NOTE_MAX",
+    "AccessRequest",
+    "Approvals",
+    "DecideError",
+    "QueueFull",
+    "State",
+    "asked_for",
+    "clean_note",
+]
 
 log = structlog.get_logger("sandgate.approvals")
 
@@ -321,3 +330,16 @@ def clean_note(note: str | None) -> str | None:
     )
     cleaned = " ".join(kept.split())[:NOTE_MAX]
     return cleaned or None
+
+
+def asked_for(view: Mapping[str, Any]) -> tuple[list[str] | None, list[str] | None]:
+    """What an access request (its view) asks for: a proposal's methods and path globs, or a
+    held request's own method and path (without its query); None: every method, every path
+    (a held CONNECT)."""
+    methods = view.get("methods")
+    if methods is None and view.get("method"):
+        methods = [str(view["method"])]
+    paths = view.get("paths")
+    if paths is None and view.get("path"):
+        paths = [str(view["path"]).partition("?")[0]]
+    return methods, paths

@@ -3,20 +3,24 @@
 A passed-through TLS connection is relayed by mitmproxy's TCP layer with `ignore=True`: no
 flow, no hook, so nothing counted its bytes against a tenant's egress limit. `install(meter)`
 wraps that layer's relay: each chunk from the client of an ignored layer goes to `meter(client,
-nbytes)` first; False cuts the tunnel (both sides closed, the chunk not forwarded). Layers with
-a flow (raw TCP) are left to the `tcp_message` hook. One meter per process.
+nbytes)` first; False (or a meter that raises) cuts the tunnel: both sides closed, the chunk
+not forwarded. Layers with a flow (raw TCP) are left to the `tcp_message` hook. One meter per
+process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import structlog
 from mitmproxy import connection
 from mitmproxy.connection import ConnectionState
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers.tcp import TCPLayer
 
 __all__ = ["Meter", "install"]
+
+log = structlog.get_logger("sandgate.mitm")
 
 Meter = Callable[[connection.Client, int], bool]
 
@@ -40,7 +44,7 @@ def install(meter: Meter) -> None:
             and _meter is not None
             and isinstance(event, events.DataReceived)
             and event.connection is client
-            and not _meter(client, len(event.data))
+            and not _metered(_meter, client, len(event.data))
         ):
             self._handle_event = self.done
             for conn in (self.context.server, client):
@@ -50,3 +54,12 @@ def install(meter: Meter) -> None:
         yield from relay(self, event)
 
     TCPLayer.relay_messages = relay_messages  # type: ignore[method-assign]
+
+
+def _metered(meter: Meter, client: connection.Client, nbytes: int) -> bool:
+    """The meter's answer; a meter that fails cuts the tunnel (logged, no layer crash)."""
+    try:
+        return meter(client, nbytes)
+    except Exception:
+        log.exception("tunnel_meter.failed")
+        return False
