@@ -12,8 +12,9 @@ REFRESH_SECONDS, and at once when the lead says so after a change), so a grant i
 the lead before the approval answers, on its peers once they confirmed, and on the other
 gateways of a fleet within about REFRESH_SECONDS. Expiry is enforced at every decision (an
 expired grant allows nothing); the lead's sweep then removes it and records that it expired.
-A store that cannot be read keeps the last snapshot (grants only allow; the expiry check
-still applies to it).
+A store that cannot be read keeps the last snapshot for STALE_SECONDS (a redis blip does not
+take grants away; the expiry check still applies), then drops it: a grant revoked meanwhile
+must not go on allowing for as long as redis stays away (fail closed: asks again).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = [
     "REFRESH_SECONDS",
+    "STALE_SECONDS",
     "GrantBook",
     "GrantStore",
     "GrantStoreError",
@@ -48,6 +50,8 @@ __all__ = [
 log = structlog.get_logger("sandgate.grants")
 
 REFRESH_SECONDS = 0.5
+# How long a snapshot outlives a store that cannot be read.
+STALE_SECONDS = 30.0
 SWEEP_SECONDS = 1.0
 
 Emit = Callable[[dict[str, Any]], Awaitable[bool]]
@@ -249,6 +253,7 @@ class GrantBook:
         # The lead's sweep of the tenants' grants files too (set with the admin state).
         self.sweep_files: Callable[[], Awaitable[object]] | None = None
         self._token: object = object()
+        self._read_at = time.monotonic()
         self._task = BackgroundTask("sandgate-grants", self._run)
         self._last_sweep = 0.0
 
@@ -264,11 +269,24 @@ class GrantBook:
         """Read the store again when it changed (or `force`); True when the snapshot changed."""
         token = await self.store.token()
         if not force and token == self._token:
+            self._read_at = time.monotonic()
             return False
         grants = Grants(await self.store.load())
+        self._read_at = time.monotonic()
         self._token = token
         self.grants = grants
         self.publish(grants)
+        return True
+
+    def unreadable(self, now: float) -> bool:
+        """The store could not be read at `now`: past STALE_SECONDS since the last read, drop the
+        snapshot (True when this call dropped it); the next read that works loads it again."""
+        if now - self._read_at < STALE_SECONDS or not len(self.grants):
+            return False
+        log.error("grants.dropped_stale", seconds=round(now - self._read_at), grants=len(self.grants))
+        self._token = object()
+        self.grants = EMPTY_GRANTS
+        self.publish(EMPTY_GRANTS)
         return True
 
     async def add(self, grant: Grant) -> None:
@@ -313,6 +331,7 @@ class GrantBook:
                         await self.sweep_files()
             except GrantStoreError as e:
                 log.warning("grants.store_unavailable", error=str(e))
+                self.unreadable(time.monotonic())
             except Exception:
                 # A sweep that failed is tried again; expired grants allow nothing meanwhile.
                 log.exception("grants.sweep_failed")
