@@ -26,7 +26,8 @@ from mitmproxy.proxy.layers.http._events import RequestData, ResponseData
 __all__ = ["install", "queued_bytes"]
 
 _POLL = 0.005
-_LAYERS: weakref.WeakKeyDictionary[connection.Client, weakref.WeakSet[layer.Layer]] = (
+# client → references to its layers; a collected layer's reference removes itself
+_LAYERS: weakref.WeakKeyDictionary[connection.Client, set[weakref.ref[layer.Layer]]] = (
     weakref.WeakKeyDictionary()
 )
 _installed = False
@@ -37,8 +38,16 @@ def queued_bytes(client: connection.Client, conn: connection.Connection) -> int:
     chunks, or message bodies parsed from them (a request's from the client, a response's
     from a server) that wait for the stream's hook."""
     parsed: type[RequestData | ResponseData] = RequestData if conn is client else ResponseData
+    layers = _LAYERS.get(client)
+    if layers is None:
+        return 0
     total = 0
-    for lay in list(_LAYERS.get(client, ())):
+    # A copy (one C call, which no collection interrupts: a reference can remove itself from
+    # the set at any other moment), not a WeakSet's guarded generator: this runs per chunk read.
+    for ref in layers.copy():
+        lay = ref()
+        if lay is None:
+            continue
         queue = lay._paused_event_queue
         if queue:
             for e in queue:
@@ -59,7 +68,10 @@ def install(max_queued: int) -> None:
 
     def __init__(self: layer.Layer, context: Context) -> None:
         init(self, context)
-        _LAYERS.setdefault(context.client, weakref.WeakSet()).add(self)
+        refs = _LAYERS.get(context.client)
+        if refs is None:
+            refs = _LAYERS[context.client] = set()
+        refs.add(weakref.ref(self, refs.discard))
 
     async def _server_event(self: server.ConnectionHandler, event: events.Event) -> None:
         await server_event(self, event)

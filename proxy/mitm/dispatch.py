@@ -18,6 +18,7 @@ dispatched by mitmproxy's own walk, as before.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import sys
@@ -28,7 +29,7 @@ from typing import Any
 
 from mitmproxy import addonmanager, exceptions, hooks
 
-__all__ = ["handlers", "install"]
+__all__ = ["handlers", "hook_args", "install"]
 
 logger = logging.getLogger(addonmanager.__name__)
 
@@ -37,6 +38,16 @@ _Table = dict[str, _Handlers]
 # manager → hook name → handlers; dropped when the manager's chain changes
 _TABLES: weakref.WeakKeyDictionary[addonmanager.AddonManager, _Table] = weakref.WeakKeyDictionary()
 _original_trigger_event: Callable[..., Any] | None = None
+# hook class → its field names: `Hook.args()` walks `dataclasses.fields` on every event
+_ARG_NAMES: dict[type[hooks.Hook], tuple[str, ...]] = {}
+
+
+def hook_args(event: hooks.Hook) -> list[Any]:
+    """`event.args()`: its fields' values in declaration order, from a per-class table."""
+    names = _ARG_NAMES.get(type(event))
+    if names is None:
+        names = _ARG_NAMES[type(event)] = tuple(f.name for f in dataclasses.fields(event))  # type: ignore[arg-type]
+    return [getattr(event, name) for name in names]
 
 
 def handlers(manager: addonmanager.AddonManager, name: str) -> _Handlers | None:
@@ -69,7 +80,8 @@ async def _trigger_event(self: addonmanager.AddonManager, event: hooks.Hook) -> 
         return
     if not found:
         return
-    args = event.args()
+    # A hook class that overrides args() keeps it; mitmproxy's own is the dataclass walk.
+    args = hook_args(event) if type(event).args is hooks.Hook.args else event.args()
     for _, func in found:
         try:
             res = func(*args)

@@ -4,15 +4,20 @@ on a real mitmproxy master and real HTTP messages."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import weakref
 from typing import Any
 
 import pytest
-from mitmproxy import addonmanager, exceptions, http, master, options
-from mitmproxy.proxy.layers.http._hooks import HttpRequestHook
+from mitmproxy import addonmanager, exceptions, hooks, http, master, options, tls
+from mitmproxy.proxy import events
+from mitmproxy.proxy.layers.http._hooks import HttpRequestHeadersHook, HttpRequestHook, HttpResponseHook
+from mitmproxy.proxy.layers.tls import TlsClienthelloHook
+from mitmproxy.proxy.server_hooks import ClientConnectedHook
 from mitmproxy.test import tflow
 
-from sandgate.proxy.mitm import dispatch, message_check, option_reads, speedups
+from sandgate.proxy.mitm import backpressure, dispatch, head_caps, message_check, option_reads, speedups
 
 speedups.install()
 
@@ -178,3 +183,59 @@ def test_option_reads_give_values_not_shared_mutables() -> None:
     default = opts.ignore_hosts
     default.append("x")
     assert opts.ignore_hosts == []
+
+
+def _every_hook_class() -> list[type[hooks.Hook]]:
+    return [type(h) for h in _sample_hooks()]
+
+
+def _sample_hooks() -> list[hooks.Hook]:
+    flow = tflow.tflow(resp=True)
+    return [
+        HttpRequestHook(flow),
+        HttpRequestHeadersHook(flow),
+        HttpResponseHook(flow),
+        TlsClienthelloHook(tls.ClientHelloData(context=flow.client_conn, client_hello=None)),  # type: ignore[arg-type]
+        ClientConnectedHook(flow.client_conn),
+    ]
+
+
+def test_hook_arguments_from_the_table_are_mitmproxys() -> None:
+    for hook in _sample_hooks():
+        assert dispatch.hook_args(hook) == hook.args()
+        # The same object, not a copy: handlers change the flow in place.
+        assert all(a is b for a, b in zip(dispatch.hook_args(hook), hook.args(), strict=True))
+    assert set(dispatch._ARG_NAMES) >= set(_every_hook_class())
+
+
+def test_head_limits_follow_an_option_change_at_once() -> None:
+    opts = options.Options()
+    assert head_caps._limits(opts) is None  # no HeadGuard: mitmproxy is left alone
+    opts.add_option(head_caps.OPT_MAX_BYTES, int, 32768, "")
+    opts.add_option(head_caps.OPT_MAX_LINES, int, 100, "")
+    opts.add_option(head_caps.OPT_TIMEOUT, float, 10.0, "")
+    assert head_caps._limits(opts) == head_caps.HeadLimits(32768, 100, 10.0)
+    opts.update(**{head_caps.OPT_MAX_BYTES: 1000, head_caps.OPT_TIMEOUT: 2.5})
+    assert head_caps._limits(opts) == head_caps.HeadLimits(1000, 100, 2.5)
+    opts.update(**{head_caps.OPT_MAX_BYTES: 32768})  # back to the default value, set explicitly
+    assert head_caps._limits(opts) == head_caps.HeadLimits(32768, 100, 2.5)
+
+
+def test_queued_bytes_skips_layers_already_collected() -> None:
+    class _Layer:
+        def __init__(self, queued: list[object]) -> None:
+            self._paused_event_queue = queued
+
+    client = tflow.tflow().client_conn
+    data = events.DataReceived(client, b"x" * 10)
+    kept = _Layer([data, data])
+    gone = _Layer([data])
+    refs: set[weakref.ref[Any]] = set()
+    refs.update(weakref.ref(lay, refs.discard) for lay in (kept, gone))
+    backpressure._LAYERS[client] = refs
+    assert backpressure.queued_bytes(client, client) == 30
+    del gone
+    gc.collect()
+    assert len(refs) == 1  # the collected layer's reference removed itself
+    assert backpressure.queued_bytes(client, client) == 20
+    assert backpressure.queued_bytes(tflow.tflow().client_conn, client) == 0  # unknown client
