@@ -318,7 +318,9 @@ def _wait_workers(sg: Service, workers: int, timeout: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def sandgate(b: Bench, name: str, rules: Path, cred: str, workers: int | None) -> Iterator[Gateway]:
+def gateway_service(
+    b: Bench, name: str, rules: Path, cred: str, workers: int | None
+) -> Iterator[tuple[Service, Gateway]]:
     """A sandgate gateway (`--workers N` when given) on a free port, checked to enforce."""
     port = free_port(PROXY_IP)
     cfg = run._sandgate_config(b, name, rules, port)
@@ -326,14 +328,22 @@ def sandgate(b: Bench, name: str, rules: Path, cred: str, workers: int | None) -
     if workers is not None:
         argv += ["--workers", str(workers)]
     argv = all_cores(argv) if (workers or 1) > 1 else pinned(PROXY_CORE, argv)
-    with service(name, argv, b.tmp) as sg, under_test(b, sg):
+    with service(name, argv, b.tmp) as sg:
         ready = sg.wait_listening(port, 120)
         _wait_workers(sg, workers or 1)
         b.notes.append(f"{name}: ready in {ready:.1f} s")
-        run._sanity(b, port, cred)
+        with under_test(b, sg):
+            run._sanity(b, port, cred)
         ca = str(b.tmp / f"{name}-state" / "ca" / "mitmproxy-ca-cert.pem")
-        yield Gateway(f"{PROXY_IP}:{port}", cred, ca, sg.proc.pid)
+        yield sg, Gateway(f"{PROXY_IP}:{port}", cred, ca, sg.proc.pid)
         run._stderr_note(b, sg)
+
+
+@contextlib.contextmanager
+def sandgate(b: Bench, name: str, rules: Path, cred: str, workers: int | None) -> Iterator[Gateway]:
+    """A sandgate gateway, the proxy under test while it runs."""
+    with gateway_service(b, name, rules, cred, workers) as (sg, gw), under_test(b, sg):
+        yield gw
 
 
 def gateway_rows(b: Bench, key: str, what: str, gw: Gateway, *, nagle: bool) -> None:
@@ -453,13 +463,9 @@ def phase_rego(b: Bench) -> None:
     """The same 10-tenant allowlist with tenant t00000's realistic Rego (three modules + data),
     decision cache on (the default); compared with the 1-worker rows."""
     print("sandgate, 1 worker, tenant with Rego", file=sys.stderr)
-    rules, cred = bench_rules(b, "rules-rego")
-    shutil.copytree(run.REPO / "rules" / "rego", rules / "rego")
-    tenant = rules / "tenants" / "t00000.yaml"
-    tenant.write_text(tenant.read_text() + REGO_TENANT_EXTRA)
-    (rules / "tenants" / "t00000.rego").write_text(REGO_MODULE)
+    rules, cred = rego_rules(b)
     with sandgate(b, "sandgate-rego", rules, cred, 1 if workers_flag() else None) as gw:
-        _rego_denies(b, gw)
+        rego_denies(b, gw)
         plain = [
             "--address",
             gw.proxy,
@@ -476,7 +482,17 @@ def phase_rego(b: Bench) -> None:
         )
 
 
-def _rego_denies(b: Bench, gw: Gateway) -> None:
+def rego_rules(b: Bench) -> tuple[Path, str]:
+    """The bench's 10-tenant rules, tenant t00000 with the Rego policy above."""
+    rules, cred = bench_rules(b, "rules-rego")
+    shutil.copytree(run.REPO / "rules" / "rego", rules / "rego")
+    tenant = rules / "tenants" / "t00000.yaml"
+    tenant.write_text(tenant.read_text() + REGO_TENANT_EXTRA)
+    (rules / "tenants" / "t00000.rego").write_text(REGO_MODULE)
+    return rules, cred
+
+
+def rego_denies(b: Bench, gw: Gateway) -> None:
     """The Rego policy must be in force: a path it does not allow gets 403."""
     r = run.run_client(
         b,

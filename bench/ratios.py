@@ -1,0 +1,276 @@
+"""Issue 14's ratios, measured in interleaved rounds so that a slow minute on a shared machine
+falls on both sides of each ratio.
+
+bench/workers.py measures each proxy's rows in one block, one proxy after the other; on the
+project's shared 2-core VMs a row's throughput moves by ±30 % from one minute to the next, so
+a ratio of two rows measured minutes apart is mostly that noise. Here every proxy starts first
+(all idle, pinned as in workers.py), then each round runs every row once, in an order reversed
+every other round, and each ratio is taken per round from rows measured seconds apart. The
+report gives each ratio's median over the rounds with its lowest and highest, and each row's
+median.
+
+Run: `.venv/bin/python bench/ratios.py [--rounds 3] [--duration 5] [--markdown out.md]`.
+Loopback only; every process and temporary directory is removed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import peers  # noqa: E402
+import run  # noqa: E402
+import tenantgen  # noqa: E402
+import workers  # noqa: E402
+from run import PROXY_IP, UPSTREAM_IP, Bench, Service, service  # noqa: E402
+from support.pki import TestPKI  # noqa: E402
+from support.ports import free_port  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Ratio:
+    label: str
+    over: str  # row key (numerator)
+    under: str  # row key (denominator)
+    target: float | None
+
+
+RATIOS = [
+    Ratio("2 workers / 1 worker, intercepted HTTPS c10", "sg2-int10", "sg1-int10", 1.8),
+    Ratio("2 workers / 1 worker, plain HTTP c10", "sg2-plain", "sg1-plain", 1.8),
+    Ratio("1 worker / bare mitmdump, intercepted HTTPS c10", "sg1-int10", "md-int10", 1.5),
+    Ratio("1 worker / bare mitmdump, intercepted HTTPS c1", "sg1-int1", "md-int1", 1.5),
+    Ratio("2-core gateway / one-core Node proxy, intercepted HTTPS c10", "sg2-int10", "node-int10", 1.0),
+    Ratio("Rego tenant / allowlist only, intercepted HTTPS c10 (1 worker)", "rego-int10", "sg1-int10", 0.85),
+    Ratio("passthrough new connections/s / squid's (1 worker)", "sg1-newconn", "squid-newconn", 0.9),
+    Ratio("passthrough bulk MB/s / squid's (1 worker)", "sg1-bulk", "squid-bulk", 1.0),
+]
+
+
+@dataclass
+class Measure:
+    """One row to run every round: its key, label, the proxy it loads, how to run it."""
+
+    key: str
+    label: str
+    proxy: Service
+    run: Callable[[Bench, str, str], run.Row]
+    helpers: tuple[int, ...] = ()
+    values: list[float | None] = field(default_factory=list)
+
+
+def _load(args: list[str], **kw: object) -> Callable[[Bench, str, str], run.Row]:
+    return lambda b, key, label: workers.load_row(b, key, label, args, **kw)  # type: ignore[arg-type]
+
+
+def _bulk(args: list[str]) -> Callable[[Bench, str, str], run.Row]:
+    return lambda b, key, label: run.bulk_row(b, key, label, args)
+
+
+@contextlib.contextmanager
+def proxies(b: Bench) -> Iterator[list[Measure]]:
+    """Start every proxy (idle until its rows run) and list the rows to measure."""
+    h, t = b.http_port, b.tls_port
+    ms: list[Measure] = []
+    with contextlib.ExitStack() as stack:
+        port = free_port(PROXY_IP)
+        confdir = b.tmp / "mitmdump-conf"
+        md = stack.enter_context(service("mitmdump", run._mitmdump_argv(b, port, confdir, []), b.tmp))
+        md.wait_listening(port, 60)
+        tls = workers.tls_args(
+            f"{PROXY_IP}:{port}",
+            f"https://api.test:{t}/",
+            str(confdir / "mitmproxy-ca-cert.pem"),
+            None,
+            f"{UPSTREAM_IP}:{t}",
+        )
+        ms += [
+            Measure("md-int10", "bare mitmdump, intercepted HTTPS c10", md, _load(tls)),
+            Measure("md-int1", "bare mitmdump, intercepted HTTPS c1", md, _load(tls, concurrency=1)),
+        ]
+
+        rules, cred = workers.bench_rules(b, "rules-10")
+        for n in (1, 2):
+            sg, gw = stack.enter_context(workers.gateway_service(b, f"sandgate-w{n}", rules, cred, n))
+            plain = ["--address", gw.proxy, "--url", f"http://api.test:{h}/", "--proxy", "--auth", gw.cred]
+            tls = workers.tls_args(gw.proxy, f"https://api.test:{t}/", gw.ca, gw.cred)
+            ms += [
+                Measure(f"sg{n}-int10", f"sandgate, {n} worker(s), intercepted HTTPS c10", sg, _load(tls)),
+                Measure(f"sg{n}-plain", f"sandgate, {n} worker(s), plain HTTP c10", sg, _load(plain)),
+            ]
+            if n == 1:
+                tunnel = workers.tls_args(
+                    gw.proxy, f"https://pass.api.test:{t}/", str(b.pki.ca_file), gw.cred
+                )
+                ms += [
+                    Measure(
+                        "sg1-int1", "sandgate, 1 worker, intercepted HTTPS c1", sg, _load(tls, concurrency=1)
+                    ),
+                    Measure(
+                        "sg1-newconn",
+                        "sandgate, 1 worker, new CONNECT tunnel per request, passed through",
+                        sg,
+                        _load([*tunnel, "--new-conn"], unit="conn/s"),
+                    ),
+                    Measure(
+                        "sg1-bulk",
+                        "sandgate, 1 worker, 100 MB through a passed-through tunnel",
+                        sg,
+                        _bulk(tunnel),
+                    ),
+                ]
+
+        rules, cred = workers.rego_rules(b)
+        sg, gw = stack.enter_context(workers.gateway_service(b, "sandgate-rego", rules, cred, 1))
+        workers.rego_denies(b, gw)
+        tls = workers.tls_args(gw.proxy, f"https://api.test:{t}/", gw.ca, gw.cred)
+        ms.append(
+            Measure("rego-int10", "sandgate, 1 worker, Rego tenant, intercepted HTTPS c10", sg, _load(tls))
+        )
+
+        try:
+            port = free_port(PROXY_IP)
+            hosts = {tenantgen.BENCH_HOST: UPSTREAM_IP, tenantgen.PASS_HOST: UPSTREAM_IP}
+            sq = peers.start_squid(b.tmp, port, hosts, [h, t], workers.core_prefix(run.PROXY_CORE))
+            stack.callback(sq.stop)
+            sq.wait_listening(port, 30)
+            tunnel = workers.tls_args(f"{PROXY_IP}:{port}", f"https://pass.api.test:{t}/", str(b.pki.ca_file))
+            ms += [
+                Measure(
+                    "squid-newconn",
+                    "squid, new CONNECT tunnel per request",
+                    sq,
+                    _load([*tunnel, "--new-conn"], unit="conn/s"),
+                ),
+                Measure("squid-bulk", "squid, 100 MB through a tunnel", sq, _bulk(tunnel)),
+            ]
+        except peers.Unavailable as e:
+            b.notes.append(f"squid not available: {e}")
+
+        try:
+            port = free_port(PROXY_IP)
+            node = peers.start_node_proxy(
+                b.tmp,
+                port,
+                [f"{UPSTREAM_IP}:{t}"],
+                b.pki.ca_file,
+                workers.core_prefix(run.PROXY_CORE),
+                install=not b.args.no_install,
+            )
+            stack.callback(node.stop)
+            node.proxy.wait_listening(port, 30)
+            tls = workers.tls_args(f"{PROXY_IP}:{port}", f"https://{UPSTREAM_IP}:{t}/", str(node.ca_cert))
+            # Its leaf certificate is made on the first CONNECT: not in any measured window.
+            run.run_client(b, [*tls, "--concurrency", "1", "--requests", "3"], duration=10)
+            ms.append(
+                Measure(
+                    "node-int10",
+                    "Node srt-proxy, intercepted HTTPS c10",
+                    node.proxy,
+                    _load(tls),
+                    helpers=(node.decider.proc.pid,),
+                )
+            )
+        except peers.Unavailable as e:
+            b.notes.append(f"Node proxy not available: {e}")
+        yield ms
+
+
+def measure(b: Bench, ms: list[Measure], rounds: int) -> None:
+    for r in range(rounds):
+        order = ms if r % 2 == 0 else list(reversed(ms))
+        print(f"round {r + 1} of {rounds}", file=sys.stderr, flush=True)
+        for m in order:
+            with workers.under_test(b, m.proxy, m.helpers):
+                row = m.run(b, m.key, m.label)
+            m.values.append(row.value if not row.errors else None)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def report(b: Bench, ms: list[Measure], rounds: int, started: float) -> str:
+    by_key = {m.key: m for m in ms}
+    lines = [
+        "# sandgate: issue 14's ratios in interleaved rounds",
+        "",
+        f"- {rounds} rounds of {b.duration:g} s loads (1 s warm-up); row order reversed every other round; "
+        "every proxy running (idle) throughout, pinned as in bench/workers.py",
+        f"- whole run: {time.monotonic() - started:.0f} s",
+        "",
+        "## Ratios (per round, then the median)",
+        "",
+        "| ratio | per round | median | target | met |",
+        "|---|---|---:|---:|---|",
+    ]
+    for ratio in RATIOS:
+        over, under = by_key.get(ratio.over), by_key.get(ratio.under)
+        if over is None or under is None:
+            lines.append(f"| {ratio.label} | not measured | – | {ratio.target}× | – |")
+            continue
+        per = [
+            o / u
+            for o, u in zip(over.values, under.values, strict=True)
+            if o is not None and u is not None and u > 0
+        ]
+        mid = _median(per)
+        shown = ", ".join(f"{x:.2f}" for x in per) or "–"
+        met = "–" if mid is None or ratio.target is None else ("yes" if mid >= ratio.target else "no")
+        target = f"≥ {ratio.target}×" if ratio.target is not None else "–"
+        lines.append(
+            f"| {ratio.label} | {shown} | {'–' if mid is None else f'{mid:.2f}×'} | {target} | {met} |"
+        )
+    lines += ["", "## Rows (median over the rounds)", "", "| row | per round | median |", "|---|---|---:|"]
+    for m in ms:
+        unit = next((r.unit for r in b.rows if r.key == m.key), "")
+        good = [v for v in m.values if v is not None]
+        shown = ", ".join("failed" if v is None else f"{v:,.0f}" for v in m.values)
+        mid = _median(good)
+        lines.append(f"| {m.label} | {shown} | {'–' if mid is None else f'{mid:,.0f} {unit}'} |")
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in b.notes]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="issue 14's ratios in interleaved rounds (loopback only)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per load (default 5)")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--markdown", type=Path)
+    p.add_argument("--no-install", action="store_true", help="do not npm-install the Node proxy if missing")
+    p.add_argument("--upstream", choices=["nginx", "python"], default="nginx")
+    args = p.parse_args()
+    args.quick = False
+    args.retry_disturbed = 0  # the rounds are the repeats
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sgbench-ratios-")))
+        tmp.chmod(0o711)  # squid's own user reaches its folder inside
+        (tmp / "pki").mkdir()
+        pki = stack.enter_context(
+            TestPKI(names=("api.test", "*.api.test", UPSTREAM_IP), directory=tmp / "pki")
+        )
+        b = Bench(args, tmp, pki)
+        b.http_port, b.tls_port = stack.enter_context(workers.upstream(b, "upstream", UPSTREAM_IP, ()))
+        ms = stack.enter_context(proxies(b))
+        measure(b, ms, args.rounds)
+        text = report(b, ms, args.rounds, started)
+    sys.stdout.write(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
