@@ -43,11 +43,17 @@ class Ratio:
     over: str  # row key (numerator)
     under: str  # row key (denominator)
     target: float | None
+    per_core: bool = False  # rates per core-second of the proxy's CPU, not per second
 
 
 RATIOS = [
     Ratio("2 workers / 1 worker, intercepted HTTPS c10", "sg2-int10", "sg1-int10", 1.8),
     Ratio("2 workers / 1 worker, plain HTTP c10", "sg2-plain", "sg1-plain", 1.8),
+    # What the workers' sharing costs, whatever cores the machine leaves them: 1.0 is linear.
+    Ratio(
+        "2 workers / 1 worker, intercepted HTTPS c10, per core-second", "sg2-int10", "sg1-int10", None, True
+    ),
+    Ratio("2 workers / 1 worker, plain HTTP c10, per core-second", "sg2-plain", "sg1-plain", None, True),
     Ratio("1 worker / bare mitmdump, intercepted HTTPS c10", "sg1-int10", "md-int10", 1.5),
     Ratio("1 worker / bare mitmdump, intercepted HTTPS c1", "sg1-int1", "md-int1", 1.5),
     Ratio("2-core gateway / one-core Node proxy, intercepted HTTPS c10", "sg2-int10", "node-int10", 1.0),
@@ -67,6 +73,8 @@ class Measure:
     run: Callable[[Bench, str, str], run.Row]
     helpers: tuple[int, ...] = ()
     values: list[float | None] = field(default_factory=list)
+    # per round: the row's rate per core-second of the proxy's CPU (its processes, summed)
+    per_core: list[float | None] = field(default_factory=list)
 
 
 def _load(args: list[str], **kw: object) -> Callable[[Bench, str, str], run.Row]:
@@ -193,7 +201,10 @@ def measure(b: Bench, ms: list[Measure], rounds: int) -> None:
         for m in order:
             with workers.under_test(b, m.proxy, m.helpers):
                 row = m.run(b, m.key, m.label)
-            m.values.append(row.value if not row.errors else None)
+            value = row.value if not row.errors else None
+            m.values.append(value)
+            busy = row.cpu.proxy
+            m.per_core.append(value / (busy / 100) if value is not None and busy else None)
 
 
 def _median(values: list[float]) -> float | None:
@@ -219,11 +230,9 @@ def report(b: Bench, ms: list[Measure], rounds: int, started: float) -> str:
         if over is None or under is None:
             lines.append(f"| {ratio.label} | not measured | – | {ratio.target}× | – |")
             continue
-        per = [
-            o / u
-            for o, u in zip(over.values, under.values, strict=True)
-            if o is not None and u is not None and u > 0
-        ]
+        ups, downs = (over.per_core, under.per_core) if ratio.per_core else (over.values, under.values)
+        pairs = zip(ups, downs, strict=True)
+        per = [o / u for o, u in pairs if o is not None and u is not None and u > 0]
         mid = _median(per)
         shown = ", ".join(f"{x:.2f}" for x in per) or "–"
         met = "–" if mid is None or ratio.target is None else ("yes" if mid >= ratio.target else "no")
@@ -231,13 +240,22 @@ def report(b: Bench, ms: list[Measure], rounds: int, started: float) -> str:
         lines.append(
             f"| {ratio.label} | {shown} | {'–' if mid is None else f'{mid:.2f}×'} | {target} | {met} |"
         )
-    lines += ["", "## Rows (median over the rounds)", "", "| row | per round | median |", "|---|---|---:|"]
+    lines += [
+        "",
+        "## Rows (median over the rounds)",
+        "",
+        "| row | per round | median | per core-second of the proxy's CPU (median) |",
+        "|---|---|---:|---:|",
+    ]
     for m in ms:
         unit = next((r.unit for r in b.rows if r.key == m.key), "")
-        good = [v for v in m.values if v is not None]
         shown = ", ".join("failed" if v is None else f"{v:,.0f}" for v in m.values)
-        mid = _median(good)
-        lines.append(f"| {m.label} | {shown} | {'–' if mid is None else f'{mid:,.0f} {unit}'} |")
+        mid = _median([v for v in m.values if v is not None])
+        core = _median([v for v in m.per_core if v is not None])
+        lines.append(
+            f"| {m.label} | {shown} | {'–' if mid is None else f'{mid:,.0f} {unit}'} "
+            f"| {'–' if core is None else f'{core:,.0f}'} |"
+        )
     lines += ["", "## Notes", ""] + [f"- {n}" for n in b.notes]
     return "\n".join(lines) + "\n"
 

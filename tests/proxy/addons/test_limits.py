@@ -101,7 +101,8 @@ def test_a_declared_body_mitmproxy_streams_is_refused_without_crashing_the_flow(
     with httpx.Client(proxy=gw.proxy(), timeout=10) as c:
         resp = c.post(f"{http_upstream.url_for('api.test')}/big", content=b"z" * (2 << 20))
     assert (resp.status_code, resp.headers["X-Sandgate-Reason"]) == (413, "body_too_large")
-    (rec,) = [r for r in gw.records(1) if r["reason"] == "body_too_large"]
+    records = gw.records_until(lambda rs: any(r["reason"] == "body_too_large" for r in rs))
+    (rec,) = [r for r in records if r["reason"] == "body_too_large"]
     assert rec["detail"] == "request_body_bytes"
     assert http_upstream.requests == []
     assert "mitmproxy has crashed" not in gw.log()
@@ -121,7 +122,8 @@ def test_a_chunked_body_over_request_body_bytes_is_cut_and_never_completes_upstr
         assert ok.status_code == 200
         cut = c.post(f"{http_upstream.url_for('api.test')}/large", content=body(5000))
         assert (cut.status_code, cut.headers["X-Sandgate-Reason"]) == (413, "body_too_large")
-    (rec,) = [r for r in gw.records(3) if r["reason"] == "body_too_large"]
+    records = gw.records_until(lambda rs: any(r["reason"] == "body_too_large" for r in rs))
+    (rec,) = [r for r in records if r["reason"] == "body_too_large"]
     assert rec["detail"] == "request_body_bytes (in a streamed body)"
     (forwarded,) = http_upstream.requests
     assert (forwarded.target, len(forwarded.body)) == ("/small", 1000)
