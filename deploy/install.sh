@@ -74,3 +74,7 @@ if ! current "$stamp" && ! current ".venv/.sandgate-installed[dev]"; then
     .venv/bin/python -c "import sandgate.proxy.cli.main" || { echo "sandgate failed to install" >&2; exit 1; }
     touch "$stamp"
 fi
+# Byte-compile sandgate's own modules (an editable install compiles nothing): with
+# PYTHONDONTWRITEBYTECODE set, as on some hosts, every `sandgate` process would otherwise
+# compile them from source, about 0.5 s of CPU per gateway start. Fresh files are skipped.
+.venv/bin/python -m compileall -q -j 0 "$PWD/proxy" "$PWD/policy" "$PWD/brokers" >/dev/null

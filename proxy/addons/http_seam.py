@@ -47,7 +47,7 @@ from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.credentials import StreamDenied
 from sandgate.proxy.addons.flow_keys import PENDING_KEY
-from sandgate.proxy.addons.identify import IDENTITY_KEY
+from sandgate.proxy.addons.identify import IDENTITY_KEY, client_address
 from sandgate.proxy.addons.limits import LimitStreamCut
 from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.context import GatewayContext, decision_context
@@ -86,7 +86,7 @@ class _Seam:
         state = self.ctx.connections.get(client.id) if self.ctx is not None else None
         dctx = decision_context(state, Phase.REQUEST, client.proxy_mode.full_spec)
         if state is None:
-            dctx.client = _addr(client.peername)
+            dctx.client = client_address(client.peername)
         elif dctx.host is None and state.original_dst is not None:
             # Transparent, before a tunnel: where the guest was connecting.
             dctx.host, dctx.port = state.original_dst
@@ -373,10 +373,3 @@ def _head_detail(request: http.Request | None) -> str:
 def _assemble(response: http.Response) -> bytes:
     data: bytes = http1.assemble_response(response)
     return data
-
-
-def _addr(peer: object) -> str:
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        host = str(peer[0])
-        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
-    return "-"
