@@ -67,6 +67,7 @@ from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.approvals.auto import AutoApprover, through_admin_api
 from sandgate.proxy.approvals.endpoint import AccessEndpoint
 from sandgate.proxy.approvals.grants import GrantBook, GrantStore, RedisGrants, StateFileGrants
+from sandgate.proxy.approvals.proposal_trail import ProposalTrail
 from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.approvals.webhook import webhook_for
 from sandgate.proxy.audit.forward import ForwardSink
@@ -203,6 +204,8 @@ class _Lifecycle:
         gw.secret_refresh.start()
         if gw.webhook is not None:
             gw.webhook.start()
+        if gw.proposal_trail is not None:
+            gw.proposal_trail.start()
         if gw.own_watch is not None:
             await gw.own_watch.start()
         if gw.limit_sync is not None:
@@ -243,6 +246,8 @@ class _Lifecycle:
         steps += [gw.credential_watch.stop, gw.secret_refresh.stop, gw.credential_store.aclose]
         if gw.webhook is not None:
             steps.append(gw.webhook.stop)
+        if gw.proposal_trail is not None:
+            steps.append(gw.proposal_trail.stop)
         if gw.own_watch is not None:
             steps.append(gw.own_watch.stop)
         if gw.limit_sync is not None:
@@ -428,6 +433,7 @@ class Gateway:
             self.approvals.on_opened.append(approver.opened)
         # The guests' own endpoint at the reserved name (sandgate.proxy.approvals.reserved).
         endpoint = None
+        self.proposal_trail: ProposalTrail | None = None
         if config.approvals.endpoint_name is not None:
             self.ctx.reserved = ReservedName(
                 config.approvals.endpoint_name, config.approvals.endpoint_address
@@ -438,12 +444,14 @@ class Gateway:
             if config.admin.enabled and config.worker.count > 1:
                 socket_ = config.admin.socket
                 lead_admin = config.path(socket_) if socket_ else config.state_path / "admin.sock"
+            self.proposal_trail = ProposalTrail(self.ctx, self.approvals)
             endpoint = AccessEndpoint(
                 self.ctx,
                 self.approvals,
                 self.ctx.reserved,
                 per_minute=config.approvals.proposals_per_minute,
                 lead_admin=lead_admin,
+                trail=self.proposal_trail,
             )
         # Grants approvals added for one sandbox (and, in a fleet, for a tenant): hot, in force
         # on every worker (and gateway) without a reload; the lead sweeps the expired ones.

@@ -34,6 +34,7 @@ from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.reasons import Reason
+from sandgate.proxy.approvals.proposal_trail import ProposalTrail
 from sandgate.proxy.approvals.reserved import (
     ENDPOINT_PATH,
     ENDPOINT_PORT,
@@ -171,11 +172,14 @@ class AccessEndpoint:
         *,
         per_minute: int,
         lead_admin: Path | None = None,
+        trail: ProposalTrail | None = None,
     ) -> None:
         self.ctx = ctx
         self.approvals = approvals
         self.reserved = reserved
         self.per_minute = per_minute
+        # Records each proposal's end (approved, denied, expired) as its `ask` was recorded.
+        self.trail = trail
         # The lead's admin socket, asked for requests other workers hold (None: one worker).
         self.lead_admin = lead_admin
         # Proposal times per sandbox in the last minute (a sliding window, per worker), and of
@@ -313,8 +317,13 @@ class AccessEndpoint:
         record["decision"] = "ask"
         record["approval_id"] = request.id
         record["proposal"] = {"methods": request.view()["methods"], "paths": request.view()["paths"]}
+        if self.trail is not None:
+            # Before the ask is written: an automatic approval may end it while that waits.
+            self.trail.opened(request, target, asked)
         if not await self.ctx.audit.emit(record):
-            # Nothing is open that the trail does not show.
+            # Nothing is open that the trail does not show (nor an end of an unrecorded ask).
+            if self.trail is not None:
+                self.trail.forget(request.id)
             self.approvals.decide(request.id, approve=False, by="sandgate", reason="audit queue full")
             flow.response = decision_response(
                 Decision(reason=Reason.INTERNAL_ERROR, policy_version=self.ctx.policy.version),

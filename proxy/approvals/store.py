@@ -138,6 +138,9 @@ class Approvals:
         self._open: dict[str, AccessRequest] = {}
         # Called with every new open request (sandgate.proxy.approvals.webhook announces it).
         self.on_opened: list[Callable[[AccessRequest], None]] = []
+        # Called with every request that ends: decided, expired, dropped (a proposal's end is
+        # recorded there: nobody is held on it to record it).
+        self.on_closed: list[Callable[[AccessRequest], None]] = []
         self._closed: OrderedDict[str, AccessRequest] = OrderedDict()
 
     def held(self, sandbox: str | None = None) -> int:
@@ -239,6 +242,14 @@ class Approvals:
             except Exception:
                 log.exception("approval.announce_failed", id=request.id)
 
+    def _ended(self, request: AccessRequest) -> None:
+        """An open request ended: tell whoever records it (never raises)."""
+        for listener in self.on_closed:
+            try:
+                listener(request)
+            except Exception:
+                log.exception("approval.end_failed", id=request.id)
+
     async def wait(self, request: AccessRequest, gone: Callable[[], bool] = lambda: False) -> State:
         """Hold until a decision, the deadline, or the client hanging up (`client_gone`, or
         `gone()` turning true: looked at every GONE_POLL s); the state it ended in."""
@@ -302,6 +313,12 @@ class Approvals:
         self._waited(request, state.value)
         request.done.set()
         self._gauge()
+        self._ended(request)
+
+    def expire(self) -> None:
+        """End the proposals and hung-up requests past their deadline (a sweep calls this, so
+        that their end is recorded when it happens, not at the store's next use)."""
+        self._expire()
 
     def _expire(self) -> None:
         # A proposal, or a request whose client hung up, has nobody waiting on its deadline:
@@ -313,7 +330,9 @@ class Approvals:
     def _waited(self, request: AccessRequest, outcome: str) -> None:
         # The time it waited ends once: a request whose client hung up waited until then.
         if request.waited is None:
-            request.waited = time.monotonic() - request.started
+            waited = time.monotonic() - request.started
+            # Expired: it waited its timeout, however late a sweep noticed.
+            request.waited = min(waited, self.timeout) if outcome == "expired" else waited
             METRICS.approval_wait(request.tenant, outcome, request.waited)
 
     def _gauge(self) -> None:

@@ -131,11 +131,33 @@ def test_propose_poll_and_approve_through_the_admin_api(
     assert after["state"] == "approved" and after["decided"]
     assert "by" not in after, "the guest does not see who decided"
 
-    [record] = gw.records_until(lambda rs: any(r.get("approval_id") == body["id"] for r in rs))
-    assert (record["decision"], record["reason"], record["sandbox"]) == ("ask", "approval_required", "sb1")
-    assert record["dest"]["host"] == "api.test" and record["dest"]["port"] == http_upstream.port
-    assert record["proposal"] == {"methods": ["POST"], "paths": ["/v1/items/*"]}
+    ask, end = ask_and_end(gw, body["id"])
+    assert (ask["decision"], ask["reason"], ask["sandbox"]) == ("ask", "approval_required", "sb1")
+    assert ask["dest"]["host"] == "api.test" and ask["dest"]["port"] == http_upstream.port
+    assert ask["proposal"] == {"methods": ["POST"], "paths": ["/v1/items/*"]}
+    # Its end, as a held request's: the outcome, who decided, how long it waited.
+    assert (end["decision"], end["reason"], end["sandbox"], end["tenant"]) == (
+        "allow",
+        "allowed",
+        "sb1",
+        "t1",
+    )
+    assert (end["approval"]["by"], end["proposal"], end["dest"]) == ("alice", ask["proposal"], ask["dest"])
+    assert 0 <= end["approval"]["waited_seconds"] < 10
+    assert end["decision_id"] != ask["decision_id"]
     assert http_upstream.requests == []
+
+
+def ask_and_end(gw: RunningGateway, approval_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A proposal's two decision records: its `ask` and its end (once both are written)."""
+
+    def chain(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rs if approval_id in (r.get("approval_id"), (r.get("approval") or {}).get("id"))]
+
+    records = chain(gw.records_until(lambda rs: len(chain(rs)) >= 2))
+    (ask,) = [r for r in records if r.get("approval_id") == approval_id]
+    (end,) = [r for r in records if r is not ask]
+    return ask, end
 
 
 def test_a_denied_proposal_polls_denied_and_another_sandbox_cannot_read_it(
@@ -162,6 +184,9 @@ def test_a_denied_proposal_polls_denied_and_another_sandbox_cannot_read_it(
     assert denied.returncode == 0, denied.stderr
     assert guest("sb2").get(body["poll"]).json()["state"] == "denied"
     assert guest("sb3").get(body["poll"]).status_code == 404
+    _, end = ask_and_end(gw, body["id"])
+    assert (end["decision"], end["reason"], end["sandbox"]) == ("deny", "approval_denied", "sb2")
+    assert end["detail"] == "an operator denied this proposal"
 
 
 def test_proposals_are_validated_with_the_field_named(
@@ -383,3 +408,37 @@ def test_with_two_workers_a_poll_finds_the_request_whichever_worker_answers(
                 assert polled.json()["id"] == request_id and "worker" not in polled.json()
                 assert sb2.get(f"{ENDPOINT}/{request_id}").status_code == 404, "another sandbox: not there"
         assert sb1.get(f"{ENDPOINT}/{'0' * 28}").status_code == 404
+
+
+def test_a_proposal_nobody_decides_is_recorded_expired_when_its_time_is_up(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> None:
+    """Nobody polls, lists or proposes after it: the sweep alone ends it, and its record says
+    it waited exactly its timeout."""
+    gw = start_gateway(
+        {"t1.yaml": tenant(http_upstream.port)},
+        config={"approvals": {"ask_timeout_seconds": 1.0}, "workers": {"count": 1}},
+    )
+    with httpx.Client(proxy=gw.proxy("sb1", token("sb1")), timeout=10) as sb1:
+        made = sb1.post(ENDPOINT, json=proposal(http_upstream.port))
+    assert made.status_code == 202, made.text
+    proposed = time.monotonic()
+    ask, end = ask_and_end(gw, made.json()["id"])
+    assert time.monotonic() - proposed < 4, "recorded by the sweep, not at the store's next use"
+    assert (end["decision"], end["reason"], end["detail"]) == (
+        "deny",
+        "approval_timeout",
+        "no decision in time",
+    )
+    assert end["approval"]["by"] is None and end["approval"]["waited_seconds"] == pytest.approx(1.0, abs=0.01)
+    assert (end["sandbox"], end["dest"], end["proposal"]) == ("sb1", ask["dest"], ask["proposal"])
+    stats = subprocess.run(
+        [SANDGATE, "audit", "stats", "--format", "json", "--config", str(gw.root / "sandgate.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert stats.returncode == 0, stats.stderr
+    # `audit stats` counts the proposal's outcome as it counts a held request's.
+    (entry,) = [a for a in json.loads(stats.stdout)["approvals"] if a["sandbox"] == "sb1"]
+    assert (entry["asks"], entry["outcomes"]) == (1, {"expired": 1}), entry

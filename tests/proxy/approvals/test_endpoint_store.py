@@ -102,6 +102,24 @@ def test_a_proposal_expires_at_its_deadline() -> None:
     assert e.value.status == 409
 
 
+def test_every_end_is_told_once_and_a_late_expiry_waited_its_timeout() -> None:
+    store = Recording(timeout=0.05)
+    ended: list[tuple[str, State]] = []
+    store.on_closed.append(lambda r: ended.append((r.id, r.state)))
+
+    def broken(request: AccessRequest) -> None:
+        raise RuntimeError("a listener that raises stops no other")
+
+    store.on_closed.insert(0, broken)
+    late, decided = propose(store), propose(store, "sb2")
+    store.decide(decided.id, approve=False, by="op", reason=None)
+    time.sleep(0.2)  # noticed well after its deadline
+    store.expire()
+    store.expire()
+    assert ended == [(decided.id, State.DENIED), (late.id, State.EXPIRED)]
+    assert late.waited == pytest.approx(0.05, abs=0.005), "its deadline, not when the sweep came"
+
+
 @pytest.mark.asyncio
 async def test_a_proposal_is_decided_once() -> None:
     store = Recording()
