@@ -7,12 +7,18 @@ deploy/install.sh --dev
 echo "== ruff" >&2
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-echo "== mypy" >&2
+# mypy runs beside the tests (half a minute of one core that the tests, waiting on gateways
+# most of the time, barely miss); its output and verdict come after them.
 rm -rf .typecheck && mkdir -p .typecheck/sandgate
 for pkg in proxy policy brokers; do ln -s "../../$pkg" ".typecheck/sandgate/$pkg"; done
-MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers
-# The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
-MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
+(
+    rc=0
+    MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers || rc=1
+    # The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
+    MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests || rc=1
+    exit "$rc"
+) >.typecheck/mypy.log 2>&1 &
+mypy_pid=$!
 echo "== pytest" >&2
 # The part run again with two workers per gateway (below). Not in it: tests/proxy/workers,
 # tests/proxy/fleet/test_worker_limits.py and tests/proxy/test_hostnet_workers.py: each of their
@@ -35,13 +41,17 @@ WORKERS_SUBSET=(
 WORKERS_SUBSET+=(
     --deselect tests/proxy/test_audit_durability.py::test_a_full_queue_denies_before_anything_goes_upstream
 )
-# Two worker processes (pytest-xdist), a test file's tests on one of them (module fixtures such
-# as a shared gateway start once): the end-to-end tests spend most of their time waiting, and
-# every test is isolated (free ports, per-run names, per-state_dir nft tables). `-n 0` runs
-# the suite in one process; later arguments win.
+# Two worker processes (pytest-xdist): the end-to-end tests spend most of their time waiting,
+# and every test is isolated (free ports, per-run names, per-state_dir nft tables). Work
+# stealing keeps both busy to the end (a module split between them starts its shared gateway
+# twice, which costs less than one worker idling through a long last file). `-n 0` runs the
+# suite in one process; later arguments win.
 status=0
 # `--durations`: the slowest tests in every run's log, where CI time goes.
-.venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --durations=30 "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist worksteal --durations=30 "$@" || status=$?
+echo "== mypy" >&2
+wait "$mypy_pid" || status=1
+cat .typecheck/mypy.log >&2
 # Every gateway above that does not set its count ran as one process (tests/conftest.py:
 # SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,
@@ -49,7 +59,7 @@ status=0
 # fleet. Only on a whole run: with arguments (a selection), the run above is the one asked for.
 if [ "$#" -eq 0 ]; then
     echo "== pytest, two workers per gateway" >&2
-    SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
+    SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist worksteal \
         "${WORKERS_SUBSET[@]}" || status=$?
 fi
 exit "$status"
