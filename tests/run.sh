@@ -7,18 +7,12 @@ deploy/install.sh --dev
 echo "== ruff" >&2
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# mypy runs beside the tests (half a minute of one core that the tests, waiting on gateways
-# most of the time, barely miss); its output and verdict come after them.
+echo "== mypy" >&2
 rm -rf .typecheck && mkdir -p .typecheck/sandgate
 for pkg in proxy policy brokers; do ln -s "../../$pkg" ".typecheck/sandgate/$pkg"; done
-(
-    rc=0
-    MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers || rc=1
-    # The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
-    MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests || rc=1
-    exit "$rc"
-) >.typecheck/mypy.log 2>&1 &
-mypy_pid=$!
+MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers
+# The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
+MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
 echo "== pytest" >&2
 # The part run again with two workers per gateway (below). Not in it: tests/proxy/workers,
 # tests/proxy/fleet/test_worker_limits.py and tests/proxy/test_hostnet_workers.py: each of their
@@ -49,9 +43,6 @@ WORKERS_SUBSET+=(
 status=0
 # `--durations`: the slowest tests in every run's log, where CI time goes.
 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist worksteal --durations=30 "$@" || status=$?
-echo "== mypy" >&2
-wait "$mypy_pid" || status=1
-cat .typecheck/mypy.log >&2
 # Every gateway above that does not set its count ran as one process (tests/conftest.py:
 # SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,
