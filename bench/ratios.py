@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,7 +32,6 @@ import run  # noqa: E402
 import tenantgen  # noqa: E402
 import workers  # noqa: E402
 from run import PROXY_IP, UPSTREAM_IP, Bench, Service, service  # noqa: E402
-from support.pki import TestPKI  # noqa: E402
 from support.ports import free_port  # noqa: E402
 
 
@@ -273,13 +271,7 @@ def main() -> int:
     args.retry_disturbed = 0  # the rounds are the repeats
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sgbench-ratios-")))
-        tmp.chmod(0o711)  # squid's own user reaches its folder inside
-        (tmp / "pki").mkdir()
-        pki = stack.enter_context(
-            TestPKI(names=("api.test", "*.api.test", UPSTREAM_IP), directory=tmp / "pki")
-        )
-        b = Bench(args, tmp, pki)
+        b = workers.new_bench(stack, args, "sgbench-ratios-")
         b.http_port, b.tls_port = stack.enter_context(workers.upstream(b, "upstream", UPSTREAM_IP, ()))
         ms = stack.enter_context(proxies(b))
         measure(b, ms, args.rounds)

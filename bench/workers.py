@@ -63,6 +63,15 @@ STARTED = time.monotonic()
 RETRY_BUDGET = 300.0  # seconds into the run after which a disturbed row is not run again
 
 
+def new_bench(stack: contextlib.ExitStack, args: argparse.Namespace, prefix: str) -> Bench:
+    """A Bench in a temporary folder with its test PKI, both removed when `stack` closes."""
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    tmp.chmod(0o711)  # squid's own user reaches its folder inside
+    (tmp / "pki").mkdir()
+    pki = stack.enter_context(TestPKI(names=("api.test", "*.api.test", UPSTREAM_IP), directory=tmp / "pki"))
+    return Bench(args, tmp, pki)
+
+
 def load_row(b: Bench, key: str, label: str, client_args: list[str], **kw: Any) -> Row:
     """bench/run.py's load_row, with no more retries once the run is RETRY_BUDGET s old, so a
     busy machine does not push the whole run past ten minutes."""
@@ -1060,13 +1069,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown phases: {', '.join(sorted(unknown))}")
     background = wait_quiet(0.0 if quick else args.wait_quiet)
     with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sgbench-workers-")))
-        tmp.chmod(0o711)  # squid's own user reaches its folder inside
-        (tmp / "pki").mkdir()
-        pki = stack.enter_context(
-            TestPKI(names=("api.test", "*.api.test", UPSTREAM_IP), directory=tmp / "pki")
-        )
-        b = Bench(args, tmp, pki)
+        b = new_bench(stack, args, "sgbench-workers-")
         b.notes.append(f"before the run: {background}")
         # run.Bench.duration reads args.quick: give it this script's quick length.
         args.duration = QUICK_SECONDS if args.quick else args.duration

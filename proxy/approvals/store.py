@@ -235,20 +235,12 @@ class Approvals:
         self._opened(request)
 
     def _opened(self, request: AccessRequest) -> None:
-        """A new open request was stored: tell whoever announces it (never raises)."""
-        for listener in self.on_opened:
-            try:
-                listener(request)
-            except Exception:
-                log.exception("approval.announce_failed", id=request.id)
+        """A new open request was stored: tell whoever announces it."""
+        _tell(self.on_opened, request, "approval.announce_failed")
 
     def _ended(self, request: AccessRequest) -> None:
-        """An open request ended: tell whoever records it (never raises)."""
-        for listener in self.on_closed:
-            try:
-                listener(request)
-            except Exception:
-                log.exception("approval.end_failed", id=request.id)
+        """An open request ended: tell whoever records it."""
+        _tell(self.on_closed, request, "approval.end_failed")
 
     async def wait(self, request: AccessRequest, gone: Callable[[], bool] = lambda: False) -> State:
         """Hold until a decision, the deadline, or the client hanging up (`client_gone`, or
@@ -337,6 +329,15 @@ class Approvals:
 
     def _gauge(self) -> None:
         METRICS.approvals_held(self.held())
+
+
+def _tell(listeners: list[Callable[[AccessRequest], None]], request: AccessRequest, failed: str) -> None:
+    """Call each listener with the request; one that raises is logged and stops no other."""
+    for listener in listeners:
+        try:
+            listener(request)
+        except Exception:
+            log.exception(failed, id=request.id)
 
 
 def clean_note(note: str | None) -> str | None:
