@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -75,8 +76,8 @@ class Measure:
     per_core: list[float | None] = field(default_factory=list)
 
 
-def _load(args: list[str], **kw: object) -> Callable[[Bench, str, str], run.Row]:
-    return lambda b, key, label: workers.load_row(b, key, label, args, **kw)  # type: ignore[arg-type]
+def _load(args: list[str], **kw: Any) -> Callable[[Bench, str, str], run.Row]:
+    return lambda b, key, label: workers.load_row(b, key, label, args, **kw)
 
 
 def _bulk(args: list[str]) -> Callable[[Bench, str, str], run.Row]:

@@ -316,7 +316,7 @@ class AccessEndpoint:
         record = decision_record(target, asked)
         record["decision"] = "ask"
         record["approval_id"] = request.id
-        record["proposal"] = {"methods": request.view()["methods"], "paths": request.view()["paths"]}
+        record["proposal"] = request.proposed()
         if self.trail is not None:
             # Before the ask is written: an automatic approval may end it while that waits.
             self.trail.opened(request, target, asked)

@@ -75,7 +75,7 @@ class ProposalTrail:
             end = asked.as_denial(reason, detail)
         end = replace(end, approval=approval)
         record = decision_record(replace(dctx, decision_id=new_decision_id(), waited=request.waited), end)
-        record["proposal"] = {"methods": request.view()["methods"], "paths": request.view()["paths"]}
+        record["proposal"] = request.proposed()
         # Never waits: the store closes requests inside admin calls and sweeps.
         self.ctx.audit.emit_nowait(record)
         log.info("approval.proposal_ended", id=request.id, state=request.state.value, by=request.by)

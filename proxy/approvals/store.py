@@ -105,6 +105,13 @@ class AccessRequest:
     started: float = field(default_factory=time.monotonic, repr=False)
     done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
+    def proposed(self) -> dict[str, list[str] | None]:
+        """A proposal's `proposal` field in the audit trail: its methods and path globs."""
+        return {
+            "methods": list(self.methods) if self.methods is not None else None,
+            "paths": list(self.paths) if self.paths is not None else None,
+        }
+
     def view(self) -> dict[str, Any]:
         """The request as the admin API and `sandgate requests` show it."""
         return {
@@ -123,8 +130,7 @@ class AccessRequest:
             "reason": self.reason,
             "decided": format_time(self.decided) if self.decided is not None else None,
             "kind": self.kind,
-            "methods": list(self.methods) if self.methods is not None else None,
-            "paths": list(self.paths) if self.paths is not None else None,
+            **self.proposed(),
             "note": self.note,
         }
 
@@ -222,7 +228,7 @@ class Approvals:
         return request
 
     def _admit(self, sandbox: str) -> None:
-        self._expire()
+        self.expire()
         # Every open request counts, a hung-up client's too: a guest that asks and hangs up at
         # once would otherwise fill the listing (and the trail) without bound.
         if self.open_for(sandbox) >= self.max_held:
@@ -274,7 +280,7 @@ class Approvals:
 
     def decide(self, request_id: str, *, approve: bool, by: str | None, reason: str | None) -> AccessRequest:
         """Approve or deny an open request; DecideError 404 or 409."""
-        self._expire()
+        self.expire()
         request = self._open.get(request_id)
         if request is None:
             closed = self._closed.get(request_id)
@@ -286,12 +292,12 @@ class Approvals:
         return request
 
     def get(self, request_id: str) -> AccessRequest | None:
-        self._expire()
+        self.expire()
         return self._open.get(request_id) or self._closed.get(request_id)
 
     def listing(self) -> list[AccessRequest]:
         """The open requests (held, or their client gone), oldest first."""
-        self._expire()
+        self.expire()
         return sorted(self._open.values(), key=lambda r: r.id)
 
     def _close(self, request: AccessRequest, state: State) -> None:
@@ -308,13 +314,9 @@ class Approvals:
         self._ended(request)
 
     def expire(self) -> None:
-        """End the proposals and hung-up requests past their deadline (a sweep calls this, so
-        that their end is recorded when it happens, not at the store's next use)."""
-        self._expire()
-
-    def _expire(self) -> None:
-        # A proposal, or a request whose client hung up, has nobody waiting on its deadline:
-        # expired here.
+        """End the proposals and hung-up requests past their deadline: nobody waits on theirs.
+        Every use of the store calls this, and a sweep (ProposalTrail), so that their end is
+        recorded when it happens."""
         now = time.monotonic()
         for request in [r for r in self._open.values() if r.state in UNHELD and r.deadline <= now]:
             self._close(request, State.EXPIRED)

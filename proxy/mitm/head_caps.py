@@ -152,28 +152,18 @@ def _limits(options: Options) -> HeadLimits | None:
     timeout = table.get(OPT_TIMEOUT)
     if max_bytes is None or max_lines is None or timeout is None:
         return None
+    unset = optmanager.unset
     key = (
-        max_bytes.value,
-        max_bytes._default,
-        max_lines.value,
-        max_lines._default,
-        timeout.value,
-        timeout._default,
+        max_bytes._default if max_bytes.value is unset else max_bytes.value,
+        max_lines._default if max_lines.value is unset else max_lines.value,
+        timeout._default if timeout.value is unset else timeout.value,
     )
     limits = _LIMITS.get(key)
     if limits is None:
         if len(_LIMITS) > 64:
             _LIMITS.clear()
-        limits = _LIMITS[key] = HeadLimits(
-            int(_set_or_default(key[0], key[1])),
-            int(_set_or_default(key[2], key[3])),
-            float(_set_or_default(key[4], key[5])),
-        )
+        limits = _LIMITS[key] = HeadLimits(int(key[0]), int(key[1]), float(key[2]))
     return limits
-
-
-def _set_or_default(value: Any, default: Any) -> Any:
-    return default if value is optmanager.unset else value
 
 
 def install() -> None:
