@@ -334,4 +334,6 @@ class GrantBook:
                 self.unreadable(time.monotonic())
             except Exception:
                 # A sweep that failed is tried again; expired grants allow nothing meanwhile.
+                # A read that failed so (not as GrantStoreError) ages the snapshot all the same.
                 log.exception("grants.sweep_failed")
+                self.unreadable(time.monotonic())
