@@ -35,14 +35,15 @@ WORKERS_SUBSET=(
 WORKERS_SUBSET+=(
     --deselect tests/proxy/test_audit_durability.py::test_a_full_queue_denies_before_anything_goes_upstream
 )
-# Two worker processes (pytest-xdist): the end-to-end tests spend most of their time waiting,
-# and every test is isolated (free ports, per-run names, per-state_dir nft tables). Work
-# stealing keeps both busy to the end (a module split between them starts its shared gateway
-# twice, which costs less than one worker idling through a long last file). `-n 0` runs the
-# suite in one process; later arguments win.
+# Two worker processes (pytest-xdist), a test file's tests on one of them (module fixtures such
+# as a shared gateway or a namespace lab start once, and never run beside their own twin:
+# `--dist worksteal` split test_transparent.py's lab and its jails hung once in six runs).
+# The end-to-end tests spend most of their time waiting, and every test is isolated (free
+# ports, per-run names, per-state_dir nft tables). `-n 0` runs the suite in one process;
+# later arguments win.
 status=0
 # `--durations`: the slowest tests in every run's log, where CI time goes.
-.venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist worksteal --durations=30 "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --durations=30 "$@" || status=$?
 # Every gateway above that does not set its count ran as one process (tests/conftest.py:
 # SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,
@@ -50,7 +51,7 @@ status=0
 # fleet. Only on a whole run: with arguments (a selection), the run above is the one asked for.
 if [ "$#" -eq 0 ]; then
     echo "== pytest, two workers per gateway" >&2
-    SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist worksteal \
+    SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
         "${WORKERS_SUBSET[@]}" || status=$?
 fi
 exit "$status"
