@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from urllib.parse import quote, quote_plus
 
 import ahocorasick_rs
 
+from sandgate.brokers.decoding import StreamDecoder
 from sandgate.brokers.secret import Secret
 
 __all__ = ["MIN_SCRUB_BYTES", "Scrubber", "StreamScrubber", "secret_forms"]
@@ -127,9 +128,9 @@ class Scrubber:
         """Header pairs with every secret form replaced in names and values."""
         return [(self.scrub_text(k), self.scrub_text(v)) for k, v in headers]
 
-    def stream(self) -> StreamScrubber:
-        """A scrubber for one streamed body."""
-        return StreamScrubber(self)
+    def stream(self, decoder: StreamDecoder | None = None) -> StreamScrubber:
+        """A scrubber for one streamed body (decoded first by `decoder`, if it is compressed)."""
+        return StreamScrubber(self, decoder)
 
     def _scrub_until(self, data: bytes, boundary: int) -> tuple[bytes, bytes]:
         """Scrub matches starting before `boundary`; return (output, unprocessed tail)."""
@@ -155,13 +156,17 @@ class Scrubber:
 class StreamScrubber:
     """Scrubs one body chunk by chunk; `feed` returns what is safe to send, `flush` the rest.
 
-    Usable as a mitmproxy stream callable: called with b"" at the end, it flushes.
+    With a `decoder` (a compressed body), each chunk is decoded first and what is sent on is
+    the identity encoding. Usable as a mitmproxy stream callable: called with b"" at the end,
+    it flushes. As one it yields the pieces to send and never an empty one, since on HTTP/1
+    a chunked body's empty chunk is its end (the guest would get 0 bytes).
     """
 
-    __slots__ = ("_keep", "_scrubber", "_tail")
+    __slots__ = ("_decoder", "_keep", "_scrubber", "_tail")
 
-    def __init__(self, scrubber: Scrubber) -> None:
+    def __init__(self, scrubber: Scrubber, decoder: StreamDecoder | None = None) -> None:
         self._scrubber = scrubber
+        self._decoder = decoder
         self._keep = max(scrubber.max_form_length - 1, 0)
         self._tail = b""
 
@@ -178,5 +183,19 @@ class StreamScrubber:
         data, self._tail = self._tail, b""
         return self._scrubber.scrub(data) if data else b""
 
-    def __call__(self, chunk: bytes) -> bytes:
-        return self.feed(chunk) if chunk else self.flush()
+    def __call__(self, chunk: bytes) -> Iterator[bytes]:
+        for piece in self._decoded(chunk):
+            out = self.feed(piece)
+            if out:
+                yield out
+        if not chunk:
+            out = self.flush()
+            if out:
+                yield out
+
+    def _decoded(self, chunk: bytes) -> Iterable[bytes]:
+        """`chunk` as content: decoded where the body is compressed (at the end, what the
+        decoder still held); raises UndecodableBody for a body its encoding cannot read."""
+        if self._decoder is None:
+            return (chunk,) if chunk else ()
+        return self._decoder.feed(chunk) if chunk else self._decoder.finish()

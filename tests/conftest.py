@@ -283,6 +283,20 @@ class RunningGateway:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def placeholders(self, sandbox: str = "sb1") -> dict[str, str]:
+        """The sandbox's placeholders (env name → value), as `sandgate credentials placeholders`
+        lists them."""
+        out = subprocess.run(
+            [SANDGATE, "credentials", "placeholders", "--sandbox", sandbox, "--format", "json"]
+            + ["--config", str(self.root / "sandgate.yaml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        found: dict[str, str] = json.loads(out.stdout)
+        return found
+
     def write_tenant(self, filename: str, text: str) -> None:
         (self.rules_dir / "tenants" / filename).write_text(text)
 

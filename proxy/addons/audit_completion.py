@@ -17,7 +17,14 @@ from dataclasses import replace
 import structlog
 from mitmproxy import http
 
-from sandgate.proxy.addons.flow_keys import CREDENTIALS_KEY, FAILURE_KEY, HEAD_BYTES_KEY, PENDING_KEY
+from sandgate.proxy.addons.flow_keys import (
+    CREDENTIALS_KEY,
+    FAILURE_KEY,
+    HEAD_BYTES_KEY,
+    PENDING_KEY,
+    STREAMED_BYTES_KEY,
+    StreamedBytes,
+)
 from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.mitm.wire_errors import Failure, failure_of_text
@@ -46,6 +53,7 @@ class AuditCompletion:
             return
         dctx, decision = pending
         credentials, injectors = flow.metadata.get(CREDENTIALS_KEY, ((), ()))
+        streamed = flow.metadata.get(STREAMED_BYTES_KEY) or StreamedBytes()
         try:
             status = flow.response.status_code if flow.response else None
             if failure is not None and failure.reason is not None:
@@ -59,8 +67,10 @@ class AuditCompletion:
                 decision,
                 credentials=credentials,
                 status=status,
-                bytes_up=flow.metadata.get(HEAD_BYTES_KEY, 0) + len(flow.request.raw_content or b""),
-                bytes_down=len(flow.response.raw_content or b"") if flow.response else None,
+                bytes_up=flow.metadata.get(HEAD_BYTES_KEY, 0)
+                + len(flow.request.raw_content or b"")
+                + streamed.up,
+                bytes_down=len(flow.response.raw_content or b"") + streamed.down if flow.response else None,
                 error=failure.text if failure is not None else None,
             )
             if injectors:

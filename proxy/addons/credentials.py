@@ -22,6 +22,7 @@ from sandgate.brokers import (
     BrokerRequest,
     apply_mutations,
 )
+from sandgate.brokers.decoding import stream_decoder
 from sandgate.policy.decision import Decision
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.flow_keys import CREDENTIALS_KEY, PENDING_KEY
@@ -200,16 +201,21 @@ class CredentialBroker:
                 or flow.request.method == "HEAD"
             )
             if not bodiless and not _response_buffered(response):
+                decoder = None
                 if "content-encoding" in response.headers:
-                    # A compressed body we cannot buffer cannot be scrubbed: it does not pass.
-                    log.warning("broker.unscrubbable_response", host=flow.request.pretty_host)
-                    flow.kill()
-                    return
-                # Every other body streams through the scrubber (its length changes).
+                    decoder = stream_decoder(response.headers["content-encoding"])
+                    if decoder is None:
+                        # An encoding it cannot undo in a stream cannot be scrubbed: no pass.
+                        log.warning("broker.unscrubbable_response", host=flow.request.pretty_host)
+                        flow.kill()
+                        return
+                    # Sent on decoded (scrubbed in its plain bytes), as identity.
+                    del response.headers["content-encoding"]
+                # The body streams through the scrubber (its length changes).
                 response.headers.pop("content-length", None)
                 if response.http_version == "HTTP/1.1":
                     response.headers["transfer-encoding"] = "chunked"
-                response.stream = scrubber.stream()
+                response.stream = scrubber.stream(decoder)
                 flow.metadata.pop(_SCRUB_KEY, None)
         except Exception:
             log.exception("hook_failed", hook="broker.responseheaders")

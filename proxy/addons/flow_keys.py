@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["APPROVAL_KEY", "CREDENTIALS_KEY", "FAILURE_KEY", "HEAD_BYTES_KEY", "PENDING_KEY"]
+from dataclasses import dataclass
+
+__all__ = [
+    "APPROVAL_KEY",
+    "CREDENTIALS_KEY",
+    "FAILURE_KEY",
+    "HEAD_BYTES_KEY",
+    "PENDING_KEY",
+    "STREAMED_BYTES_KEY",
+    "StreamedBytes",
+]
 
 # Set by the Gate on an allowed request: (DecisionContext, Decision), its record still to write.
 # Whoever refuses the exchange later pops it and records the denial; else AuditCompletion does.
@@ -16,3 +26,14 @@ CREDENTIALS_KEY = "sandgate.credentials"
 HEAD_BYTES_KEY = "sandgate.head_bytes"
 # Set by an addon that refused what the upstream answered: the record's `error`.
 FAILURE_KEY = "sandgate.failure"
+# Set by the HTTP seam on a flow whose body streams: the body bytes it sent each way (a
+# streamed message keeps no content for the record to count).
+STREAMED_BYTES_KEY = "sandgate.streamed_bytes"
+
+
+@dataclass(slots=True)
+class StreamedBytes:
+    """Body bytes streamed to the upstream (`up`) and to the guest (`down`)."""
+
+    up: int = 0
+    down: int = 0

@@ -34,6 +34,7 @@ from mitmproxy.proxy.layers.http import DropStream, HttpLayer, HTTPMode, HttpStr
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import (
     ErrorCode,
+    RequestData,
     RequestProtocolError,
     ResponseData,
     ResponseEndOfMessage,
@@ -43,10 +44,11 @@ from mitmproxy.proxy.layers.http._events import (
 from mitmproxy.proxy.layers.http._hooks import HttpErrorHook, HttpResponseHook
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
+from sandgate.brokers.decoding import UndecodableBody
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.credentials import StreamDenied
-from sandgate.proxy.addons.flow_keys import PENDING_KEY
+from sandgate.proxy.addons.flow_keys import PENDING_KEY, STREAMED_BYTES_KEY, StreamedBytes
 from sandgate.proxy.addons.identify import IDENTITY_KEY, client_address
 from sandgate.proxy.addons.limits import LimitStreamCut
 from sandgate.proxy.audit.records import decision_record
@@ -62,7 +64,8 @@ log = structlog.get_logger("sandgate.http_seam")
 
 SUPPORTED = "12.3."
 # What a refused streamed body raises from its stream callable to stop mitmproxy forwarding it.
-_STREAM_REFUSALS = (LimitStreamCut, StreamDenied)
+# A compressed body that does not decode is cut too: it could not be scrubbed.
+_STREAM_REFUSALS = (LimitStreamCut, StreamDenied, UndecodableBody)
 
 Commands = Generator[commands.Command, Any, Any]
 Record = Callable[[dict[str, Any]], None]
@@ -178,6 +181,12 @@ class _GuardedStream(HttpStream):
                 yield from self._cut()
                 return None
             self._scrub()
+            if isinstance(command, SendHttp) and isinstance(command.event, RequestData | ResponseData):
+                if not command.event.data:
+                    # On HTTP/1 an empty chunk ends a chunked body: the rest would never arrive.
+                    reply = None
+                    continue
+                self._count_streamed(command.event)
             if isinstance(command, SendHttp) and command.connection is self.context.client:
                 if isinstance(command.event, ResponseProtocolError):
                     yield from self._refuse(command.event)
@@ -186,6 +195,21 @@ class _GuardedStream(HttpStream):
                 if isinstance(command.event, ResponseHeaders):
                     self.answered = True
             reply = yield command
+
+    def _count_streamed(self, event: RequestData | ResponseData) -> None:
+        """Count a streamed body's bytes for its record (its content is not kept to count)."""
+        flow = self.flow
+        up = isinstance(event, RequestData)
+        message = flow.request if up else flow.response
+        if message is None or not message.stream:
+            return
+        counted = flow.metadata.get(STREAMED_BYTES_KEY)
+        if counted is None:
+            counted = flow.metadata[STREAMED_BYTES_KEY] = StreamedBytes()
+        if up:
+            counted.up += len(event.data)
+        else:
+            counted.down += len(event.data)
 
     def _scrub(self) -> None:
         """Fixed words in flow.error before any hook, record or log reads it; note the decision."""

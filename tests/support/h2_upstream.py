@@ -25,10 +25,20 @@ __all__ = ["TrailersUpstream"]
 
 
 class TrailersUpstream:
-    """`with TrailersUpstream(pki, host, body=..., trailers=[...]) as up:`; `up.port`, `up.requests`."""
+    """`with TrailersUpstream(pki, host, body=..., trailers=[...]) as up:`; `up.port`, `up.requests`.
+    With `frame_size`, the body goes in DATA frames of that many bytes."""
 
-    def __init__(self, pki: TestPKI, host: str, *, body: bytes, trailers: Sequence[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        pki: TestPKI,
+        host: str,
+        *,
+        body: bytes,
+        trailers: Sequence[tuple[str, str]],
+        frame_size: int | None = None,
+    ) -> None:
         self.body = body
+        self.frame_size = frame_size or max(len(body), 1)
         self.trailers = list(trailers)
         self.requests = 0
         self._ctx = pki.server_context()
@@ -84,5 +94,6 @@ class TrailersUpstream:
         h2c.send_headers(
             stream_id, [(":status", "200"), ("content-type", "application/json")], end_stream=False
         )
-        h2c.send_data(stream_id, self.body, end_stream=False)
+        for start in range(0, len(self.body), self.frame_size):
+            h2c.send_data(stream_id, self.body[start : start + self.frame_size], end_stream=False)
         h2c.send_headers(stream_id, self.trailers, end_stream=True)
