@@ -19,6 +19,7 @@ from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.resolver import Resolver
 from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.audit.records import DecisionContext
+from sandgate.proxy.audit.refusals import RefusalAudit
 from sandgate.proxy.audit.trail import AuditLog
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.name_bindings import NameBindings
@@ -151,6 +152,9 @@ class GatewayContext:
         self.resolver = resolver
         self.guard = guard
         self.audit = audit
+        # Refusals that anyone who can connect could repeat at will, one record per source and
+        # second (started and stopped by the ConnectionLimits addon).
+        self.refusals = RefusalAudit(audit.emit)
         self.bindings = bindings or NameBindings()
         # Transparent mode: dial a name's pinned address even when the guest chose another IP.
         self.reroute = reroute

@@ -39,7 +39,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.identify import IDENTITY_KEY
 from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record
-from sandgate.proxy.audit.refusals import Record, RefusalAudit
+from sandgate.proxy.audit.refusals import Record
 from sandgate.proxy.config import ConnectionsConfig
 from sandgate.proxy.context import GatewayContext, decision_context
 from sandgate.proxy.fd_budget import FdBudget
@@ -143,7 +143,7 @@ class ConnectionLimits:
         self.proxyserver = proxyserver
         self.table = ConnectionTable()
         self.budget = FdBudget(cfg.fd_headroom_percent)
-        self.refusals = RefusalAudit(ctx.audit.emit)
+        self.refusals = ctx.refusals
         self._accepted: set[str] = set()
         self._upstreams: set[str] = set()
         self._sweeper = BackgroundTask("sandgate-idle-sweep", self._sweep_loop)

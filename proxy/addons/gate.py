@@ -38,6 +38,7 @@ from sandgate.policy.overrides import Decide, decide_readings
 from sandgate.policy.paths import read_target
 from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import requested_upgrade
+from sandgate.proxy.addons.connection_limits import source_key
 from sandgate.proxy.addons.flow_keys import (
     APPROVAL_KEY,
     HEAD_BYTES_KEY,
@@ -145,6 +146,8 @@ class Gate:
         try:
             if state is None or not state.in_tunnel or state.tunnel_decision is None:
                 # TLS straight at the proxy port, or a connection we know nothing about.
+                if state is not None and not state.in_tunnel:
+                    self._record_tls_at_proxy_port(client)
                 self._block(state, Reason.PROTOCOL_NOT_ALLOWED)
                 data.ignore_connection = True
                 return
@@ -165,6 +168,23 @@ class Gate:
             log.exception("hook_failed", hook="tls_clienthello")
             self._block(state, Reason.INTERNAL_ERROR)
             data.ignore_connection = True
+
+    def _record_tls_at_proxy_port(self, client: connection.Client) -> None:
+        """A TLS handshake sent to the explicit proxy instead of a request: `invalid_request`,
+        recorded per source and second (anyone who can connect can repeat it at will)."""
+        listener = client.proxy_mode.full_spec
+        version = self.ctx.policy.version
+
+        def record(source: str, count: int) -> dict[str, Any]:
+            dctx = DecisionContext(phase=Phase.TLS, listener=listener, client=source)
+            detail = "TLS sent to the proxy port: expected an HTTP request or CONNECT"
+            rec = decision_record(
+                dctx, Decision(reason=Reason.INVALID_REQUEST, policy_version=version, detail=detail)
+            )
+            rec["connections"] = count
+            return rec
+
+        self.ctx.refusals.refused(source_key(client.peername), "tls_at_proxy_port", record)
 
     # -- raw TCP in a tunnel -----------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import h2.errors
 import h2.events
 import h2.settings
 import structlog
-from mitmproxy import connection, options
+from mitmproxy import connection, http, options
 from mitmproxy import version as mitmproxy_version
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.context import Context
@@ -42,6 +42,7 @@ from mitmproxy.proxy.layers.http._http2 import Http2Server
 
 from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
+from sandgate.proxy.addons.flow_keys import PENDING_KEY
 from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.config import Http2Config
 from sandgate.proxy.context import GatewayContext, decision_context
@@ -55,8 +56,9 @@ SUPPORTED_MITMPROXY = "12.3."
 # After GOAWAY, how long the connection stays open (reading and discarding) before it closes.
 LINGER_SECONDS = 1.0
 
-# Called once per abusive connection with the client and what it did.
-AbuseCallback = Callable[[connection.Client, str], None]
+# Called once per abusive connection with the client, what it did, and the flows of the
+# streams in progress that the GOAWAY cuts (their records are the abuse record's to write).
+AbuseCallback = Callable[[connection.Client, str, list[http.HTTPFlow]], None]
 
 
 class GuardedHttp2Server(Http2Server):
@@ -97,9 +99,14 @@ class GuardedHttp2Server(Http2Server):
             return False
         detail = f"HTTP/2: more than {self._limits.max_resets} streams reset or refused in {window:g} s"
         self._strikes.clear()
-        self._on_abuse(self.context.client, detail)
+        self._on_abuse(self.context.client, detail, self._flows_in_progress())
         yield from self._goaway(detail)
         return True
+
+    def _flows_in_progress(self) -> list[http.HTTPFlow]:
+        """The flows of the streams the gateway still has in hand (the GOAWAY ends them)."""
+        flows = (getattr(stream, "flow", None) for stream in self._http_layer.streams.values())
+        return [f for f in flows if isinstance(f, http.HTTPFlow)]
 
     def _goaway(self, detail: str) -> layer.CommandGenerator[None]:
         """GOAWAY(ENHANCE_YOUR_CALM), end every stream in progress, close after a short linger."""
@@ -149,8 +156,10 @@ class H2Guard:
             nextlayer.layer = None
             nextlayer.context.client.error = "sandgate: internal error"
 
-    def _abuse(self, client: connection.Client, detail: str) -> None:
-        """One audit record and one (rate-limited) log line per abusive connection."""
+    def _abuse(self, client: connection.Client, detail: str, cut: list[http.HTTPFlow]) -> None:
+        """One audit record and one (rate-limited) log line per abusive connection. The record
+        stands for the requests in progress that the GOAWAY cuts too: it names their decisions
+        (`streams_cut`), and they get no record of their own."""
         self.abusive += 1
         state = self.ctx.connections.get(client.id)
         if state is not None:
@@ -161,8 +170,23 @@ class H2Guard:
         decision = Decision(
             reason=Reason.PROTOCOL_ABUSE, policy_version=self.ctx.policy.version, detail=detail
         )
-        log.warning("h2.abuse", client=dctx.client, detail=detail)
-        self._tasks.spawn(self.ctx.audit.emit(decision_record(dctx, decision)), name="sandgate-h2-audit")
+        record = decision_record(dctx, decision)
+        record["streams_cut"] = _take_pending(cut, self.ctx.audit.release)
+        log.warning("h2.abuse", client=dctx.client, detail=detail, streams_cut=len(record["streams_cut"]))
+        self._tasks.spawn(self.ctx.audit.emit(record), name="sandgate-h2-audit")
+
+
+def _take_pending(flows: list[http.HTTPFlow], release: Callable[[str], None]) -> list[str]:
+    """The decision ids of the flows' records still to write, taken off them (with the places
+    reserved for them given back)."""
+    taken = []
+    for flow in flows:
+        pending = flow.metadata.pop(PENDING_KEY, None)
+        if pending is not None:
+            decision_id = pending[0].decision_id
+            release(decision_id)
+            taken.append(decision_id)
+    return taken
 
 
 def check_seam(opts: options.Options) -> None:
@@ -181,7 +205,7 @@ def check_seam(opts: options.Options) -> None:
     context.server.address = ("seam.test", 443)
     http_layer = HttpLayer(context, HTTPMode.transparent)
     abuse: list[str] = []
-    if not install(http_layer, limits, lambda _c, detail: abuse.append(detail)):
+    if not install(http_layer, limits, lambda _c, detail, _cut: abuse.append(detail)):
         raise RuntimeError("mitmproxy's HttpLayer no longer takes a pre-set HTTP/2 server side")
     sent = _sent(http_layer.handle_event(events.Start()))
     if not isinstance(http_layer.connections.get(client), GuardedHttp2Server):

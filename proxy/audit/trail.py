@@ -254,6 +254,14 @@ class AuditLog:
         log.warning("audit.queue_full", decision_id=decision_id, queue_size=self._capacity)
         return False
 
+    def release(self, decision_id: str) -> None:
+        """Give back the place reserved for `decision_id`, whose record another one stands for
+        (an aggregate that names it): a place never used would be lost for good."""
+        with self._cond:
+            if decision_id in self._reserved:
+                self._reserved.discard(decision_id)
+                self._used -= 1
+
     async def emit(self, record: Record) -> bool:
         """Queue a record, waiting for a place up to max_wait (and, in acknowledge mode, until
         it is on disk). False: it could not be queued, the caller denies (counted, logged)."""

@@ -373,6 +373,24 @@ def test_a_source_past_its_connection_cap_is_closed_at_connect_and_audited_in_ag
     assert 0 < metrics[("sandgate_open_fds", ())] < 200
 
 
+def test_tls_sent_straight_to_the_proxy_port_is_audited_per_source_as_invalid_request(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> None:
+    gw = start_gateway(two_tenants(http_upstream))
+    tls = ssl.create_default_context()
+    tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+    for source in (FLOOD_SOURCES[0],) * 5 + (FLOOD_SOURCES[1],):
+        raw = socket.create_connection(("127.0.0.1", gw.port), timeout=5, source_address=(source, 0))
+        with pytest.raises((ssl.SSLError, OSError)):
+            tls.wrap_socket(raw, server_hostname="api.test")  # closed: no handshake, no answer
+        raw.close()
+    records = gw.records_until(lambda rs: sum(r.get("connections", 0) for r in rs) >= 6)
+    assert {(r["decision"], r["reason"], r["phase"]) for r in records} == {("deny", "invalid_request", "tls")}
+    by_source = {r["client"]: r["connections"] for r in records}
+    assert by_source == {FLOOD_SOURCES[0]: 5, FLOOD_SOURCES[1]: 1}, "one record per source and second"
+    assert all("TLS sent to the proxy port" in r["detail"] for r in records)
+
+
 def test_a_sandbox_past_its_connection_cap_gets_429_once_identified(
     start_gateway: GatewayFactory, http_upstream: RecordingUpstream
 ) -> None:
@@ -561,16 +579,22 @@ def test_http2_rapid_reset_gets_goaway_and_other_tenants_stay_served(
     started = time.monotonic()
     assert bystander.once() is None
     assert time.monotonic() - started < 1.0
-    # One denial for the abusive connection; the streams it reset stay few. (Streams that were
-    # allowed and then cut by the GOAWAY complete their own records: decision allow, with the
-    # reason that cut them.)
+    # One record for the abusive connection, which stands for the streams in progress that the
+    # GOAWAY cut too (it names their decisions); the streams it reset before stay few.
     records = gw.records_until(lambda rs: any(_abuse(r) for r in rs))
     abuse = [r for r in records if _abuse(r)]
     assert len(abuse) == 1
+    assert abuse[0]["detail"] and "streams reset or refused" in abuse[0]["detail"]
+    settled = gw.settled()
+    assert [r for r in settled if r["reason"] == "protocol_abuse"] == abuse, "one record, not one a stream"
+    cut = set(abuse[0]["streams_cut"])
+    assert not cut & {r["decision_id"] for r in settled if r is not abuse[0]}, (
+        "a cut stream has no own record"
+    )
     assert scrape(gw)[("sandgate_http2_abusive_connections_total", ())] == 1
     assert (abuse[0]["decision"], abuse[0]["sandbox"], abuse[0]["dest"]["host"]) == (
         "deny",
         "sb1",
         "api.test",
     )
-    assert len([r for r in gw.settled() if r["sandbox"] == "sb1"]) < 600
+    assert len([r for r in settled if r["sandbox"] == "sb1"]) < 600
