@@ -742,9 +742,15 @@ class GatewayConfig(_Strict):
 
     @property
     def admin_socket_path(self) -> Path:
+        """The admin socket this process serves."""
         if not self.worker.lead:
             # A peer's private socket; the lead's is public.
             return internal_socket_folder(self.state_path) / f"w{self.worker.index}.sock"
+        return self.gateway_admin_socket_path
+
+    @property
+    def gateway_admin_socket_path(self) -> Path:
+        """The gateway's admin socket (the lead's, the operator's API), whichever worker asks."""
         return self.path(self.admin.socket) if self.admin.socket else self.state_path / "admin.sock"
 
     @property

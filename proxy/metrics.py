@@ -185,6 +185,15 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        # Counted by the worker that holds the request (it decides), so the lead's sum of its
+        # workers' counts each request once.
+        self._approval_auto = Counter(
+            "sandgate_approval_auto",
+            "Automatic approval (approvals.auto) by result: approved, declined (waits for a "
+            "person), not_applied (to approve, but the approval did not go through: waits too)",
+            ["result"],
+            registry=self.registry,
+        )
         self._decision_children: dict[tuple[str, str, str, str], Counter] = {}
         self._injection_children: dict[tuple[str, str], Counter] = {}
         self._collector: _GatewayCollector | None = None
@@ -208,6 +217,10 @@ class Metrics:
     def approval_wait(self, tenant: str, outcome: str, seconds: float) -> None:
         """The time one access request waited, observed when its wait ended."""
         self._approval_wait.labels(tenant, outcome).observe(seconds)
+
+    def approval_auto(self, result: str) -> None:
+        """Count one access request the automatic approval looked at, by its result."""
+        self._approval_auto.labels(result).inc()
 
     def webhook_call(self, result: str) -> None:
         """Count one approval webhook call (or attempt) by its result."""

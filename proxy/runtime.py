@@ -424,11 +424,16 @@ class Gateway:
             gateway_id=self.fleet.gateway_id if self.fleet is not None else socket.gethostname(),
             worker=config.worker.index,
         )
-        # Requests the operator's ceiling proves harmless are approved without a person.
+        # Requests the operator's ceiling proves harmless are approved without a person, by
+        # every worker alike: held ones in its own store, proposals through the gateway's admin
+        # API (the lead's socket: a peer's own private socket approves nothing).
         if config.approvals.auto == "within_ceiling":
             ctx = self.ctx
             approver = AutoApprover(
-                config.ceiling_path, lambda: ctx.policy, through_admin_api(config.admin_socket_path)
+                config.ceiling_path,
+                lambda: ctx.policy,
+                self.approvals,
+                through_admin_api(config.gateway_admin_socket_path),
             )
             self.approvals.on_opened.append(approver.opened)
         # The guests' own endpoint at the reserved name (sandgate.proxy.approvals.reserved).
@@ -442,8 +447,7 @@ class Gateway:
             # asks the lead's admin socket, which asks every worker.
             lead_admin = None
             if config.admin.enabled and config.worker.count > 1:
-                socket_ = config.admin.socket
-                lead_admin = config.path(socket_) if socket_ else config.state_path / "admin.sock"
+                lead_admin = config.gateway_admin_socket_path
             self.proposal_trail = ProposalTrail(self.ctx, self.approvals)
             endpoint = AccessEndpoint(
                 self.ctx,

@@ -4,9 +4,14 @@ host a tenant's credentials are bound to, is approved without a person
 (sandgate.policy.ceiling.auto decides; every other request waits, as without it).
 
 A held request is approved `once` (released), a guest's proposal with scope `sandbox` (a grant
-with the default TTL), both `by: auto:within_ceiling`: the same approval an operator's would
-be, through the gateway's admin API (the lead writes grants and reaches the worker holding
-the request), so the audit chain, the grants and the webhook are the same too.
+with the default TTL), both `by: auto:within_ceiling`, by the worker that holds it, whichever
+it is, and as an operator's approval would be:
+- a held request in the worker's own pending store, as the admin API approves `once` on the
+  worker holding it (nothing else changes): no other process is needed to release it;
+- a proposal through the gateway's admin API, on the lead's socket (never a worker's private
+  one, which approves nothing): the lead writes the grant, puts it in force on every worker,
+  then takes the approval to the worker holding the proposal.
+So the audit chain, the grants and the webhook are an operator's approval's on every worker.
 
 The ceiling file is read when it changes (its mtime, looked at per access request: rare);
 one that does not load approves nothing (logged) until it is fixed.
@@ -24,7 +29,8 @@ import structlog
 from sandgate.policy.ceiling import Ceiling, load_ceiling
 from sandgate.policy.ceiling.auto import asked_shape, needs_a_person
 from sandgate.policy.model.policyset import PolicySet
-from sandgate.proxy.approvals.store import AccessRequest, asked_for
+from sandgate.proxy.approvals.store import AccessRequest, Approvals, asked_for
+from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.tasks import spawn
 
 __all__ = ["AUTO_BY", "AutoApprover", "through_admin_api"]
@@ -38,16 +44,20 @@ Approve = Callable[[str, str, str], Awaitable[None]]
 
 
 class AutoApprover:
-    """An `Approvals.on_opened` listener approving what the ceiling proves harmless."""
+    """An `Approvals.on_opened` listener approving what the ceiling proves harmless.
 
-    def __init__(self, ceiling_path: Path, policy: Callable[[], PolicySet], approve: Approve) -> None:
+    `approvals`: this worker's pending store (it releases held requests there); `grant`:
+    approves a proposal with scope `sandbox` through the gateway's admin API."""
+
+    def __init__(
+        self, ceiling_path: Path, policy: Callable[[], PolicySet], approvals: Approvals, grant: Approve
+    ) -> None:
         self.ceiling_path = ceiling_path
         self.policy = policy
-        self.approve = approve
+        self.approvals = approvals
+        self.grant = grant
         self._ceiling: Ceiling | None = None
         self._stamp: tuple[int, int] | None = None
-        self.approved = 0
-        self.declined = 0
 
     def opened(self, request: AccessRequest) -> None:
         """Decide now (pure); approve off the store's call, once the request's `ask` is recorded."""
@@ -57,11 +67,15 @@ class AutoApprover:
             log.exception("approval.auto_failed", id=request.id)
             why = "automatic approval failed"
         if why is not None:
-            self.declined += 1
+            METRICS.approval_auto("declined")
             log.info("approval.auto_declined", id=request.id, sandbox=request.sandbox, why=why)
             return
-        scope = "sandbox" if request.kind == "proposal" else "once"
-        spawn(self._approve(request, scope), name=f"auto-approve-{request.id}")
+        reason = f"within the ceiling {self.ceiling_path}"
+        if request.kind == "proposal":
+            approve = self._grant(request, reason)
+        else:
+            approve = self._release(request, reason)
+        spawn(approve, name=f"auto-approve-{request.id}")
 
     def verdict(self, request: AccessRequest) -> str | None:
         """Why `request` waits for a person, or None: approve it."""
@@ -75,15 +89,34 @@ class AutoApprover:
         methods, paths = asked_for(request.view())
         return needs_a_person(asked_shape(request.host, request.port, methods, paths), ceiling, bound)
 
-    async def _approve(self, request: AccessRequest, scope: str) -> None:
+    async def _release(self, request: AccessRequest, reason: str) -> None:
+        """A held request, approved `once` in this worker's own store (the one holding it)."""
         try:
-            await self.approve(request.id, scope, f"within the ceiling {self.ceiling_path}")
+            self.approvals.decide(request.id, approve=True, by=AUTO_BY, reason=reason)
         except Exception as e:
-            # Not approved: it waits for a person, as any other.
-            log.warning("approval.auto_not_applied", id=request.id, error=str(e) or type(e).__name__)
+            # Decided or gone meanwhile (an operator was quicker, the client hung up and it
+            # expired): nothing is released by this.
+            self._not_applied(request, e)
             return
-        self.approved += 1
+        self._approved(request, "once")
+
+    async def _grant(self, request: AccessRequest, reason: str) -> None:
+        """A proposal, approved with scope `sandbox` through the gateway's admin API."""
+        try:
+            await self.grant(request.id, "sandbox", reason)
+        except Exception as e:
+            self._not_applied(request, e)
+            return
+        self._approved(request, "sandbox")
+
+    def _approved(self, request: AccessRequest, scope: str) -> None:
+        METRICS.approval_auto("approved")
         log.info("approval.auto_approved", id=request.id, sandbox=request.sandbox, scope=scope)
+
+    def _not_applied(self, request: AccessRequest, error: Exception) -> None:
+        # Not approved: it waits for a person, as any other.
+        METRICS.approval_auto("not_applied")
+        log.warning("approval.auto_not_applied", id=request.id, error=str(error) or type(error).__name__)
 
     def _load(self) -> Ceiling | None:
         try:
@@ -106,7 +139,8 @@ class AutoApprover:
 
 
 def through_admin_api(socket: Path, timeout: float = 15.0) -> Approve:
-    """Approvals sent to the gateway's admin API on its unix socket (the lead answers it)."""
+    """Approvals sent to the gateway's admin API on its unix socket (the lead's: every worker
+    passes the same one, GatewayConfig.gateway_admin_socket_path)."""
 
     async def approve(request_id: str, scope: str, reason: str) -> None:
         transport = httpx.AsyncHTTPTransport(uds=str(socket))
