@@ -11,53 +11,72 @@ not anything has swept it yet: expiry is checked at every match.
 The grants file of a tenant (`<tenants dir>/<tenant>.grants.yaml`) is written by the gateway
 and reviewed like code:
 
+    # sandgate-grants-file v1: written by the gateway, sealed by its last line ...
     tenant: t1
     grants:
       # approval 3f9c...: approved by alice at 2026-12-01T22:40:00Z (scope tenant)
       # why: "the build needs the package index"
-      - id: 3f9c...
+      - id: "3f9c..."
         host: api.test
         port: 443
         methods: [GET]
-        paths: [/v1/items]
+        paths: ["/v1/items"]
         approved_by: alice
         approved_at: "2026-12-01T22:40:00Z"
         reason: the build needs the package index
         expires: "2026-12-02T22:40:00Z"   # optional
+    # sandgate-grants-file end sha256:<digest of every line above>
+
+Every grant in a grants file states its methods and its paths: `["*"]` alone means every
+method (every path), and a grant that says neither is refused, so a file cut or saved
+half-way through a grant never allows more than the whole grant would
+(sandgate.policy.model.grants_seal: the first and last lines tell a whole gateway-written
+file from a cut one; a hand-written file has neither and loads as any policy file does).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from sandgate.policy.errors import HostError
+from sandgate.policy.errors import HostError, PolicyLoadError, SourceLocation
 from sandgate.policy.hosts import normalise_host, parse_ip_literal
 from sandgate.policy.matcher import CompiledRule, compile_path_globs
+from sandgate.policy.model.grants_seal import check_seal, seal
 from sandgate.policy.model.tenant import NAME_PATTERN, check_method, check_path_glob
+from sandgate.policy.model.yamlsource import YamlDocument, parse_yaml, validate
 
 __all__ = [
     "APPROVAL_ID",
     "EMPTY_GRANTS",
+    "EVERY",
     "Grant",
     "GrantEntry",
     "Grants",
     "GrantsFile",
+    "GrantsFileEntry",
     "exact_path_problem",
     "format_utc",
     "grant_from_entry",
+    "load_grants_file",
+    "parse_grants_text",
     "parse_utc",
     "render_grants_file",
 ]
 
 # An approval (access request) id: lower-case hex, as sandgate.proxy.audit mints decision ids.
 APPROVAL_ID = r"^[0-9a-f]{12,64}$"
+
+# In a grants file, `methods: ["*"]` (`paths: ["*"]`): every method (path), written out, since
+# a grant that leaves them out is refused. `*` as hosts: ["*"] spells "any host" in allow rules;
+# it is no method and no path glob (a glob starts with '/'), so it can mean nothing else.
+EVERY = "*"
 
 
 def format_utc(when: float) -> str:
@@ -169,8 +188,11 @@ class Grant:
 
     @staticmethod
     def from_json(data: dict[str, Any], origin: str) -> Grant:
-        """A stored grant (ValueError, KeyError or TypeError when malformed)."""
-        methods, paths = data.get("methods"), data.get("paths")
+        """A stored grant (ValueError, KeyError or TypeError when malformed).
+
+        `methods` and `paths` must be there (`null`: every method, every path, as as_json
+        writes it): a record that leaves them out is malformed, never a grant of everything."""
+        methods, paths = data["methods"], data["paths"]
         entry = GrantEntry(
             id=str(data["id"]),
             host=str(data["host"]),
@@ -276,20 +298,77 @@ def _check_time(value: str) -> str:
 _Time = Annotated[str, AfterValidator(_check_time)]
 
 
-class GrantEntry(BaseModel):
-    """One grant as a grants file writes it."""
-
+class _GrantShape(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: Annotated[str, Field(pattern=APPROVAL_ID, description="the approval (access request) id")]
     host: Annotated[str, AfterValidator(_check_host), Field(description="one exact host")]
     port: Annotated[int, Field(ge=1, le=65535)]
+
+
+class GrantEntry(_GrantShape):
+    """A grant's destination, methods and paths, checked (None: every method, every path), as
+    an approval builds it and the gateway's grants store reads it back."""
+
     methods: list[Annotated[str, AfterValidator(check_method)]] | None = Field(default=None, min_length=1)
     paths: list[Annotated[str, AfterValidator(check_path_glob)]] | None = Field(default=None, min_length=1)
+
+
+def _check_method_entry(value: str) -> str:
+    return value if value == EVERY else check_method(value)
+
+
+def _check_path_entry(value: str) -> str:
+    return value if value == EVERY else check_path_glob(value)
+
+
+def _stated(values: list[str] | None, key: str, what: str) -> list[str]:
+    """`values` as written: present, and `*` alone or not at all."""
+    if values is None:
+        # A file cut (or saved) before this line must not read as a grant of everything.
+        raise ValueError(f'missing: name the {what}s it allows, or write {key}: ["*"] for every {what}')
+    if EVERY in values and len(values) > 1:
+        raise ValueError(f'"*" means every {what}: write it alone, or name the {what}s without it')
+    return values
+
+
+class GrantsFileEntry(_GrantShape):
+    """One grant as a grants file writes it: methods and paths always stated (`["*"]`: all)."""
+
+    methods: list[Annotated[str, AfterValidator(_check_method_entry)]] | None = Field(
+        default=None,
+        min_length=1,
+        validate_default=True,
+        description='HTTP methods, or ["*"] for every method (required)',
+    )
+    paths: list[Annotated[str, AfterValidator(_check_path_entry)]] | None = Field(
+        default=None,
+        min_length=1,
+        validate_default=True,
+        description='path globs, or ["*"] for every path, as sent (required)',
+    )
     approved_by: Annotated[str, Field(max_length=200)] | None = None
     approved_at: _Time | None = None
     reason: Annotated[str, Field(max_length=2000)] | None = None
     expires: _Time | None = Field(default=None, description="when it stops allowing (UTC); none: never")
+
+    @field_validator("methods", mode="after")
+    @classmethod
+    def _methods_stated(cls, value: list[str] | None) -> list[str]:
+        return _stated(value, "methods", "method")
+
+    @field_validator("paths", mode="after")
+    @classmethod
+    def _paths_stated(cls, value: list[str] | None) -> list[str]:
+        return _stated(value, "paths", "path")
+
+    def method_set(self) -> frozenset[str] | None:
+        """The methods as a Grant holds them (None: every method)."""
+        return None if self.methods is None or self.methods == [EVERY] else frozenset(self.methods)
+
+    def path_globs(self) -> tuple[str, ...] | None:
+        """The path globs as a Grant holds them (None: every path)."""
+        return None if self.paths is None or self.paths == [EVERY] else tuple(self.paths)
 
 
 class GrantsFile(BaseModel):
@@ -298,10 +377,27 @@ class GrantsFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tenant: Annotated[str, Field(pattern=NAME_PATTERN)]
-    grants: list[GrantEntry] = Field(default_factory=list)
+    grants: list[GrantsFileEntry] = Field(default_factory=list)
 
 
-def grant_from_entry(tenant: str, entry: GrantEntry, origin: str) -> Grant:
+def parse_grants_text(text: str, file: str) -> tuple[YamlDocument, GrantsFile]:
+    """A grants file's text, checked whole: its seal (when the gateway wrote it), YAML and
+    schema; PolicyLoadError (or PolicySetError) naming file, line and field otherwise."""
+    check_seal(text, file)
+    doc = parse_yaml(text, file)
+    return doc, validate(GrantsFile, doc)
+
+
+def load_grants_file(path: Path) -> tuple[YamlDocument, GrantsFile]:
+    """Read a grants file once and check it whole (parse_grants_text)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PolicyLoadError(SourceLocation(str(path)), "", f"cannot read: {e}") from e
+    return parse_grants_text(text, str(path))
+
+
+def grant_from_entry(tenant: str, entry: GrantsFileEntry, origin: str) -> Grant:
     """A grants file's entry as a tenant-wide grant."""
     return Grant(
         id=entry.id,
@@ -309,8 +405,8 @@ def grant_from_entry(tenant: str, entry: GrantEntry, origin: str) -> Grant:
         sandbox=None,
         host=entry.host,
         port=entry.port,
-        methods=frozenset(entry.methods) if entry.methods is not None else None,
-        paths=tuple(entry.paths) if entry.paths is not None else None,
+        methods=entry.method_set(),
+        paths=entry.path_globs(),
         expires=parse_utc(entry.expires) if entry.expires is not None else None,
         by=entry.approved_by,
         at=parse_utc(entry.approved_at) if entry.approved_at is not None else 0.0,
@@ -331,7 +427,9 @@ def exact_path_problem(path: str) -> str | None:
     return None
 
 
-_UNSAFE_IN_COMMENT = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]+")
+# Line breaks (YAML's \x85, \u2028, \u2029 too) would end the comment; what YAML refuses even in a
+# comment (C0 and C1 controls, surrogates, non-characters) would leave a file that does not load.
+_UNSAFE_IN_COMMENT = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]+")
 
 
 def _comment_text(text: str | None, limit: int = 300) -> str:
@@ -342,45 +440,67 @@ def _comment_text(text: str | None, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def _scalar(value: str) -> str:
-    """A YAML scalar that reads back as exactly `value` (a JSON string is a YAML one)."""
-    return json.dumps(value)
+    """A double-quoted YAML scalar, ASCII only, that reads back as exactly `value`.
+
+    Not json.dumps: JSON writes a character beyond U+FFFF as two surrogate escapes, which YAML
+    refuses, so the file would not load. A lone surrogate (no character) becomes U+FFFD."""
+    return '"' + "".join(_escape(ch) for ch in value) + '"'
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    if 0x20 <= code < 0x7F:
+        return ch
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if 0xD800 <= code <= 0xDFFF:
+        return "\\ufffd"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def render_grants_file(tenant: str, grants: Iterable[Grant]) -> str:
-    """A tenant's grants file: each grant with a comment saying who approved it, when, why, and
-    its approval id (sandgate.policy.model.grants documents the format)."""
+    """A tenant's grants file, sealed: each grant with a comment saying who approved it, when,
+    why, and its approval id (sandgate.policy.model.grants documents the format)."""
     lines = [
         f"# Grants for tenant {tenant}: allow rules approvals added (`sandgate requests approve",
-        "# --scope tenant`). Written by the gateway; review it like code. A grant allows one host",
-        "# and port (and the methods and paths it names); deny rules and the address guard still",
-        "# refuse first. Remove an entry (or `sandgate requests revoke ID`) to withdraw it.",
+        "# --scope tenant`). Review it like code. A grant allows one host and port, and the methods",
+        '# and paths it names (["*"]: every one); deny rules and the address guard still refuse',
+        "# first. Remove an entry (or `sandgate requests revoke ID`) to withdraw it.",
         f"tenant: {tenant}",
     ]
     entries = sorted(grants, key=lambda g: (g.at, g.id))
-    if not entries:
-        lines.append("grants: []")
-    else:
-        lines.append("grants:")
+    lines.append("grants:" if entries else "grants: []")
     for g in entries:
-        until = f", until {format_utc(g.expires)}" if g.expires is not None else ""
-        lines.append(
-            f"  # approval {g.id}: approved by {_comment_text(g.by, 100)} at {format_utc(g.at)}"
-            f" (scope tenant{until})"
-        )
-        lines.append(f"  # why: {_comment_text(g.reason)}")
-        lines.append(f"  - id: {g.id}")
-        lines.append(f"    host: {_scalar(g.host)}")
-        lines.append(f"    port: {g.port}")
-        if g.methods is not None:
-            lines.append(f"    methods: [{', '.join(sorted(g.methods))}]")
-        if g.paths is not None:
-            lines.append(f"    paths: [{', '.join(_scalar(p) for p in g.paths)}]")
-        if g.by is not None:
-            lines.append(f"    approved_by: {_scalar(g.by)}")
-        lines.append(f"    approved_at: {_scalar(format_utc(g.at))}")
-        if g.reason is not None:
-            lines.append(f"    reason: {_scalar(g.reason)}")
-        if g.expires is not None:
-            lines.append(f"    expires: {_scalar(format_utc(g.expires))}")
-    return "\n".join(lines) + "\n"
+        lines += _render_grant(g)
+    return seal("\n".join(lines) + "\n")
+
+
+def _render_grant(g: Grant) -> list[str]:
+    """One grant's comment and entry; methods and paths always written (`["*"]`: all)."""
+    until = f", until {format_utc(g.expires)}" if g.expires is not None else ""
+    methods = sorted(g.methods) if g.methods is not None else [EVERY]
+    paths = list(g.paths) if g.paths is not None else [EVERY]
+    lines = [
+        f"  # approval {g.id}: approved by {_comment_text(g.by, 100)} at {format_utc(g.at)}"
+        f" (scope tenant{until})",
+        f"  # why: {_comment_text(g.reason)}",
+        f"  - id: {_scalar(g.id)}",  # quoted: an id of digits only would read as a number
+        f"    host: {_scalar(g.host)}",
+        f"    port: {g.port}",
+        f"    methods: [{', '.join(_scalar(m) if m == EVERY else m for m in methods)}]",
+        f"    paths: [{', '.join(_scalar(p) for p in paths)}]",
+    ]
+    if g.by is not None:
+        lines.append(f"    approved_by: {_scalar(g.by)}")
+    lines.append(f"    approved_at: {_scalar(format_utc(g.at))}")
+    if g.reason is not None:
+        lines.append(f"    reason: {_scalar(g.reason)}")
+    if g.expires is not None:
+        lines.append(f"    expires: {_scalar(format_utc(g.expires))}")
+    return lines

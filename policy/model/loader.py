@@ -28,7 +28,7 @@ from sandgate.policy.errors import (
 )
 from sandgate.policy.matcher import ANY_HOST, ANY_PORT, CompiledRule, RuleIndex, compile_path_globs
 from sandgate.policy.model.claims import Claim, conflicts
-from sandgate.policy.model.grants import EMPTY_GRANTS, Grants, GrantsFile, grant_from_entry
+from sandgate.policy.model.grants import EMPTY_GRANTS, Grants, grant_from_entry, load_grants_file
 from sandgate.policy.model.policyset import LoadNotice, PolicySet, SandboxRecord, TenantPolicy, TenantProblem
 from sandgate.policy.model.rego_loader import RegoLoad, load_rego, rego_watch_files
 from sandgate.policy.model.salvage import salvage
@@ -373,8 +373,7 @@ def _load_grants(
 ) -> Grants:
     """A tenant's grants file; its problems are the tenant's (file:line: field: problem)."""
     try:
-        doc = load_yaml(path)
-        model = validate(GrantsFile, doc)
+        doc, model = load_grants_file(path)
     except PolicySetError as e:
         errors.extend(e.errors)
         return EMPTY_GRANTS

@@ -1,7 +1,9 @@
 """A tenant's grants file (`<tenants dir>/<tenant>.grants.yaml`), written by the gateway: read
 whole, changed, rendered with its who/when/why comments (sandgate.policy.model.grants), and
 replaced atomically (a temporary file beside it, fsync, rename, fsync of the folder), so a
-reader sees the old file or the new one, never half of one.
+reader sees the old file or the new one, never half of one. It is sealed too (its first and
+last lines, sandgate.policy.model.grants_seal): a copy of it cut short (a backup, a sync, an
+editor's save) is refused, never loaded as the grants before the cut.
 
 A grants file that does not load is never overwritten: the operator fixes it first (the
 gateway serves the tenant's last good version meanwhile).
@@ -16,8 +18,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from sandgate.policy.errors import PolicyLoadError, PolicySetError
-from sandgate.policy.model.grants import Grant, Grants, GrantsFile, grant_from_entry, render_grants_file
-from sandgate.policy.model.yamlsource import load_yaml, validate
+from sandgate.policy.model.grants import (
+    Grant,
+    grant_from_entry,
+    load_grants_file,
+    parse_grants_text,
+    render_grants_file,
+)
 
 __all__ = ["GrantsFileError", "add_grant", "grants_path", "read_grants", "remove_grants"]
 
@@ -36,8 +43,7 @@ def read_grants(path: Path, tenant: str) -> list[Grant]:
     if not path.exists():
         return []
     try:
-        doc = load_yaml(path)
-        model = validate(GrantsFile, doc)
+        _, model = load_grants_file(path)
     except PolicySetError as e:
         raise GrantsFileError("; ".join(str(x) for x in e.errors[:5])) from None
     except PolicyLoadError as e:
@@ -71,9 +77,27 @@ def _change(path: Path, tenant: str, change: Callable[[list[Grant]], list[Grant]
     if after == before and path.exists():
         return
     text = render_grants_file(tenant, after)
-    # What is written must load: a bug here never leaves a file the gateway refuses.
-    Grants(after)
+    _check_reads_back(path, tenant, text, after)
     _write_atomically(path, text)
+
+
+def _check_reads_back(path: Path, tenant: str, text: str, grants: list[Grant]) -> None:
+    """What is written must load, and load as exactly these grants: a bug here never leaves a
+    file the gateway refuses, or one that allows more than it was told."""
+    try:
+        _, model = parse_grants_text(text, str(path))
+    except PolicyLoadError as e:
+        raise GrantsFileError(f"{path}: not written: it would not load back: {e}") from None
+    back = [grant_from_entry(tenant, entry, "") for entry in model.grants]
+    if sorted(map(_shape, back), key=repr) != sorted(map(_shape, grants), key=repr):
+        raise GrantsFileError(f"{path}: not written: it would not load back as the same grants")
+
+
+def _shape(g: Grant) -> tuple[object, ...]:
+    """What a grant allows and until when (times to the second, as the file writes them)."""
+    methods = sorted(g.methods) if g.methods is not None else None
+    expires = int(g.expires) if g.expires is not None else None
+    return (g.id, g.host, g.port, methods, g.paths, expires)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -114,6 +114,9 @@ def test_a_rendered_grants_file_parses_back_with_its_comments(tmp_path: Path) ->
     assert "# approval 0123456789ab0001: approved by alice at 2026-09-21T14:13:20Z (scope tenant)" in text
     assert "# why: line one - id: ffffffffffff" in text, "a reason never breaks out of its comment"
     assert "until 2029-" in text
+    # Sealed (sandgate.policy.model.grants_seal), and every grant states its methods and paths.
+    assert text.startswith("# sandgate-grants-file v1") and "\n# sandgate-grants-file end sha256:" in text
+    assert '    methods: ["*"]\n    paths: ["*"]\n' in text
     root = write_rules(tmp_path, text)
     policy = load_policy_dir(root)
     loaded = list(policy.tenants["asker"].grants)
@@ -122,7 +125,7 @@ def test_a_rendered_grants_file_parses_back_with_its_comments(tmp_path: Path) ->
         (ID2, "api.example.com", 443, None, None, None),
     ]
     assert loaded[0].reason == hostile and loaded[1].expires == 1_890_000_000.0
-    assert loaded[0].origin.endswith("asker.grants.yaml:9")
+    assert loaded[0].origin.endswith("asker.grants.yaml:12")
     assert [d["id"] for d in yaml.safe_load(text)["grants"]] == [ID1, ID2]
     # The grants file is the tenant's: it is in the policy's files and its version.
     assert str(root / "tenants" / "asker.grants.yaml") in policy.files
@@ -197,17 +200,37 @@ async def test_explain_names_the_grant(tmp_path: Path) -> None:
     assert step.outcome is Outcome.OK and ID1 in step.detail
 
 
+def entry(*lines: str, gid: str = ID1, host: str = "api.example.com", port: str = "443") -> str:
+    """A hand-written grants file with one grant: id, host, port, then `lines`."""
+    head = f"tenant: asker\ngrants:\n  - id: {gid}\n    host: {host}\n    port: {port}\n"
+    return head + "".join(f"    {line}\n" for line in lines)
+
+
+EXPLICIT = ('methods: ["*"]', 'paths: ["*"]')
+SEALED = render_grants_file("asker", [grant(ID2, methods=["GET"], paths=["/v1/other"])])
+
+
 @pytest.mark.parametrize(
     ("text", "where"),
     [
-        ("tenant: asker\ngrants:\n  - id: 0123456789ab0001\n    host: api.example.com\n    port: 0\n", ":5"),
-        ("tenant: asker\ngrants:\n  - id: nothex\n    host: api.example.com\n    port: 443\n", ":3"),
+        (entry(*EXPLICIT, port="0"), ":5:5: grants.0.port: "),
+        (entry(*EXPLICIT, gid="nothex"), ":3:5: grants.0.id: "),
+        (entry(*EXPLICIT, host="'*.example.com'"), ":4:5: grants.0.host: "),
+        ("tenant: other\ngrants: []\n", ":1:1: tenant: "),
+        ("tenant: asker\ngrants: [\n", ":3:1: invalid YAML"),
+        (entry(), ':3:5: grants.0.methods: missing: name the methods it allows, or write methods: ["*"]'),
+        (entry("methods: [GET]"), ":3:5: grants.0.paths: missing: name the paths it allows"),
+        (entry("methods:", 'paths: ["*"]'), ":6:5: grants.0.methods: missing"),
+        (entry("methods: []", 'paths: ["*"]'), ":6:5: grants.0.methods: List should have at least 1 item"),
+        (entry('methods: ["*", GET]', 'paths: ["*"]'), ':6:5: grants.0.methods: "*" means every method'),
+        (entry("methods: [GET]", 'paths: ["*", "/v1/**"]'), ':7:5: grants.0.paths: "*" means every path'),
+        (entry("methods: [get]", 'paths: ["*"]'), ":6:15: grants.0.methods.0: 'get' is not an upper-case"),
         (
-            "tenant: asker\ngrants:\n  - id: 0123456789ab0001\n    host: '*.example.com'\n    port: 443\n",
-            ":4",
+            SEALED[: SEALED.index("    paths:")],
+            ":15: the gateway wrote this file (line 1) and its end line is missing",
         ),
-        ("tenant: other\ngrants: []\n", ":1"),
-        ("tenant: asker\ngrants: [\n", ""),
+        (SEALED.replace("/v1/other", "/v1/**"), ":20: the file does not match the digest on its end line"),
+        (SEALED + "  - id: 0123456789ab0009\n", ":20: text after the end line"),
     ],
     ids=[
         "a port out of range",
@@ -215,6 +238,16 @@ async def test_explain_names_the_grant(tmp_path: Path) -> None:
         "a wildcard host",
         "another tenant's",
         "bad yaml",
+        "a grant cut before its methods line",
+        "a grant cut before its paths line",
+        "methods: with nothing after it",
+        "an empty list of methods",
+        "every method beside a method",
+        "every path beside a path",
+        "a method in lower case",
+        "a gateway-written file cut short",
+        "a gateway-written file changed under its seal",
+        "a gateway-written file with a grant added after its end line",
     ],
 )
 def test_a_broken_grants_file_is_refused_naming_file_and_line(tmp_path: Path, text: str, where: str) -> None:
@@ -254,3 +287,45 @@ def test_the_dns_listener_answers_a_name_only_a_live_grant_of_the_sandbox_names(
     assert not grants.names_host("asker", "a-2", "api.example.com", now), "another sandbox's grant"
     assert not grants.names_host("other", "a-1", "api.example.com", now), "another tenant's"
     assert not grants.names_host("asker", "a-1", "gone.example.com", now), "expired"
+
+
+REQUESTS = ("GET /v1/items", "POST /v1", "POST /admin", "DELETE /", "GET /v2")
+
+
+@pytest.mark.parametrize(
+    ("lines", "methods", "paths", "allowed", "inspect"),
+    [
+        (EXPLICIT, None, None, set(REQUESTS), False),
+        (('methods: ["*"]', 'paths: ["/v1/**"]'), None, ("/v1/**",), {"GET /v1/items", "POST /v1"}, True),
+        (("methods: [POST]", 'paths: ["*"]'), frozenset({"POST"}), None, {"POST /v1", "POST /admin"}, True),
+        (("methods:", "  - '*'", "paths:", "  - '*'"), None, None, set(REQUESTS), False),
+    ],
+    ids=[
+        "every method and every path, as a held CONNECT's grant: its tunnel, not intercepted",
+        "every method on some paths",
+        "one method on every path",
+        "every method and path in block style",
+    ],
+)
+async def test_every_method_or_path_is_written_out_and_accepted(
+    tmp_path: Path,
+    lines: tuple[str, ...],
+    methods: frozenset[str] | None,
+    paths: tuple[str, ...] | None,
+    allowed: set[str],
+    inspect: bool,
+) -> None:
+    policy = load_policy_dir(write_rules(tmp_path, entry(*lines)))
+    [loaded] = policy.tenants["asker"].grants
+    assert (loaded.methods, loaded.paths) == (methods, paths)
+    d = await ask(policy, A1, EgressRequest(Phase.CONNECT, "api.example.com", 443))
+    assert (d.allowed, d.inspect) == (True, inspect)
+    for request in REQUESTS:
+        method, path = request.split(" ")
+        d = await ask(policy, A1, http(method=method, path=path))
+        assert d.allowed is (request in allowed), request
+    # Written back by the gateway, it says the same.
+    again = render_grants_file("asker", [loaded])
+    root = write_rules(tmp_path / "again", again)
+    [back] = load_policy_dir(root).tenants["asker"].grants
+    assert (back.methods, back.paths) == (methods, paths)

@@ -98,11 +98,18 @@ def test_held_approved_denied_expired_and_gone_are_timed_and_counted(
     grants = {
         "tenant": "t1",
         "grants": [
-            {"id": "00aa11bb22cc", "host": "api.test", "port": http_upstream.port, "paths": ["/granted"]},
+            {
+                "id": "00aa11bb22cc",
+                "host": "api.test",
+                "port": http_upstream.port,
+                "methods": ["*"],
+                "paths": ["/granted"],
+            },
             {
                 "id": "00aa11bb22cd",
                 "host": "api.test",
                 "port": http_upstream.port,
+                "methods": ["*"],
                 "paths": ["/old"],
                 "expires": "2020-01-01T00:00:00Z",
             },

@@ -44,6 +44,10 @@ def tenant(port: int) -> str:
     )
 
 
+# A grant of every method and path of its host and port, written out (a grant must say so).
+EVERYTHING = {"methods": ["*"], "paths": ["*"]}
+
+
 def sandgate(gw: RunningGateway, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [SANDGATE, *args, "--config", str(gw.root / "sandgate.yaml")],
@@ -255,10 +259,11 @@ def test_a_grant_never_beats_a_deny_rule_or_the_address_guard(
                         "id": "0123456789ab0001",
                         "host": "api.test",
                         "port": http_upstream.port,
+                        "methods": ["*"],
                         "paths": ["/**"],
                     },
-                    {"id": "0123456789ab0002", "host": "self.test", "port": gw.port},
-                    {"id": "0123456789ab0004", "host": "open.test", "port": http_upstream.port},
+                    {"id": "0123456789ab0002", "host": "self.test", "port": gw.port, **EVERYTHING},
+                    {"id": "0123456789ab0004", "host": "open.test", "port": http_upstream.port, **EVERYTHING},
                 ],
             }
         )
@@ -286,11 +291,15 @@ def test_a_broken_grants_file_keeps_the_old_policy(
     url = f"http://api.test:{http_upstream.port}/v1/kept"
     grants.write_text(
         f"tenant: t1\ngrants:\n  - id: 0123456789ab0003\n    host: api.test\n    port: {http_upstream.port}\n"
+        '    methods: ["*"]\n    paths: ["*"]\n'
     )
     try:
         assert sandgate(gw, "policy", "reload").returncode == 0
         assert allowed_at_once(gw, url)
-        grants.write_text("tenant: t1\ngrants:\n  - id: 0123456789ab0003\n    host: api.test\n    port: 0\n")
+        grants.write_text(
+            "tenant: t1\ngrants:\n  - id: 0123456789ab0003\n    host: api.test\n    port: 0\n"
+            '    methods: ["*"]\n    paths: ["*"]\n'
+        )
         out = sandgate(gw, "policy", "reload")
         assert "t1.grants.yaml:5" in out.stdout + out.stderr and "port" in out.stdout + out.stderr
         assert allowed_at_once(gw, url), "the tenant's last good version (with its grants) is kept"
@@ -335,6 +344,7 @@ def test_scope_tenant_writes_a_reviewed_grants_file_that_survives_a_restart(
     assert entry["reason"] == "the team needs it\nreally" and entry["approved_by"]
     assert f"# approval {gid}: approved by {entry['approved_by']} at " in text
     assert "# why: the team needs it really" in text
+    assert text.startswith("# sandgate-grants-file v1") and "\n# sandgate-grants-file end sha256:" in text
     assert not list(path.parent.glob(".t1.grants.yaml.*")), "no temporary file left behind"
     # Every sandbox of the tenant.
     assert allowed_at_once(gw, url, sandbox="sb2")
@@ -450,3 +460,56 @@ def test_an_expired_tenant_grant_leaves_its_grants_file_and_is_recorded(
     finally:
         path.unlink(missing_ok=True)
         assert sandgate(gw, "policy", "reload").returncode == 0
+
+
+def test_a_hand_edit_cut_before_a_grants_methods_allows_nothing_more_until_it_is_whole(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> None:
+    """Issue 23: an editor saves a grants file in place with a new grant cut before its
+    `methods:` line, and the operator pauses longer than the settle time. The cut grant is no
+    grant of every method and path: the file is refused whole (logged with file, line and
+    field), the tenant keeps its last good grants, and the otherwise denied path stays denied.
+    Once the edit is complete, the grant allows exactly what it names."""
+    port = http_upstream.port
+    rules = {
+        "tenant": "t1",
+        "sandboxes": [{"id": "sb1", "token": TOKEN_REF}],
+        "allow": [
+            {"id": "v1", "hosts": ["api.test"], "ports": [port], "methods": ["GET"], "paths": ["/v1/**"]}
+        ],
+    }
+    good = (
+        f"tenant: t1\ngrants:\n  - id: 0123456789ab0005\n    host: api.test\n    port: {port}\n"
+        '    methods: [GET]\n    paths: ["/kept"]\n'
+    )
+    gw = start_gateway({"t1.yaml": yaml.safe_dump(rules, sort_keys=False), "t1.grants.yaml": good})
+    path = gw.rules_dir / "tenants" / "t1.grants.yaml"
+    base = f"http://api.test:{port}"
+    with httpx.Client(proxy=gw.proxy("sb1"), timeout=10) as client:
+
+        def status(target: str) -> tuple[int, str | None]:
+            answer = client.get(base + target)
+            return answer.status_code, answer.headers.get("x-sandgate-reason")
+
+        assert status("/kept") == (200, None)
+        assert status("/admin/report") == (403, "path_not_allowed")
+
+        # The hand edit, saved in place, cut before the new grant's `methods:` line (line 8),
+        # and left so past the settle time (0.3 s): the watcher loads it.
+        reloads = gw.log().count('"policy.reloaded"')
+        with path.open("a") as f:
+            f.write(f"  - id: 0123456789ab0006\n    host: api.test\n    port: {port}\n")
+        eventually(lambda: gw.log().count('"policy.reloaded"') > reloads)
+        http_upstream.reset()
+        assert [status("/admin/report") for _ in range(20)] == [(403, "path_not_allowed")] * 20
+        eventually(lambda: "t1.grants.yaml:8:5: grants.1.methods: missing" in gw.log())
+        assert "policy.tenant_load_failed" in gw.log()
+        assert status("/v1/items") == (200, None) and status("/kept") == (200, None), "last good grants"
+        assert [r.target for r in http_upstream.requests] == ["/v1/items", "/kept"]
+
+        # The edit completed: the grant allows what it names, and nothing more.
+        with path.open("a") as f:
+            f.write('    methods: [GET]\n    paths: ["/admin/report"]\n')
+        eventually(lambda: status("/admin/report") == (200, None))
+        assert status("/admin/other") == (403, "path_not_allowed")
+        assert client.post(base + "/admin/report").status_code == 403
