@@ -51,6 +51,7 @@ class Reason(StrEnum):
     APPROVAL_TIMEOUT = "approval_timeout"
     APPROVAL_QUEUE_FULL = "approval_queue_full"
     RESERVED_HOST = "reserved_host"
+    MESSAGE_TOO_LARGE = "message_too_large"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +167,11 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
             "the gateway's own name (`approvals.endpoint_name`, default `sandgate.internal`): answered"
             " by the gateway over plain HTTP on port 80 only, never resolved or forwarded; a CONNECT"
             " (403), another port (403) or TLS (closed) to it is refused"
+        ),
+        Reason.MESSAGE_TOO_LARGE: Meaning(
+            "a WebSocket message (from the guest or the upstream) over `websocket.max_message_bytes`:"
+            " the session is closed, 1009 to the side that sent it, 1001 to the other",
+            (),
         ),
     }
 )

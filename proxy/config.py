@@ -40,6 +40,7 @@ __all__ = [
     "RedisConfig",
     "ResolverConfig",
     "TransparentConfig",
+    "WebSocketConfig",
     "WorkersConfig",
     "for_worker",
     "load_config",
@@ -400,6 +401,18 @@ class HeadsConfig(_Strict):
     )
 
 
+class WebSocketConfig(_Strict):
+    """Caps on intercepted WebSocket sessions (proxy/mitm/websocket_guard.py)."""
+
+    max_message_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = Field(
+        default=4 * 1024 * 1024,
+        description=(
+            "one message (all its fragments, inflated), either way; a message passing it closes the "
+            "session (1009 to its sender, 1001 to the other side) before more of it is buffered"
+        ),
+    )
+
+
 class Http2Config(_Strict):
     """Hardening of intercepted HTTP/2 connections from guests (proxy/addons/h2_guard.py)."""
 
@@ -643,6 +656,7 @@ class GatewayConfig(_Strict):
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     http2: Http2Config = Field(default_factory=Http2Config)
     heads: HeadsConfig = Field(default_factory=HeadsConfig)
+    websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     # Filled in by load_config: the folder relative paths are resolved against.

@@ -71,7 +71,10 @@ from sandgate.proxy.approvals.proposal_trail import ProposalTrail
 from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.approvals.webhook import webhook_for
 from sandgate.proxy.audit.forward import ForwardSink
+from sandgate.proxy.audit.intents import IntentJournal
+from sandgate.proxy.audit.leftovers import settle_dead_processes
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
+from sandgate.proxy.audit.spool import Spool
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, StdoutSink, audit_file_sink
 from sandgate.proxy.bindcheck import check_endpoints, endpoints, failure_line, quiet_mitmproxy_bind_errors
 from sandgate.proxy.broker_setup import configure_broker
@@ -98,6 +101,8 @@ from sandgate.proxy.mitm.reuse_port import set_front
 from sandgate.proxy.mitm.speedups import install as install_speedups
 from sandgate.proxy.mitm.trailers import patch_http1_trailers
 from sandgate.proxy.mitm.tunnel_meter import install as install_tunnel_meter
+from sandgate.proxy.mitm.websocket_guard import install as install_websocket_guard
+from sandgate.proxy.mitm.websocket_guard import self_test as websocket_guard_self_test
 from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
 from sandgate.proxy.net.name_bindings import NameBindings
@@ -121,6 +126,7 @@ from sandgate.proxy.stores.registry_redis import RedisSandboxStore, rules_checke
 from sandgate.proxy.tasks import spawn
 from sandgate.proxy.upstream_trust import upstream_trust_file
 from sandgate.proxy.version import version_of
+from sandgate.proxy.worker_role import SUPERVISOR_GONE
 
 __all__ = ["Gateway", "build_resolver", "fleet_gateway_id", "serve"]
 
@@ -162,11 +168,18 @@ def fleet_gateway_id(config: GatewayConfig, rcfg: RedisConfig) -> str:
 
 
 def build_file_sink(config: GatewayConfig) -> AuditSink:
-    """The audit file; a worker of several forwards to the supervisor's collector, its one writer."""
+    """The audit file; a worker of several forwards to the supervisor's collector, its one
+    writer (spooling in its own folder once the supervisor is gone). A gateway of one process
+    first writes what its earlier processes left (spools, intents cut by their exit)."""
     role = config.worker
     if role.count > 1:
-        return ForwardSink(config.audit_socket_path, f"w{role.index}")
-    return audit_file_sink(config)
+        return ForwardSink(config.audit_socket_path, f"w{role.index}", spool=Spool(config.worker_dir))
+    sink = audit_file_sink(config)
+    try:
+        settle_dead_processes(config.state_path, config.audit_path, sink.write)
+    except OSError as e:
+        log.error("audit.settle_failed", error=e.strerror)  # left for the next start
+    return sink
 
 
 def build_stream_sink(config: GatewayConfig, rcfg: RedisConfig) -> RedisStreamSink:
@@ -321,7 +334,11 @@ class Gateway:
             acknowledge=config.audit.fsync == "per_batch",
             # Which of several workers decided: one trail, and the record still says where.
             stamp={"worker": config.worker.index} if config.worker.count > 1 else None,
+            # What goes upstream is on disk before it goes, until its record is written.
+            journal=IntentJournal(config.worker_dir),
         )
+        # A worker's hand-off to the collector, told when the supervisor is gone.
+        self.forward = next((s for s in sinks if isinstance(s, ForwardSink)), None)
         tcfg = config.transparent
         self.ctx = GatewayContext(
             policy=policy,
@@ -410,13 +427,18 @@ class Gateway:
         self.master = master.Master(options.Options(confdir=str(config.ca_dir)))
         self.drainer = Drainer(self.ctx, self.master)
         self._drain_task: asyncio.Future[None] | None = None
+        self._orphaned = False
         patch_http1_trailers()
+        # WebSocket sessions: a cap on one message, control frames checked, clean closes.
+        install_websocket_guard()
         server = proxyserver.Proxyserver()
         closer = ConnectionCloser(server)
         # Requests held for an operator's decision (`ask` rules): this worker's pending store.
         self.approvals = Approvals(
             timeout=config.approvals.ask_timeout_seconds, max_held=config.approvals.max_held_per_sandbox
         )
+        # A drain answers held requests at once (503, "cut by shutdown"): no operator is coming.
+        self.drainer.on_drain.append(self.approvals.cut_held)
         # Each worker announces the requests it holds (ConfigError here when the secret is unreadable).
         self.webhook = webhook_for(
             config.approvals.webhook,
@@ -508,7 +530,7 @@ class Gateway:
             HeadGuard(self.ctx, config.heads),
             # Before the Gate: h2c offers are stripped before a request is decided, and a
             # refused answer is in place when the Gate records the exchange.
-            Upgrades(self.ctx, closer),
+            Upgrades(self.ctx, closer, config.websocket),
             Trailers(closer),
             Gate(
                 self.ctx,
@@ -552,6 +574,7 @@ class Gateway:
         check_h2_seam(self.master.options)
         # The same for the caps on HTTP/1 heads (sandgate.proxy.mitm.head_caps).
         head_caps_self_test(self.master.options)
+        websocket_guard_self_test(self.master.options)
 
     def _load_policy(self, previous: PolicySet | None = None) -> PolicySet:
         """The rules directory plus the dynamic sandbox registry (runs in a worker thread).
@@ -770,6 +793,17 @@ class Gateway:
         else:
             self.drainer.cut_now()
 
+    def supervisor_gone(self) -> None:
+        """The supervisor died (SUPERVISOR_GONE, sent again as each of its threads ends): drain
+        as on SIGTERM, once; records the collector cannot take now go to this worker's spool."""
+        if self.forward is None or self._orphaned:
+            return
+        self._orphaned = True
+        log.warning("worker.supervisor_gone", spool=str(self.config.worker_dir))
+        self.forward.orphaned()
+        if self._drain_task is None:
+            self.terminate()
+
     async def _drain_and_stop(self) -> None:
         try:
             await self.drainer.drain(self.config.shutdown.drain_seconds)
@@ -809,6 +843,8 @@ class Gateway:
                 signal.SIGHUP,
                 lambda: spawn(self.reloader.reload("sighup", with_peers=True), name="sandgate-sighup-reload"),
             )
+            if self.forward is not None:
+                loop.add_signal_handler(SUPERVISOR_GONE, self.supervisor_gone)
         try:
             await self.master.run()
         finally:
@@ -822,7 +858,7 @@ class Gateway:
                         with contextlib.suppress(Exception):
                             await server.stop()
             if signals:
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, SUPERVISOR_GONE):
                     loop.remove_signal_handler(sig)
             await self.stop_admin()  # already done by the done hook, unless the master failed first
             METRICS.detach()
@@ -830,8 +866,21 @@ class Gateway:
             if self.fleet is not None:
                 await self.fleet.stop()
             self.ctx.audit.close()
+            self._report_spool()
         sys.stderr.flush()
         return self.exit_code
+
+    def _report_spool(self) -> None:
+        """After the supervisor died: one line saying what was spooled and what was lost."""
+        if self.forward is None or not self._orphaned:
+            return
+        log.warning(
+            "audit.spooled",
+            records=self.forward.spooled,
+            lost=self.ctx.audit.unrecorded,
+            spool=str(self.config.worker_dir),
+            merged_by="the next start of this gateway",
+        )
 
 
 def _live_grants(tenants: Iterable[TenantPolicy], kept: Grants) -> int:

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ENV", "SINGLE", "WorkerRole", "worker_for"]
+__all__ = ["ENV", "SINGLE", "SUPERVISOR_GONE", "WorkerRole", "worker_for"]
 
 # Set by the supervisor in each worker's environment: "<index>/<count>".
 ENV = "SANDGATE_WORKER"
+# Sent to a worker when its supervisor dies (even by SIGKILL; proxy/workers/child.py). Not
+# SIGTERM: the kernel sends the parent-death signal again as each of the dying supervisor's
+# threads exits, and a second SIGTERM cuts a drain short. A worker takes the first, ignores the
+# rest, drains and spools.
+SUPERVISOR_GONE = signal.SIGUSR2
 
 
 @dataclass(frozen=True, slots=True)

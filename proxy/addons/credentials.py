@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 from mitmproxy import http
+from wsproto.frame_protocol import CloseReason
 
 from sandgate.brokers import (
     BrokerAllow,
@@ -30,6 +31,12 @@ from sandgate.proxy.addons.limits import body_length_unknown, declared_length
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.metrics import METRICS
+from sandgate.proxy.mitm.websocket_guard import (
+    CONTROL_PAYLOAD_MAX,
+    SessionClose,
+    WebSocketControl,
+    request_close,
+)
 from sandgate.proxy.respond import denied_response
 
 __all__ = ["CREDENTIALS_KEY", "CredentialBroker", "broker_request"]
@@ -234,6 +241,33 @@ class CredentialBroker:
             log.exception("hook_failed", hook="broker.websocket_message")
             message.drop()
 
+    def sandgate_websocket_control(self, control: WebSocketControl) -> None:
+        """The upstream's PING, PONG or CLOSE reaches the guest scrubbed, or ends the session.
+
+        A CLOSE reason and a PONG are scrubbed like messages (wsproto cuts a reason to 123
+        bytes at a character boundary). A PING's payload would come back in the guest's PONG,
+        a placeholder on its way upstream, and a PONG that no longer fits a frame cannot be
+        sent: either ends the session (1011 to the guest, 1008 upstream), logged."""
+        flow = control.flow
+        owner = flow.metadata.get(_WS_SCRUB_KEY)
+        if owner is None or control.from_client or self.ctx.broker is None:
+            return
+        scrubbed: bytes | None
+        try:
+            scrubbed = self.ctx.broker.scrubber(*owner).scrub(control.payload)
+        except Exception:
+            log.exception("hook_failed", hook="broker.websocket_control")
+            scrubbed = None
+        if scrubbed == control.payload:
+            return
+        if scrubbed is not None and _relayable(control.kind, scrubbed):
+            control.payload = scrubbed
+            return
+        log.warning("broker.unscrubbable_websocket_control", kind=control.kind, host=flow.request.pretty_host)
+        reason = f"sandgate: the upstream's {control.kind} cannot be relayed"
+        close = SessionClose(CloseReason.INTERNAL_ERROR, reason, CloseReason.POLICY_VIOLATION, by_guest=False)
+        request_close(flow, close)  # this hook runs only in the layer that honours it
+
     def response(self, flow: http.HTTPFlow) -> None:
         self._scrub_trailers(flow)
         owner = flow.metadata.pop(_SCRUB_KEY, None)
@@ -274,6 +308,12 @@ class CredentialBroker:
             log.exception("hook_failed", hook="broker.trailers")
             response.trailers = None
             flow.kill()
+
+
+def _relayable(kind: str, scrubbed: bytes) -> bool:
+    """Whether a scrubbed control payload can go to the guest: a CLOSE reason (cut to fit), or
+    a PONG that still fits its frame; never a PING (the guest's PONG would echo it upstream)."""
+    return kind == "close" or (kind == "pong" and len(scrubbed) <= CONTROL_PAYLOAD_MAX)
 
 
 def _replace_body(message: http.Message, body: bytes) -> None:

@@ -21,6 +21,7 @@ import contextlib
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
@@ -34,11 +35,12 @@ from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext, decision_context
 from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
 
-__all__ = ["DrainEnd", "DrainStart", "Drainer"]
+__all__ = ["CUT_BY_SHUTDOWN", "SHUTTING_DOWN", "DrainEnd", "DrainStart", "Drainer", "shutdown_response"]
 
 log = structlog.get_logger("sandgate.runtime")
 
-_CUT = "cut by shutdown"
+CUT_BY_SHUTDOWN = "cut by shutdown"
+SHUTTING_DOWN = "gateway shutting down"
 _POLL = 0.02
 
 
@@ -64,6 +66,9 @@ class Drainer:
         self.finished = self.refused = 0
         # The passthrough front's tunnels: in flight until they close, like mitmproxy's.
         self.held: HeldConnections | None = None
+        # Called as the drain begins: what waits on something that will not come now (requests
+        # held for an operator) is answered at once.
+        self.on_drain: list[Callable[[], object]] = []
 
     # -- bookkeeping (the addons) --------------------------------------------------------------
 
@@ -92,6 +97,11 @@ class Drainer:
         self.draining = True
         started = time.monotonic()
         in_flight = len(self._inflight)
+        for begin in self.on_drain:
+            try:
+                begin()
+            except Exception:
+                log.exception("gateway.drain_hook_failed")
         tunnels = sum(1 for h in self._handlers() if self._is_tunnel(h))
         tunnels += self.held.tunnels() if self.held is not None else 0
         await self._stop_listeners()
@@ -180,7 +190,7 @@ class Drainer:
                         decision,
                         status=flow.response.status_code if flow.response else None,
                         bytes_up=len(flow.request.raw_content or b""),
-                        error=_CUT,
+                        error=CUT_BY_SHUTDOWN,
                     )
                     self.ctx.audit.emit_nowait(record)
                 except Exception:
@@ -205,26 +215,27 @@ class Drainer:
         decision = Decision(
             reason=Reason.INTERNAL_ERROR,
             policy_version=self.ctx.policy.version,
-            detail="gateway shutting down",
+            detail=SHUTTING_DOWN,
         )
         self.refused += 1
-        body = {
-            "error": "gateway shutting down",
-            "reason": Reason.INTERNAL_ERROR.value,
-            "decision_id": dctx.decision_id,
-        }
-        flow.response = http.Response.make(
-            503,
-            json.dumps(body).encode(),
-            {
-                "Content-Type": "application/json",
-                REASON_HEADER: Reason.INTERNAL_ERROR.value,
-                DECISION_HEADER: dctx.decision_id,
-                "Retry-After": "1",
-                "Connection": "close",
-            },
-        )
+        flow.response = shutdown_response(dctx.decision_id)
         self.ctx.audit.emit_nowait(decision_record(dctx, decision, status=503))
+
+
+def shutdown_response(decision_id: str) -> http.Response:
+    """503 `internal_error` "gateway shutting down", `Connection: close`: try again shortly."""
+    body = {"error": SHUTTING_DOWN, "reason": Reason.INTERNAL_ERROR.value, "decision_id": decision_id}
+    return http.Response.make(
+        503,
+        json.dumps(body).encode() + b"\n",
+        {
+            "Content-Type": "application/json",
+            REASON_HEADER: Reason.INTERNAL_ERROR.value,
+            DECISION_HEADER: decision_id,
+            "Retry-After": "1",
+            "Connection": "close",
+        },
+    )
 
 
 def _close(handler: Any) -> bool:

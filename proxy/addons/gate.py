@@ -39,6 +39,7 @@ from sandgate.policy.paths import read_target
 from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import requested_upgrade
 from sandgate.proxy.addons.connection_limits import source_key
+from sandgate.proxy.addons.drain import CUT_BY_SHUTDOWN, SHUTTING_DOWN, shutdown_response
 from sandgate.proxy.addons.flow_keys import (
     APPROVAL_KEY,
     HEAD_BYTES_KEY,
@@ -277,7 +278,9 @@ class Gate:
                 await self._deny_flow(flow, dctx, decision)
                 return
             # Nothing goes upstream without a place for its record (completed when it ends).
-            if not await self.ctx.audit.reserve(dctx.decision_id):
+            # The record as known now is journaled too: a process killed before the record is
+            # written leaves it for whoever settles its journal (sandgate.proxy.audit.intents).
+            if not await self.ctx.audit.reserve(dctx.decision_id, decision_record(dctx, decision)):
                 await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
                 return
             if not state.in_tunnel:
@@ -385,6 +388,8 @@ class Gate:
         approval = (request.id, request.by)
         if ended is State.APPROVED:
             return _released(decision, approval)
+        if ended is State.CUT:
+            return replace(decision.as_denial(Reason.INTERNAL_ERROR, SHUTTING_DOWN), approval=approval)
         reason, detail = {
             State.DENIED: (Reason.APPROVAL_DENIED, "an operator denied this request"),
             State.EXPIRED: (Reason.APPROVAL_TIMEOUT, "no decision in time"),
@@ -445,6 +450,11 @@ class Gate:
         return await self.ctx.audit.emit(decision_record(dctx, decision))
 
     async def _deny_flow(self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> None:
+        if decision.reason is Reason.INTERNAL_ERROR and decision.detail == SHUTTING_DOWN:
+            # A held request the drain ended: answered and recorded as other cut requests are.
+            flow.response = shutdown_response(dctx.decision_id)
+            await self.ctx.audit.emit(decision_record(dctx, decision, status=503, error=CUT_BY_SHUTDOWN))
+            return
         state = self.ctx.connections.get(flow.client_conn.id)
         if flow.request.method == "CONNECT" and state is not None:
             state.refused(decision.reason)

@@ -11,20 +11,28 @@ that no rule, limit, placeholder check or scrubber sees. So:
 - Responses: a 101 the gateway did not approve (not the WebSocket handshake of a request the
   policy allowed, or one mitmproxy would not parse as WebSocket) is answered 403
   `upgrade_not_allowed` instead, and both sides are closed at once.
-- WebSocket messages from the guest: each is checked for placeholders before it is
-  forwarded (none ever is: the session is closed, with the broker's reason) and counted
-  against the tenant's egress limit. Server messages are scrubbed by the broker addon.
+- WebSocket messages and control frames (PING and PONG payloads, CLOSE reasons) from the
+  guest: each is checked for placeholders before it is forwarded (none ever is) and counted
+  against the tenant's egress limit. A refusal ends the session cleanly: the guest gets a
+  CLOSE with 1008 (1013 for a limit, 1011 for a fault) naming the reason code and the
+  record, the upstream 1001; one `deny` record with the broker's reason. What the upstream
+  sends is scrubbed by the broker addon.
+- The cap on one message (`websocket.max_message_bytes`, the option the WebSocket layer
+  reads: sandgate.proxy.mitm.websocket_guard) is declared here; the layer closes a session
+  whose message passes it, and this addon writes its one `message_too_large` record.
 Every hook is guarded: a fault denies (and closes) with `internal_error`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import structlog
 import wsproto.handshake
 from mitmproxy import ctx as mitmproxy_ctx
 from mitmproxy import http
+from wsproto.frame_protocol import CloseReason
 
 from sandgate.brokers import RequestBodyGuard
 from sandgate.brokers.outcome import DenialCause
@@ -36,8 +44,17 @@ from sandgate.proxy.addons.flow_keys import PENDING_KEY
 from sandgate.proxy.addons.limits import tenant_limits
 from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
+from sandgate.proxy.config import WebSocketConfig
 from sandgate.proxy.context import GatewayContext, decision_context
 from sandgate.proxy.mitm.closer import ConnectionCloser
+from sandgate.proxy.mitm.websocket_guard import (
+    OPT_MAX_MESSAGE,
+    OversizedMessage,
+    SessionClose,
+    WebSocketControl,
+    close_reason,
+    request_close,
+)
 from sandgate.proxy.respond import denied_response
 
 __all__ = ["Upgrades", "strip_h2c"]
@@ -46,6 +63,13 @@ log = structlog.get_logger("sandgate.upgrades")
 
 _SESSION_KEY = "sandgate.websocket.session"
 _REFUSED_KEY = "sandgate.upgrade.refused"
+# What the guest's CLOSE says a refusal was (RFC 6455 7.4.1; 1013 is IANA's "Try Again Later").
+_GUEST_CODES = {
+    Reason.RATE_LIMITED: CloseReason.TRY_AGAIN_LATER,
+    Reason.INTERNAL_ERROR: CloseReason.INTERNAL_ERROR,
+}
+# How a record's detail names what carried a placeholder.
+_CONTROL_NAMES = {"ping": "ping", "pong": "pong", "close": "close reason"}
 
 
 @dataclass(slots=True)
@@ -59,11 +83,23 @@ class _Session:
 
 
 class Upgrades:
-    """Strips h2c offers, closes unapproved 101s, and checks WebSocket messages from the guest."""
+    """Strips h2c offers, closes unapproved 101s, checks WebSocket messages and control frames
+    from the guest, and declares (and records) the cap on one WebSocket message."""
 
-    def __init__(self, ctx: GatewayContext, closer: ConnectionCloser) -> None:
+    def __init__(
+        self, ctx: GatewayContext, closer: ConnectionCloser, config: WebSocketConfig | None = None
+    ) -> None:
         self.ctx = ctx
         self.closer = closer
+        self.config = config or WebSocketConfig()
+
+    def load(self, loader: Any) -> None:
+        loader.add_option(
+            OPT_MAX_MESSAGE,
+            int,
+            self.config.max_message_bytes,
+            "Largest WebSocket message (all fragments, inflated), in bytes; a larger one closes the session.",
+        )
 
     # -- requests (before the Gate decides) --------------------------------------------------
 
@@ -98,10 +134,7 @@ class Upgrades:
         if pending is not None:
             dctx, allowed = pending
         else:
-            dctx = decision_context(self.ctx.connections.get(flow.client_conn.id), Phase.REQUEST)
-            dctx.host, dctx.port = flow.request.pretty_host, None
-            dctx.method, dctx.path = flow.request.method, flow.request.path
-            allowed = Decision(policy_version=self.ctx.policy.version)
+            dctx, allowed = self._undecided(flow), Decision(policy_version=self.ctx.policy.version)
         # Set now (no hook or layer may take the 101 for approved) and again in `response`:
         # mitmproxy fills the message it holds with the (empty) body of the 101 it read.
         flow.metadata[_REFUSED_KEY] = (dctx.host, dctx.decision_id)
@@ -115,6 +148,13 @@ class Upgrades:
             await refuse(self.ctx.audit, flow, response, dctx, denial, status=403)
         except Exception:
             log.exception("hook_failed", hook="upgrades.record")
+
+    def _undecided(self, flow: http.HTTPFlow) -> DecisionContext:
+        """A record's context for a flow the Gate left no decision on."""
+        dctx = decision_context(self.ctx.connections.get(flow.client_conn.id), Phase.REQUEST)
+        dctx.host, dctx.port = flow.request.pretty_host, None
+        dctx.method, dctx.path = flow.request.method, flow.request.path
+        return dctx
 
     def response(self, flow: http.HTTPFlow) -> None:
         refused = flow.metadata.pop(_REFUSED_KEY, None)
@@ -139,35 +179,61 @@ class Upgrades:
         # no addon reads back further than the newest (this hook runs first).
         del messages[:-1]
         message = messages[-1]
-        if not message.from_client:
-            return
-        if not isinstance(session, _Session) or session.closed:
-            message.drop()  # a WebSocket the gateway did not approve, or one already refused
-            self.closer.close(flow.client_conn, flow.server_conn)
-            return
+        if message.from_client and await self._refused(flow, session, message.content, "message"):
+            message.drop()
+
+    async def sandgate_websocket_control(self, control: WebSocketControl) -> None:
+        """A PING, PONG or CLOSE from the guest passes the checks its messages pass (the
+        upstream's are scrubbed by the broker addon)."""
+        if control.from_client:
+            session = control.flow.metadata.get(_SESSION_KEY)
+            await self._refused(control.flow, session, control.payload, _CONTROL_NAMES[control.kind])
+
+    async def sandgate_websocket_oversize(self, oversized: OversizedMessage) -> None:
+        """The layer closed a session for a message over the cap: its one record."""
+        flow = oversized.flow
         try:
-            denial = self._check_message(session, message.content)
+            side = "guest" if oversized.from_client else "upstream"
+            detail = f"a WebSocket message from the {side} over {oversized.limit} bytes"
+            session = flow.metadata.get(_SESSION_KEY)
+            if isinstance(session, _Session):
+                session.closed = True
+                dctx, base = session.dctx, session.decision
+            else:  # no WebSocket is relayed unapproved: recorded all the same
+                dctx, base = self._undecided(flow), Decision(policy_version=self.ctx.policy.version)
+            dctx = replace(dctx, decision_id=oversized.decision_id)
+            await self.ctx.audit.emit(decision_record(dctx, base.as_denial(Reason.MESSAGE_TOO_LARGE, detail)))
         except Exception:
-            log.exception("hook_failed", hook="upgrades.websocket_message")
+            log.exception("hook_failed", hook="upgrades.sandgate_websocket_oversize")
+
+    async def _refused(self, flow: http.HTTPFlow, session: object, content: bytes, what: str) -> bool:
+        """Check one guest message or control frame (`what`); True: refused, the session ends."""
+        if not isinstance(session, _Session) or session.closed:
+            self._close_unapproved(flow)  # a WebSocket the gateway did not approve, or one refused
+            return True
+        denial = self._checked(session, content, what)
+        if denial is None:
+            return False
+        await self._refuse(flow, session, denial)
+        return True
+
+    def _checked(self, session: _Session, content: bytes, what: str) -> Decision | None:
+        """`_check_message`, with a fault turned into an `internal_error` denial."""
+        try:
+            return self._check_message(session, content, what)
+        except Exception:
+            log.exception("hook_failed", hook="upgrades.websocket", what=what)
             base = session.decision
-            denial = Decision(
+            return Decision(
                 reason=Reason.INTERNAL_ERROR, policy_version=base.policy_version, address=base.address
             )
-        if denial is None:
-            return
-        message.drop()
-        session.closed = True
-        self.closer.close(flow.client_conn, flow.server_conn)
-        dctx = replace(session.dctx, decision_id=new_decision_id())
-        try:
-            await self.ctx.audit.emit(decision_record(dctx, denial))
-        except Exception:
-            log.exception("hook_failed", hook="upgrades.record")
 
-    def _check_message(self, session: _Session, content: bytes) -> Decision | None:
-        """The denial for one guest message (a placeholder, a limit), or None to forward it."""
+    def _check_message(self, session: _Session, content: bytes, what: str) -> Decision | None:
+        """The denial for one guest message or control frame (`what`: a placeholder, a limit),
+        or None to forward it."""
         base = session.decision
         if session.guard is not None:
+            # One guard for the session: a placeholder split over messages and frames is found too.
             found = session.guard.feed(content)
             if found is not None:
                 # A placeholder is never replaced inside a message: wherever it is, it is misplaced.
@@ -176,14 +242,35 @@ class Upgrades:
                     if found.cause is DenialCause.BODY_TOO_LARGE
                     else found.reason
                 )
-                return base.as_denial(reason, "a placeholder in a WebSocket message")
+                return base.as_denial(reason, f"a placeholder in a WebSocket {what}")
         identity = session.dctx.identity
         limits = tenant_limits(self.ctx.policy, identity)
         if identity is not None and limits is not None:
             exceeded = self.ctx.limiter.add_egress(identity.tenant, identity.sandbox, limits, len(content))
             if exceeded is not None:
-                return base.as_denial(exceeded.reason, f"{exceeded.limit} (WebSocket messages)")
+                counted = "messages" if what == "message" else f"{what}s"
+                return base.as_denial(exceeded.reason, f"{exceeded.limit} (WebSocket {counted})")
         return None
+
+    async def _refuse(self, flow: http.HTTPFlow, session: _Session, denial: Decision) -> None:
+        """End the session cleanly (the guest reads why in its CLOSE), then record the denial."""
+        session.closed = True
+        dctx = replace(session.dctx, decision_id=new_decision_id())
+        code = _GUEST_CODES.get(denial.reason, CloseReason.POLICY_VIOLATION)
+        close = SessionClose(code, close_reason(denial.reason, dctx.decision_id), CloseReason.GOING_AWAY)
+        if not request_close(flow, close):
+            self.closer.close(flow.client_conn, flow.server_conn)
+        # Refused first, recorded second: a fault while recording leaves the session closing.
+        try:
+            await self.ctx.audit.emit(decision_record(dctx, denial))
+        except Exception:
+            log.exception("hook_failed", hook="upgrades.record")
+
+    def _close_unapproved(self, flow: http.HTTPFlow) -> None:
+        """A WebSocket the gateway did not approve, or one already refused: closed, unrecorded."""
+        text = f"sandgate: {Reason.UPGRADE_NOT_ALLOWED.value}"
+        if not request_close(flow, SessionClose(CloseReason.POLICY_VIOLATION, text, CloseReason.GOING_AWAY)):
+            self.closer.close(flow.client_conn, flow.server_conn)
 
 
 def _refusal(flow: http.HTTPFlow, host: str | None, decision_id: str) -> http.Response:

@@ -56,6 +56,7 @@ class State(StrEnum):
     APPROVED = "approved"
     DENIED = "denied"
     EXPIRED = "expired"
+    CUT = "cut"  # held when the gateway began to shut down: answered at once, never released
 
 
 OPEN = frozenset({State.HELD, State.PENDING, State.CLIENT_GONE})
@@ -271,6 +272,14 @@ class Approvals:
             self._waited(request, "client_gone")
             request.done.set()
             self._gauge()
+
+    def cut_held(self) -> int:
+        """The gateway is shutting down: every held request ends now (its hook answers it and
+        records the cut); how many. Proposals and hung-up requests hold nobody: they stay."""
+        held = [r for r in self._open.values() if r.state is State.HELD]
+        for request in held:
+            self._close(request, State.CUT)
+        return len(held)
 
     def drop(self, request: AccessRequest) -> None:
         """A hold that ended without a decision (a fault, a shutdown): no longer open (one whose

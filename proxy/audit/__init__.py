@@ -1,5 +1,6 @@
-"""The audit trail: records, the writer that never drops one, the redis stream, and reading
-them back (sources, queries, formats, stats, suggestions).
+"""The audit trail: records, the writer that never drops one, the redis stream, what a dead
+process left (intents, spools) settled into it, and reading them back (sources, queries,
+formats, stats, suggestions).
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
@@ -9,10 +10,13 @@ __all__ = [
     "files",
     "format",
     "forward",
+    "intents",
+    "leftovers",
     "query",
     "records",
     "redis_stream",
     "refusals",
+    "spool",
     "stats",
     "stream_source",
     "suggest",

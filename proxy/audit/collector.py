@@ -100,6 +100,15 @@ class AuditCollector:
             self._sink.close()
         self._unlink()
 
+    def write_lines(self, lines: list[str]) -> None:
+        """Write records of the supervisor's own (a spool merged, intents of a worker that
+        died) between the workers' batches; OSError when the sink cannot."""
+        with self._sink_lock:
+            if self._sink_closed:
+                raise OSError(errno.ESHUTDOWN, "audit collector closed")
+            self._sink.write(lines)
+            self.written += len(lines)
+
     # -- connections -------------------------------------------------------------------------
 
     def _accept(self) -> None:

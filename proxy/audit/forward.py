@@ -28,6 +28,8 @@ import struct
 import threading
 from pathlib import Path
 
+from sandgate.proxy.audit.spool import Spool
+
 __all__ = ["MAGIC", "MAX_BODY", "REPLY", "REQUEST", "ForwardSink"]
 
 MAGIC = b"SGA1"
@@ -40,7 +42,13 @@ class ForwardSink:
     """An AuditSink that hands each batch to the collector on `socket_path` and waits for its ack."""
 
     def __init__(
-        self, socket_path: Path, worker: str, *, timeout: float = 10.0, max_body: int = MAX_BODY
+        self,
+        socket_path: Path,
+        worker: str,
+        *,
+        timeout: float = 10.0,
+        max_body: int = MAX_BODY,
+        spool: Spool | None = None,
     ) -> None:
         wid = worker.encode()
         if not 1 <= len(wid) <= 255:
@@ -61,6 +69,19 @@ class ForwardSink:
         self._frames: list[tuple[int, bytes]] = []
         self.batches = 0  # frames acknowledged
         self.failures = 0  # attempts that raised
+        # Where batches go once the supervisor is gone (`orphaned`), for the next one to merge.
+        self._spool = spool
+        self._orphaned = threading.Event()
+
+    def orphaned(self) -> None:
+        """The supervisor (and its collector) is gone: a batch the collector does not take from
+        now on goes to the spool instead of being retried for ever."""
+        self._orphaned.set()
+
+    @property
+    def spooled(self) -> int:
+        """Records written to the spool."""
+        return self._spool.records if self._spool is not None else 0
 
     def write(self, lines: list[str]) -> None:
         """Send the batch and wait until the collector has written it; OSError otherwise."""
@@ -77,7 +98,11 @@ class ForwardSink:
                     self.batches += 1
             except OSError:
                 self.failures += 1
-                raise
+                if self._spool is None or not self._orphaned.is_set():
+                    raise
+                # Whole: a frame the dying collector wrote is skipped when the spool is merged.
+                self._spool.write(lines)
+                self._frames = []
             self._pending = None
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from sandgate.proxy.audit.intents import IntentJournal
 from sandgate.proxy.audit.records import format_time, new_decision_id
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.config import GatewayConfig
@@ -194,8 +195,11 @@ class AuditLog:
         log_events: bool = True,
         acknowledge: bool = False,
         stamp: dict[str, object] | None = None,
+        journal: IntentJournal | None = None,
     ) -> None:
         self._sinks = sinks
+        # What went upstream before its record was written, on disk (sandgate.proxy.audit.intents).
+        self._journal = journal
         # Fields every record carries (the worker that decided it): added by the writer thread.
         self._stamp = stamp or {}
         self._capacity = queue_size
@@ -237,12 +241,21 @@ class AuditLog:
         """Whether `emit` returns only once the record is on disk."""
         return self._acknowledge
 
-    async def reserve(self, decision_id: str) -> bool:
-        """Hold a place for the record `decision_id` will have; False when none freed up in time.
+    async def reserve(self, decision_id: str, intent: Record | None = None) -> bool:
+        """Hold a place for the record `decision_id` will have; False when none freed up in time
+        (or its `intent`, the record as known now, could not be journaled).
 
         The record that later carries this id (through `emit` or `emit_nowait`) takes the
         place and never waits or fails for want of room.
         """
+        if not await self._take_reserved(decision_id):
+            return False
+        if intent is not None and not self._journaled(intent, reserved=True):
+            self.release(decision_id)
+            return False
+        return True
+
+    async def _take_reserved(self, decision_id: str) -> bool:
         if self._take(decision_id, reserve=True):
             return True
         deadline = time.monotonic() + (0 if decision_id in self._failed else self._max_wait)
@@ -254,6 +267,13 @@ class AuditLog:
         log.warning("audit.queue_full", decision_id=decision_id, queue_size=self._capacity)
         return False
 
+    def _journaled(self, record: Record, *, reserved: bool) -> bool:
+        """Journal `record` as an intent (what the trail line will be); True without a journal."""
+        if self._journal is None:
+            return True
+        final = _with_time(record, self._stamp)
+        return self._journal.add(str(final["decision_id"]), final, reserved=reserved)
+
     def release(self, decision_id: str) -> None:
         """Give back the place reserved for `decision_id`, whose record another one stands for
         (an aggregate that names it): a place never used would be lost for good."""
@@ -261,10 +281,18 @@ class AuditLog:
             if decision_id in self._reserved:
                 self._reserved.discard(decision_id)
                 self._used -= 1
+        if self._journal is not None:
+            self._journal.done((decision_id,))
 
     async def emit(self, record: Record) -> bool:
         """Queue a record, waiting for a place up to max_wait (and, in acknowledge mode, until
-        it is on disk). False: it could not be queued, the caller denies (counted, logged)."""
+        it is on disk). False: it could not be queued, the caller denies (counted, logged).
+        An allow record (what lets a tunnel or request go) is journaled as an intent first."""
+        if record.get("decision") == "allow" and self._journal is not None:
+            record = _with_time(record, self._stamp)
+            if not self._journaled(record, reserved=False):
+                self._count_unrecorded(str(record["decision_id"]))
+                return False
         entry = self._entry(record)
         if not self._put(entry):
             did = str(record.get("decision_id") or "")
@@ -303,6 +331,12 @@ class AuditLog:
                 sink.close()
             except Exception:
                 log.exception("audit.sink_close_failed", sink=type(sink).__name__)
+        if self._journal is not None:
+            open_intents = self._journal.open_intents
+            self._journal.close()
+            if open_intents:
+                # Records that never reached the trail: settled by the next start.
+                log.error("audit.close_open_intents", intents=open_intents, journal=str(self._journal.path))
 
     # -- places in the queue -----------------------------------------------------------------
 
@@ -414,6 +448,8 @@ class AuditLog:
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
         self.written += len(batch)
+        if self._journal is not None:
+            self._journal.done([str(r["decision_id"]) for r in batch])
         # No event built per record when info lines are filtered out (the level can change).
         if self._log_events and _info_enabled():
             for r in batch:

@@ -106,7 +106,8 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig, count: int) -> i
         print(f"sandgate: {e}", file=sys.stderr)
         return EXIT_FAILED
     with services:
-        return asyncio.run(Supervisor(config, count, argv, env={**os.environ, **services.env()}).run())
+        env = {**os.environ, **services.env()}
+        return asyncio.run(Supervisor(config, count, argv, env=env, settle=services.settle).run())
 
 
 def worker_argv(config_path: Path | None, port: int | None, *, strict: bool) -> list[str]:

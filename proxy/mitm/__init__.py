@@ -1,7 +1,8 @@
 """What sandgate changes inside mitmproxy's layers, each checked at start (its seams are no
-promise): head caps, backpressure, close fixes, trailers, wire error texts and the shared
-explicit port of workers (SO_REUSEPORT); and the per-event costs of mitmproxy's own that it
-cuts (hook dispatch, message field checks, option reads).
+promise): head caps, backpressure, close fixes, trailers, wire error texts, the WebSocket
+guard (message cap, control frames, clean closes) and the shared explicit port of workers
+(SO_REUSEPORT); and the per-event costs of mitmproxy's own that it cuts (hook dispatch,
+message field checks, option reads).
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
@@ -18,5 +19,6 @@ __all__ = [
     "speedups",
     "trailers",
     "tunnel_meter",
+    "websocket_guard",
     "wire_errors",
 ]

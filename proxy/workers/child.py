@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import signal
 from pathlib import Path
 
 from sandgate.proxy.config import GatewayConfig
+from sandgate.proxy.worker_role import SUPERVISOR_GONE
 
-__all__ = ["PARENT_ENV", "bind_to_supervisor", "failure_path", "leave_start_failure"]
+__all__ = ["PARENT_ENV", "SUPERVISOR_GONE", "bind_to_supervisor", "failure_path", "leave_start_failure"]
 
 # Set by the supervisor in each worker's environment: its own pid.
 PARENT_ENV = "SANDGATE_SUPERVISOR_PID"
@@ -19,14 +19,15 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def bind_to_supervisor() -> None:
-    """SIGTERM this process when the supervisor dies (even by SIGKILL): it drains and exits.
+    """Signal SUPERVISOR_GONE to this process when the supervisor dies.
 
     prctl(PR_SET_PDEATHSIG) acts from the call on; a supervisor that died before it is
-    caught by the parent-pid check (the process was re-parented already): exit at once.
+    caught by the parent-pid check (the process was re-parented already): exit at once. Until
+    the gateway handles the signal, its default action ends a worker that has served nothing.
     """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, int(SUPERVISOR_GONE), 0, 0, 0)
     expected = os.environ.get(PARENT_ENV, "")
     if expected.isdigit() and os.getppid() != int(expected):
         raise SystemExit(1)

@@ -13,7 +13,10 @@ from __future__ import annotations
 import contextlib
 from types import TracebackType
 
+import structlog
+
 from sandgate.proxy.audit.collector import AuditCollector
+from sandgate.proxy.audit.leftovers import Settled, settle_dead_processes
 from sandgate.proxy.audit.trail import audit_file_sink
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.fleet.local_broker import ENV as BROKER_ENV
@@ -21,6 +24,8 @@ from sandgate.proxy.fleet.local_broker import LocalBroker
 from sandgate.proxy.unix_sockets import ensure_private_folder
 
 __all__ = ["SharedServices"]
+
+log = structlog.get_logger("sandgate.workers")
 
 
 class SharedServices:
@@ -30,6 +35,7 @@ class SharedServices:
         self.config = config
         self.broker: LocalBroker | None = None
         self.collector: AuditCollector | None = None
+        self.cut_by_exit = 0  # records written for intents a dead worker left open
 
     def env(self) -> dict[str, str]:
         """What the workers' environment needs to reach these services."""
@@ -43,6 +49,9 @@ class SharedServices:
         sink = audit_file_sink(cfg)
         try:
             self.collector = AuditCollector(cfg.audit_socket_path, sink)
+            # What an earlier gateway's processes left (killed, or orphaned by a supervisor
+            # that was): in the trail before anything new is.
+            self.settle()
             self.collector.start()
             if cfg.redis is None:
                 self.broker = LocalBroker(cfg.audit_socket_path.parent).start()
@@ -50,6 +59,21 @@ class SharedServices:
             self.close()
             raise
         return self
+
+    def settle(self) -> Settled:
+        """Write what processes that are gone left behind (spools, open intents) to the trail."""
+        collector = self.collector
+        if collector is None:
+            return Settled()
+        try:
+            settled = settle_dead_processes(
+                self.config.state_path, self.config.audit_path, collector.write_lines
+            )
+        except OSError as e:
+            log.error("audit.settle_failed", error=e.strerror)  # left for the next try
+            return Settled()
+        self.cut_by_exit += settled.cut
+        return settled
 
     def close(self) -> None:
         """Stop the broker, then the collector (which closes the audit file)."""

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -39,6 +39,7 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 # A worker that served at least this long before it died restarts after the base backoff again.
 _HEALTHY_SECONDS = 30.0
 _POLL_SECONDS = 0.1
+_SETTLE_SECONDS = 2.0
 
 
 @dataclass
@@ -72,8 +73,12 @@ class Supervisor:
         argv: Sequence[str],
         *,
         env: dict[str, str] | None = None,
+        settle: Callable[[], object] | None = None,
     ) -> None:
         self.config = config
+        # Writes what dead processes left (spools, open intents) to the trail: after a worker
+        # exits, every few seconds (an earlier gateway's orphaned workers finish), at the end.
+        self._settle = settle or (lambda: None)
         self.argv = list(argv)
         self.env = dict(env if env is not None else os.environ)
         self.slots = [WorkerSlot(WorkerRole(i, count)) for i in range(count)]
@@ -102,6 +107,7 @@ class Supervisor:
         try:
             await self._stop.wait()
             await self._wait_gone()
+            self._settle()
         finally:
             await tasks.cancel()
             if signals:
@@ -170,6 +176,8 @@ class Supervisor:
         while not self._stop.is_set():
             proc = await self._start(slot)
             code = await proc.wait()
+            # Before its replacement starts: what it let go upstream unrecorded is written now.
+            self._settle()
             if self._stop.is_set():
                 return
             lived = time.monotonic() - slot.started
@@ -210,8 +218,13 @@ class Supervisor:
         return f"worker {slot.role.index} exited with {how} before it served"
 
     async def _watch(self) -> None:
-        """Mark workers ready as their status files appear; keep the gateway's status current."""
+        """Mark workers ready as their status files appear; keep the gateway's status current;
+        settle what dead processes left every _SETTLE_SECONDS."""
+        settled = time.monotonic()
         while True:
+            if time.monotonic() - settled >= _SETTLE_SECONDS:
+                self._settle()
+                settled = time.monotonic()
             for slot in self.slots:
                 if slot.alive and not slot.ready and slot.proc is not None:
                     path = slot.role.folder(self.config.state_path) / self.config.status_path.name

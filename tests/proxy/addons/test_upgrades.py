@@ -9,11 +9,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import h2.config
@@ -24,8 +25,10 @@ import yaml
 from conftest import SANDGATE, TOKEN, TOKEN_REF, UPSTREAM_IP, GatewayFactory, RunningGateway
 from support import TestPKI
 from support.switching import SwitchingUpstream
+from support.ws_peers import WebSocketGuest, WebSocketUpstream
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, Request, TextMessage
+from wsproto.events import AcceptConnection, CloseConnection, Event, Ping, Pong, Request, TextMessage
+from wsproto.frame_protocol import CloseReason
 
 pytestmark = pytest.mark.slow
 
@@ -366,3 +369,136 @@ def test_http2_connect_and_extended_connect_never_reach_the_upstream(
                 tls.sendall(conn.data_to_send())
         assert ended == {1, 3}
         assert up.connections == 0 and up.heads == []
+
+
+# -- control frames: PING and PONG payloads, CLOSE reasons -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ws_upstream(pki: TestPKI) -> Iterator[WebSocketUpstream]:
+    with WebSocketUpstream(UPSTREAM_IP, pki) as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def control_gateway(
+    start_module_gateway: GatewayFactory, ws_upstream: WebSocketUpstream
+) -> tuple[RunningGateway, str]:
+    """A gateway whose tenant holds a credential bound to the WebSocket upstream; its placeholder."""
+    gw = start_module_gateway(
+        {"t1.yaml": _tenant(ws_upstream.port, websocket=True, credentials=True)},
+        env={"SANDGATE_UPGRADE_SECRET": REAL},
+    )
+    return gw, _placeholder(gw)
+
+
+def _control_guest(gw: RunningGateway, up: WebSocketUpstream, placeholder: str) -> WebSocketGuest:
+    """A WebSocket whose handshake carries the credential: the broker scrubs the session."""
+    auth = (b"authorization", f"Bearer {placeholder}".encode())
+    return WebSocketGuest(gw.port, gw.ca_file, "api.test", up.port, ("sb1", TOKEN), headers=[auth])
+
+
+def _named_record(gw: RunningGateway, close_reason: str | None) -> dict[str, Any]:
+    """The record a CLOSE's reason names (`sandgate: <reason> (decision <id>)`)."""
+    found = re.fullmatch(r"sandgate: (\w+) \(decision ([0-9a-f]+)\)", close_reason or "")
+    assert found, close_reason
+    record = gw.record(found.group(2))
+    assert record["reason"] == found.group(1)
+    return record
+
+
+def _b64(text: str) -> bytes:
+    return base64.b64encode(text.encode())
+
+
+@pytest.mark.parametrize(
+    ("frame", "what"),
+    [
+        (lambda ph: Ping(ph.encode()), "ping"),
+        (lambda ph: Pong(ph.encode()), "pong"),
+        (lambda ph: CloseConnection(1000, f"bye {ph}"), "close reason"),
+        (lambda ph: Ping(b"x=" + _b64(ph)), "ping"),
+    ],
+    ids=[
+        "a placeholder in a PING payload",
+        "a placeholder in a PONG payload",
+        "a placeholder in a CLOSE reason",
+        "a base64-encoded placeholder in a PING payload",
+    ],
+)
+def test_a_placeholder_in_a_guest_control_frame_closes_the_session_and_never_reaches_the_upstream(
+    control_gateway: tuple[RunningGateway, str],
+    ws_upstream: WebSocketUpstream,
+    frame: Callable[[str], Event],
+    what: str,
+) -> None:
+    gw, ph = control_gateway
+    gw.mark()
+    conn_id = len(ws_upstream.events)
+    guest = _control_guest(gw, ws_upstream, ph)
+    try:
+        # An ordinary PING goes through, and its PONG comes back.
+        guest.send(Ping(b"hello"))
+        assert guest.wait(lambda evs: any(isinstance(e, Pong) and e.payload == b"hello" for e in evs))
+        guest.send(frame(ph))
+        close = guest.close_event()
+    finally:
+        guest.close()
+    assert close is not None and close.code == CloseReason.POLICY_VIOLATION, close
+    upstream = ws_upstream.wait_for(conn_id, "eof")
+    assert upstream[0] == ("ping", b"hello")
+    assert ("close", CloseReason.GOING_AWAY, "") in upstream, upstream
+    seen = ws_upstream.all_bytes() + b"".join(ws_upstream.heads)
+    assert ph.encode() not in seen and _b64(ph) not in seen, "the placeholder reached the upstream"
+    record = _named_record(gw, close.reason)
+    assert (record["decision"], record["reason"], record["detail"]) == (
+        "deny",
+        "credential_host_mismatch",
+        f"a placeholder in a WebSocket {what}",
+    )
+    assert [r["decision_id"] for r in gw.settled() if r["decision"] == "deny"] == [record["decision_id"]]
+    assert REAL not in gw.audit_path.read_text() + gw.log()
+    assert_clean_log(gw)
+
+
+@pytest.mark.parametrize(
+    "cue",
+    ["pong-me", "close-me", "ping-me"],
+    ids=[
+        "a PONG carrying the secret arrives with the placeholder",
+        "a CLOSE reason carrying the secret arrives with the placeholder",
+        "a PING carrying the secret (the guest would echo it) ends the session",
+    ],
+)
+def test_upstream_control_frames_never_bring_the_real_secret_to_the_guest(
+    control_gateway: tuple[RunningGateway, str], ws_upstream: WebSocketUpstream, cue: str
+) -> None:
+    gw, ph = control_gateway
+    gw.mark()
+    conn_id = len(ws_upstream.events)
+    guest = _control_guest(gw, ws_upstream, ph)
+    try:
+        assert f"Bearer {REAL}".encode() in ws_upstream.heads[-1], "the handshake got the real credential"
+        if cue == "close-me":
+            guest.send(TextMessage(f"close-me:1000:bye {REAL}"))
+        else:
+            guest.send(TextMessage(f"{cue}:{REAL.encode().hex()}"))
+        if cue == "pong-me":
+            assert guest.wait(lambda evs: any(isinstance(e, Pong) for e in evs))
+            (pong,) = [e for e in guest.events if isinstance(e, Pong)]
+            assert pong.payload == ph.encode()
+            guest.send(TextMessage("still open"))
+            assert guest.wait(lambda evs: any(isinstance(e, TextMessage) for e in evs))
+        close = guest.close_event(timeout=2 if cue == "pong-me" else 10)
+    finally:
+        guest.close()
+    assert REAL.encode() not in guest.received, "the real secret reached the guest"
+    if cue == "close-me":
+        assert close is not None and (close.code, close.reason) == (1000, f"bye {ph}")
+    elif cue == "ping-me":
+        assert close is not None and close.code == CloseReason.INTERNAL_ERROR, close
+        assert not any(isinstance(e, Ping) for e in guest.events)
+        upstream = ws_upstream.wait_for(conn_id, "eof")
+        assert ("close", CloseReason.POLICY_VIOLATION, "") in upstream, upstream
+    assert REAL not in gw.audit_path.read_text() + gw.log()
+    assert_clean_log(gw)

@@ -4,6 +4,7 @@ decides with `sandgate requests`, against real upstreams that count what reaches
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from typing import Any
@@ -307,3 +308,27 @@ def test_an_approved_request_cannot_mean_another_method(
     assert "DELETE" in json.loads(body).get("detail", "") or json.loads(body)["reason"] == "approval_required"
     time.sleep(0.3)
     assert http_upstream.requests == [], "nothing reached the upstream"
+
+
+def test_a_drain_answers_held_requests_at_once_with_one_cut_record_each(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> None:
+    # Two workers, a drain far longer than the test waits: held guests must not wait it out.
+    gw = start_gateway(
+        {"t1.yaml": asking_tenant(http_upstream.port)},
+        config={"workers": {"count": 2}, "shutdown": {"drain_seconds": 60}},
+    )
+    curls = [start_curl(gw, f"http://api.test:{http_upstream.port}/held/{i}") for i in range(4)]
+    asked = held(gw, 4)
+    started = time.monotonic()
+    gw.proc.send_signal(signal.SIGTERM)
+    results = [finish(c) for c in curls]
+    assert time.monotonic() - started < 10, "held guests waited for the drain"
+    assert [code for code, _ in results] == [503] * 4
+    assert all(json.loads(body)["reason"] == "internal_error" for _, body in results)
+    assert gw.proc.wait(30) == 0
+    assert http_upstream.requests == [], "nothing held went upstream"
+    ends = [r for r in gw.records() if r.get("approval") and r["decision"] != "ask"]
+    assert sorted(r["approval"]["id"] for r in ends) == sorted(a["id"] for a in asked), "one end each"
+    assert {(r["decision"], r["status"], r["error"]) for r in ends} == {("deny", 503, "cut by shutdown")}
+    assert "the client hung up" not in json.dumps(ends)

@@ -7,40 +7,19 @@ import os
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import SANDGATE, GatewayFactory, RunningGateway, curl, tenant_yaml, write_gateway_files
 from support import RecordingUpstream, free_port_run
+from support.processes import alive, gateway_status, wait_until
 
 from sandgate.proxy.unix_sockets import internal_socket_folder
 
 pytestmark = pytest.mark.slow
 
 TWO = {"SANDGATE_WORKERS": "2"}
-
-
-def wait_until[T](probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    """Poll `probe` until it returns something (not None, not False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def gateway_status(gw: RunningGateway) -> dict[str, Any] | None:
-    """The gateway's status file once the supervisor wrote it (every worker serves)."""
-    try:
-        status: dict[str, Any] = json.loads((gw.root / "state" / "gateway.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return status if status.get("workers") == 2 else None
 
 
 def worker_status(gw: RunningGateway, index: int) -> dict[str, Any] | None:
@@ -51,18 +30,6 @@ def worker_status(gw: RunningGateway, index: int) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return status
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by its parent) counts as gone.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def status_of(gw: RunningGateway, url: str) -> str:
