@@ -143,6 +143,10 @@ class _GuardedStream(HttpStream):
         self.decided: tuple[str, str | None] | None = None
 
     def _handle_event(self, event: events.Event) -> Commands:
+        if isinstance(event, ResponseData | ResponseEndOfMessage) and self.server_state == self.state_done:
+            # Bytes an upstream sends after its answer ended (an h2c server's SETTINGS right
+            # behind a 101 the gateway refused): nobody reads them; mitmproxy would crash.
+            return _nothing()
         return self._guarded(super()._handle_event(event))
 
     def handle_protocol_error(self, event: RequestProtocolError | ResponseProtocolError) -> Commands:
@@ -385,6 +389,10 @@ def check_seam() -> None:
         raise SeamMoved("mitmproxy's HTTP/1 server no longer answers a bad head through the seam")
     if len(records) != 1 or records[0]["reason"] != Reason.INVALID_REQUEST.value:
         raise SeamMoved("mitmproxy's HTTP/1 server no longer reports a bad head through the seam")
+
+
+def _nothing() -> Commands:
+    yield from ()
 
 
 def _head_detail(request: http.Request | None) -> str:

@@ -3,6 +3,8 @@
 Modes:
 - `honour`: a request with `Upgrade: X` gets `101` with `Upgrade: X`; one without gets 200.
 - `always`: every request gets `101 Switching Protocols` (`Upgrade: h2c`), asked for or not.
+- `h2c`: as `always`, and the HTTP/2 server preface (an empty SETTINGS frame) right behind the
+  101 in the same write, as an h2c server sends it.
 - `websocket`: a WebSocket server (wsproto): echoes each text message as `echo: <text>`.
 
 After a switch every byte from the client is recorded per connection (`after_switch`), and
@@ -26,7 +28,9 @@ from .pki import TestPKI
 
 __all__ = ["SwitchingUpstream"]
 
-Mode = Literal["honour", "always", "websocket"]
+Mode = Literal["honour", "always", "h2c", "websocket"]
+# An HTTP/2 SETTINGS frame with no settings: what an h2c server sends right after its 101.
+_H2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
 
 class SwitchingUpstream:
@@ -141,12 +145,13 @@ class SwitchingUpstream:
                 ),
                 None,
             )
-            if self.mode == "always" or upgrade is not None:
+            if self.mode in ("always", "h2c") or upgrade is not None:
                 protocol = upgrade or b"h2c"
                 conn.sendall(
                     b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "
                     + protocol
                     + b"\r\n\r\n"
+                    + (_H2_SETTINGS if self.mode == "h2c" else b"")
                 )
                 break
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")

@@ -166,6 +166,35 @@ def test_an_unapproved_101_closes_both_sides_and_nothing_after_it_reaches_the_up
         tls.close()
 
 
+@pytest.mark.parametrize("mode", ["always", "h2c"], ids=["a bare 101", "a 101 with HTTP/2 behind it"])
+def test_a_101_to_a_stripped_h2c_offer_in_a_tunnel_is_denied_as_upgrade_not_allowed(
+    start_gateway: GatewayFactory, pki: TestPKI, mode: Any
+) -> None:
+    # The h2c offer is stripped; the upstream switches anyway: a refused switch, not an
+    # upstream failure, and never `allow`.
+    with SwitchingUpstream(UPSTREAM_IP, mode, tls=pki) as up:
+        _refused_h2c_switch(start_gateway, up)
+
+
+def _refused_h2c_switch(start_gateway: GatewayFactory, up: SwitchingUpstream) -> None:
+    gw = start_gateway({"t1.yaml": _tenant(up.port)})
+    tls = _intercepted(gw, up.port)
+    tls.sendall(
+        f"GET /h2c HTTP/1.1\r\nHost: api.test:{up.port}\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n".encode()
+    )
+    data, client_closed = _read_all(tls)
+    status, headers = _head(data)
+    assert (status, headers.get("x-sandgate-reason")) == (403, "upgrade_not_allowed"), data[:300]
+    assert client_closed and up.wait_closed(0)
+    assert up.after_switch.get(0, b"") == b""
+    (record,) = [r for r in gw.settled() if r["phase"] == "request"]
+    assert (record["decision"], record["reason"], record["status"]) == ("deny", "upgrade_not_allowed", 403)
+    assert_clean_log(gw)
+    with contextlib.suppress(OSError):
+        tls.close()
+
+
 def test_an_h2c_offer_is_stripped_so_every_later_request_is_still_decided(
     start_gateway: GatewayFactory,
 ) -> None:
