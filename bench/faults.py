@@ -15,8 +15,12 @@ per_batch`), `disk_full` (the audit disk fills, then frees: tmpfs, needs root),
 `redis_outage` (the fleet stream's redis stops answering for 3 s, then answers again:
 spool replay),
 `rewrite` (a tenant file rewritten in place with pauses mid-file), `limit_outage` (two
-gateways sharing a limit lose redis). Target: 0 missing, 0 duplicated, 0 half-read, 0
-overshoot in every scenario.
+gateways sharing a limit lose redis); with two workers and a 1 s upstream: `worker_kill9`
+(SIGKILL one worker), `supervisor_kill9` (SIGKILL the supervisor, start again once its workers
+drained), `supervisor_kill9_restart` (start again at once, while they drain), `sigterm_held`
+(SIGTERM with requests held for an operator). Those also count `at_upstream` (requests the
+upstream saw) and `upstream_unrecorded` (of those, without a record). Target: 0 missing, 0
+duplicated, 0 upstream_unrecorded, 0 half-read, 0 overshoot in every scenario.
 
 Run: `sudo .venv/bin/python bench/faults.py [--scenario NAME ...] [--requests 300]`. Prints a
 table and, with `--json`, one JSON object. Everything stays on loopback and stops by itself.
@@ -50,7 +54,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from conftest import SANDGATE, TOKEN, UPSTREAM_IP, tenant_yaml, write_gateway_files  # noqa: E402
+from conftest import SANDGATE, TOKEN, TOKEN_REF, UPSTREAM_IP, tenant_yaml, write_gateway_files  # noqa: E402
 from support import RecordingUpstream, RedisServer, SmallDisk, wait_for_port  # noqa: E402
 
 from sandgate.policy.model.loader import load_policy_dir  # noqa: E402
@@ -135,13 +139,22 @@ def fire(
             time.sleep(pace)
 
 
-def tally(name: str, sent: int, outcome: Outcome, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Match answered requests to their decision records by path."""
+def tally(
+    name: str,
+    sent: int,
+    outcome: Outcome,
+    records: list[dict[str, Any]],
+    upstream: RecordingUpstream | None = None,
+) -> dict[str, Any]:
+    """Match answered requests (and, with `upstream`, the requests it saw) to their decision
+    records by path. A held request's `ask` record is its first, not a second decision."""
     per_path = Counter(
-        r["path"] for r in records if r.get("event") == "decision" and r.get("phase") == "request"
+        r["path"]
+        for r in records
+        if r.get("event") == "decision" and r.get("phase") == "request" and r.get("decision") != "ask"
     )
     answered = outcome.answered()
-    return {
+    row = {
         "scenario": name,
         "sent": sent,
         "answered": len(answered),
@@ -150,6 +163,11 @@ def tally(name: str, sent: int, outcome: Outcome, records: list[dict[str, Any]])
         "duplicated": sum(1 for p in outcome.statuses if per_path[p] > 1),
         "torn_lines": sum(1 for r in records if r.get("event") == "torn line"),
     }
+    if upstream is not None:
+        seen = [r.target for r in upstream.requests]
+        row["at_upstream"] = len(seen)
+        row["upstream_unrecorded"] = sum(1 for p in seen if per_path[p] == 0)
+    return row
 
 
 def allow_all(upstream: RecordingUpstream) -> dict[str, str]:
@@ -341,7 +359,144 @@ def limit_outage(tmp: Path, upstream: RecordingUpstream, n: int) -> dict[str, An
             "admitted": admitted, "overshoot": max(0, admitted - limit)}  # fmt: skip
 
 
+# --- process deaths with two workers ------------------------------------------------------
+
+TWO_WORKERS = {"workers": {"count": 2}}
+
+
+def worker_pids(gw: Gateway, timeout: float = 90.0) -> list[int]:
+    """The workers' pids once the supervisor says every one serves."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = json.loads((gw.root / "state" / "gateway.json").read_text())
+            if status.get("workers") == 2:
+                return list(status["worker_pids"])
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("the workers did not all serve")
+
+
+def gone(pids: list[int], timeout: float) -> None:
+    """Wait until none of `pids` runs (reaped or a zombie)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive:
+            return
+        time.sleep(0.05)
+
+
+def restart(gw: Gateway) -> Gateway:
+    """The same gateway (folder, config, port) started again."""
+    with (gw.root / "gateway-again.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [SANDGATE, "run", "--config", str(gw.root / "sandgate.yaml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    wait_for_port("127.0.0.1", gw.port, timeout=90)
+    return Gateway(gw.root, gw.port, proc)
+
+
+@contextmanager
+def slow(upstream: RecordingUpstream, seconds: float) -> Iterator[None]:
+    upstream.delay = seconds
+    try:
+        yield
+    finally:
+        upstream.delay = 0.0
+
+
+def worker_kill9(tmp: Path, upstream: RecordingUpstream, n: int) -> dict[str, Any]:
+    """SIGKILL one of two workers while requests wait at a 1 s upstream (fsync off)."""
+    gw = start(tmp / "worker_kill9", allow_all(upstream), TWO_WORKERS)
+    victim = worker_pids(gw)[1]
+    outcome = Outcome()
+    with slow(upstream, 1.0):
+        load = in_background(lambda: fire(gw, upstream, "worker_kill9", n, outcome, 0.01))
+        upstream.wait_for_requests(n // 3, timeout=60)
+        os.kill(victim, signal.SIGKILL)
+        load.join(120)
+    time.sleep(2.5)  # the supervisor settles the dead worker's intents
+    gw.stop()
+    return tally("worker_kill9 (2 workers)", n, outcome, gw.records(), upstream)
+
+
+def supervisor_kill9(tmp: Path, upstream: RecordingUpstream, n: int, *, at_once: bool) -> dict[str, Any]:
+    """SIGKILL the supervisor with requests at a 1 s upstream; start the gateway again at once
+    (while the old workers drain) or once they are gone."""
+    name = "supervisor_kill9_restart" if at_once else "supervisor_kill9"
+    gw = start(tmp / name, allow_all(upstream), TWO_WORKERS)
+    pids = worker_pids(gw)
+    outcome = Outcome()
+    with slow(upstream, 1.0):
+        # Paced over ~10 s: the load goes on across the death and the restart.
+        load = in_background(lambda: fire(gw, upstream, name, n, outcome, 0.05))
+        upstream.wait_for_requests(n // 4, timeout=60)
+        gw.stop(signal.SIGKILL)
+        again = restart(gw) if at_once else None
+        load.join(120)
+        gone(pids, 60)
+    spooled = sum(1 for p in (gw.root / "state" / "workers").glob("w*/spool-*.jsonl"))
+    again = again or restart(gw)
+    worker_pids(again)
+    time.sleep(2.5)  # merged at start, and every 2 s for old workers that were still draining
+    again.stop()
+    row = tally(f"{name} (2 workers)", n, outcome, again.records(), upstream)
+    row["spools_left_by_old_workers"] = spooled
+    return row
+
+
+def supervisor_kill9_then_restart(tmp: Path, upstream: RecordingUpstream, n: int) -> dict[str, Any]:
+    return supervisor_kill9(tmp, upstream, n, at_once=False)
+
+
+def supervisor_kill9_restart_at_once(tmp: Path, upstream: RecordingUpstream, n: int) -> dict[str, Any]:
+    return supervisor_kill9(tmp, upstream, n, at_once=True)
+
+
+def sigterm_held(tmp: Path, upstream: RecordingUpstream, n: int) -> dict[str, Any]:
+    """SIGTERM (drain 60 s) while requests are held for an operator: answered at once."""
+    held = min(n, 8)  # fire() sends from 8 clients: each holds one
+    tenant = yaml.safe_dump(
+        {
+            "tenant": "t1",
+            "sandboxes": [{"id": "sb1", "token": TOKEN_REF}],
+            "ask": [{"hosts": ["api.test"], "ports": [upstream.port]}],
+        }
+    )
+    cfg = {**TWO_WORKERS, "approvals": {"max_held_per_sandbox": held}, "shutdown": {"drain_seconds": 60}}
+    gw = start(tmp / "sigterm_held", {"t1.yaml": tenant}, cfg)
+    worker_pids(gw)
+    outcome = Outcome()
+    load = in_background(lambda: fire(gw, upstream, "sigterm_held", held, outcome, 0.0))
+    deadline = time.monotonic() + 30
+    while sum(1 for r in gw.records() if r.get("decision") == "ask") < held and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    gw.stop(signal.SIGTERM, wait=90)
+    load.join(90)
+    row = tally("sigterm_held (2 workers)", held, outcome, gw.records(), upstream)
+    row["seconds_to_exit"] = round(time.monotonic() - started, 2)
+    row["answered_503"] = sum(1 for s in outcome.statuses.values() if s == 503)
+    return row
+
+
 SCENARIOS: dict[str, Callable[[Path, RecordingUpstream, int], dict[str, Any]]] = {
+    "worker_kill9": worker_kill9,
+    "supervisor_kill9": supervisor_kill9_then_restart,
+    "supervisor_kill9_restart": supervisor_kill9_restart_at_once,
+    "sigterm_held": sigterm_held,
     "sigterm": sigterm,
     "kill9": kill9,
     "disk_full": disk_full,
@@ -375,7 +530,18 @@ def main() -> int:
     if args.json:
         print(json.dumps({"scenarios": rows}, indent=2))
         return 0
-    columns = ["scenario", "sent", "answered", "records", "missing", "duplicated", "half_read", "overshoot"]
+    columns = [
+        "scenario",
+        "sent",
+        "answered",
+        "records",
+        "missing",
+        "duplicated",
+        "at_upstream",
+        "upstream_unrecorded",
+        "half_read",
+        "overshoot",
+    ]
     print("| " + " | ".join(columns) + " | other |")
     print("|" + "---|" * (len(columns) + 1))
     for row in rows:
