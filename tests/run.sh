@@ -27,6 +27,12 @@ WORKERS_SUBSET=(
     # The passthrough front in every worker: records, handoffs, refusals (its limits, caps and
     # drain file starts six gateways; it passes with two workers too, but is left to stage one).
     tests/proxy/front/test_front.py
+    # Issue 23's refusals and streams with two workers: small-chunk streams through the
+    # scrubber, a refused 101 with HTTP/2 behind it, TLS at the proxy port, h2 rapid reset.
+    tests/proxy/addons/test_streamed_responses.py
+    tests/proxy/addons/test_upgrades.py::test_a_101_to_a_stripped_h2c_offer_in_a_tunnel_is_denied_as_upgrade_not_allowed
+    tests/proxy/test_resources_conns.py::test_tls_sent_straight_to_the_proxy_port_is_audited_per_source_as_invalid_request
+    tests/proxy/test_resources_conns.py::test_http2_rapid_reset_gets_goaway_and_other_tenants_stay_served
     # Fleet: two of the file's tests (the whole file takes 5 minutes with two workers).
     tests/proxy/test_fleet_registry.py::test_one_published_reload_is_in_force_on_both_gateways
     tests/proxy/test_fleet_registry.py::test_a_redis_replaced_by_an_empty_one_is_detected_loudly_and_fails_closed
