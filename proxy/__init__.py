@@ -19,6 +19,7 @@ __all__ = [
     "ca",
     "cli",
     "config",
+    "connection_table",
     "context",
     "errors",
     "fd_budget",

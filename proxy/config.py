@@ -329,8 +329,9 @@ class LimitsConfig(_Strict):
 class ConnectionsConfig(_Strict):
     """Hardening: how many guest connections one source or sandbox may hold, and for how long idle.
 
-    See proxy/addons/connection_limits.py; refusals at connect are audited per source and second, not one
-    record per connection (a flood must not become an audit flood).
+    See proxy/addons/connection_limits.py (what each cap counts, eviction, workers); connections
+    closed at connect or reclaimed are audited per source and second, not one record per
+    connection (a flood must not become an audit flood).
     """
 
     idle_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
@@ -349,13 +350,19 @@ class ConnectionsConfig(_Strict):
     )
     max_per_source: Annotated[int, Field(ge=0)] = Field(
         default=256,
-        description="open connections from one source address (an IPv6 /64); 0: no cap",
+        description=(
+            "open connections from one source address (an IPv6 /64) that have not identified "
+            "themselves yet, for the whole gateway (each of N workers: ceil(this / N)); a new one "
+            "past it closes the source's oldest idle one; 0: no cap"
+        ),
     )
     max_per_sandbox: Annotated[int, Field(ge=0)] = Field(
-        default=256,
+        default=512,
         description=(
-            "open connections of one sandbox (transparent: at connect; explicit proxy: once its "
-            "Proxy-Authorization is checked); 0: no cap"
+            "open identified connections of one sandbox, for the whole gateway (transparent: at "
+            "connect, on the one worker its traffic is steered to; explicit proxy: once its "
+            "Proxy-Authorization is checked, each of N workers ceil(this / N), then 429); a busy "
+            "build's parallel downloads fit; 0: no cap"
         ),
     )
     max_held_bytes: Annotated[int, Field(ge=64 * 1024)] = Field(
@@ -375,9 +382,11 @@ class ConnectionsConfig(_Strict):
     fd_headroom_percent: Annotated[float, Field(ge=2, le=50)] = Field(
         default=10.0,
         description=(
-            "file descriptors kept for upstream connections, the audit, redis and the admin API: past "
-            "(100 - this) % of RLIMIT_NOFILE (and never closer than 512 to it) only sources holding "
-            "fewer than 4 connections are admitted, past (100 - this / 2) % (never closer than 256) none"
+            "file descriptors each process keeps for upstream connections, the audit, redis and the "
+            "admin API: past (100 - this) % of its RLIMIT_NOFILE (and never closer than 512 to it) a "
+            "source holding 4 or more unidentified connections trades its oldest idle one for a new "
+            "one, past (100 - this / 2) % (never closer than 256) every new connection takes the place "
+            "of the oldest idle unidentified one, and is closed when there is none"
         ),
     )
 

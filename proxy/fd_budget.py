@@ -21,8 +21,7 @@ log = structlog.get_logger("sandgate.fdbudget")
 
 # Descriptors kept free above the hard mark whatever the percentage (see set_limit).
 MIN_ACCEPT_MARGIN = 256
-# Past this share of the limit the estimate is re-sampled at most this often (else once a tick).
-_CLOSE_SHARE = 0.8
+# Past the soft mark the estimate is re-sampled at most this often (else once a sweep tick).
 _CLOSE_RESAMPLE_SECONDS = 0.05
 
 
@@ -47,10 +46,12 @@ def count_open_fds() -> int:
 
 
 class FdBudget:
-    """Estimates open descriptors between samples; says when new guest connections must wait.
+    """Estimates this process's open descriptors between samples; says when new guest
+    connections need room made for them (connection limits close an idle one) or must wait.
 
     `tracked` is what the hooks count (client plus upstream connections); the rest of the process
     (listeners, audit file, redis pool, admin socket, ...) is `other`, re-measured by `sample`.
+    The limit and the marks are this process's: each of a gateway's workers has its own.
     """
 
     def __init__(self, headroom_percent: float, limit: int | None = None) -> None:
@@ -83,11 +84,9 @@ class FdBudget:
         return self._other + self.tracked
 
     def fresh_estimate(self) -> int:
-        """The estimate, re-sampled first when it is close to the limit and the sample is old."""
+        """The estimate, re-sampled first when it is past the soft mark and the sample is old:
+        what the marks decide on is then a count at most 50 ms old plus the hooks' changes."""
         estimate = self.estimate
-        if (
-            estimate >= self.limit * _CLOSE_SHARE
-            and time.monotonic() - self._sampled_at > _CLOSE_RESAMPLE_SECONDS
-        ):
+        if estimate >= self.soft and time.monotonic() - self._sampled_at > _CLOSE_RESAMPLE_SECONDS:
             return self.sample()
         return estimate

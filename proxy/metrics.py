@@ -37,8 +37,11 @@ class GatewayGauges:
     spooled: Callable[[], int] = lambda: 0
     # Decisions denied without an audit record (no place in the audit queue).
     audit_unrecorded: Callable[[], int] = lambda: 0
+    # Records written for requests a process's death cut (sandgate.proxy.audit.intents).
+    audit_cut_by_exit: Callable[[], int] = lambda: 0
     # Connection limits (proxy/addons/connection_limits.py, proxy/addons/h2_guard.py).
     connections_refused: Callable[[], int] = lambda: 0
+    connections_evicted: Callable[[], int] = lambda: 0
     connections_idle_closed: Callable[[], int] = lambda: 0
     http2_abusive: Callable[[], int] = lambda: 0
     open_fds: Callable[[], int] = lambda: 0
@@ -78,6 +81,12 @@ class _GatewayCollector(Collector):
         info.add_metric([g.policy_version()], 1)
         yield info
         yield CounterMetricFamily(
+            "sandgate_audit_cut_by_exit",
+            "Records written for requests (and tunnels) a process's death cut before their own "
+            "record was written: the supervisor's count since it started (the lead reports it)",
+            g.audit_cut_by_exit(),
+        )
+        yield CounterMetricFamily(
             "sandgate_policy_reload_failures",
             "Policy reloads that failed (the old policy stayed)",
             g.reload_failures(),
@@ -86,6 +95,11 @@ class _GatewayCollector(Collector):
             "sandgate_connections_refused",
             "Connections closed at connect by a connection limit (per source, per sandbox, fd headroom)",
             g.connections_refused(),
+        )
+        yield CounterMetricFamily(
+            "sandgate_connections_evicted",
+            "Idle unidentified connections closed to make room for a new one (per-source cap, fd headroom)",
+            g.connections_evicted(),
         )
         yield CounterMetricFamily(
             "sandgate_connections_idle_closed",

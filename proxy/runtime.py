@@ -72,7 +72,7 @@ from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.approvals.webhook import webhook_for
 from sandgate.proxy.audit.forward import ForwardSink
 from sandgate.proxy.audit.intents import IntentJournal
-from sandgate.proxy.audit.leftovers import settle_dead_processes
+from sandgate.proxy.audit.leftovers import read_cut_count, settle_dead_processes
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.audit.spool import Spool
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, StdoutSink, audit_file_sink
@@ -169,17 +169,21 @@ def fleet_gateway_id(config: GatewayConfig, rcfg: RedisConfig) -> str:
 
 def build_file_sink(config: GatewayConfig) -> AuditSink:
     """The audit file; a worker of several forwards to the supervisor's collector, its one
-    writer (spooling in its own folder once the supervisor is gone). A gateway of one process
-    first writes what its earlier processes left (spools, intents cut by their exit)."""
+    writer (spooling in its own folder once the supervisor is gone)."""
     role = config.worker
     if role.count > 1:
         return ForwardSink(config.audit_socket_path, f"w{role.index}", spool=Spool(config.worker_dir))
-    sink = audit_file_sink(config)
+    return audit_file_sink(config)
+
+
+def settle_at_start(config: GatewayConfig, sink: AuditSink) -> int:
+    """A gateway of one process writes what its earlier processes left (spools, intents cut by
+    their exit) before its own records; how many records were cut by an exit."""
     try:
-        settle_dead_processes(config.state_path, config.audit_path, sink.write)
+        return settle_dead_processes(config.state_path, config.audit_path, sink.write).cut
     except OSError as e:
         log.error("audit.settle_failed", error=e.strerror)  # left for the next start
-    return sink
+        return 0
 
 
 def build_stream_sink(config: GatewayConfig, rcfg: RedisConfig) -> RedisStreamSink:
@@ -323,6 +327,8 @@ class Gateway:
         guard_cfg = config.address_guard
         own = own_addresses() if guard_cfg.own_addresses == "auto" else guard_cfg.own_addresses
         sinks: list[AuditSink] = [build_file_sink(config)]
+        # Records written for requests a process's exit cut (the supervisor counts them with workers).
+        self.cut_at_start = settle_at_start(config, sinks[0]) if config.worker.count == 1 else 0
         if config.audit.stdout:
             sinks.append(StdoutSink())
         if config.redis is not None:
@@ -494,7 +500,10 @@ class Gateway:
             default_ttl=config.approvals.grant_ttl_seconds,
             max_ttl=config.approvals.grant_max_ttl_seconds,
         )
-        self.connection_limits = ConnectionLimits(self.ctx, config.connections, server)
+        # The caps are the gateway's: each of its workers enforces its share of them.
+        self.connection_limits = ConnectionLimits(
+            self.ctx, config.connections, server, workers=config.worker.count
+        )
         self.h2_guard = H2Guard(self.ctx, config.http2)
         # The passthrough front reads the explicit listeners' connections first (sandgate.proxy.front).
         self.front: PassthroughFront | None = None
@@ -755,7 +764,9 @@ class Gateway:
                 reload_failures=lambda: self.reloader.failures,
                 spooled=lambda: self.ctx.audit.stream.spool_depth if self.ctx.audit.stream else 0,
                 audit_unrecorded=lambda: self.ctx.audit.unrecorded,
+                audit_cut_by_exit=self._cut_by_exit,
                 connections_refused=lambda: self.connection_limits.refused,
+                connections_evicted=lambda: self.connection_limits.evicted,
                 connections_idle_closed=lambda: self.connection_limits.idle_closed,
                 http2_abusive=lambda: self.h2_guard.abusive,
                 open_fds=lambda: self.connection_limits.budget.estimate,
@@ -869,6 +880,13 @@ class Gateway:
             self._report_spool()
         sys.stderr.flush()
         return self.exit_code
+
+    def _cut_by_exit(self) -> int:
+        """Records written for cut intents: this process's at start, or the supervisor's (the
+        lead reports it; the lead's /metrics adds up its workers')."""
+        if self.config.worker.count == 1:
+            return self.cut_at_start
+        return read_cut_count(self.config.state_path) if self.config.worker.lead else 0
 
     def _report_spool(self) -> None:
         """After the supervisor died: one line saying what was spooled and what was lost."""

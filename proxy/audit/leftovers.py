@@ -16,7 +16,15 @@ from pathlib import Path
 from sandgate.proxy.audit.intents import read_leftovers, settle_leftovers
 from sandgate.proxy.audit.spool import ids_in_trail, merge_spools
 
-__all__ = ["Settled", "pid_alive", "process_folders", "settle_dead_processes"]
+__all__ = [
+    "Settled",
+    "cut_count_path",
+    "pid_alive",
+    "process_folders",
+    "read_cut_count",
+    "settle_dead_processes",
+    "write_cut_count",
+]
 
 
 @dataclass(frozen=True)
@@ -62,3 +70,23 @@ def settle_dead_processes(
     leftovers = [left for folder in folders for left in read_leftovers(folder, alive)]
     cut = settle_leftovers(leftovers, lambda ids: ids_in_trail(audit_path, ids), write)
     return Settled(merged, cut)
+
+
+def cut_count_path(state_path: Path) -> Path:
+    """Where the supervisor keeps its count of records written for cut intents (for /metrics)."""
+    return state_path / "workers" / "cut-by-exit.count"
+
+
+def write_cut_count(state_path: Path, count: int) -> None:
+    path = cut_count_path(state_path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{count}\n")
+    tmp.replace(path)
+
+
+def read_cut_count(state_path: Path) -> int:
+    try:
+        return int(cut_count_path(state_path).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0

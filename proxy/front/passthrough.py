@@ -34,7 +34,7 @@ from sandgate.policy.decision import Decision, EgressRequest, Phase
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import split_authority
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.connection_limits import ConnectionLimits
+from sandgate.proxy.addons.connection_limits import RECLAIM_AFTER_SECONDS, ConnectionLimits, unread
 from sandgate.proxy.addons.drain import Drainer
 from sandgate.proxy.addons.gate import tls_decision
 from sandgate.proxy.addons.identify import client_address, parse_proxy_authorization
@@ -63,11 +63,23 @@ StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable
 
 @dataclass(slots=True)
 class _Held:
-    """A connection the front holds: its writer (to close it) and, once spliced, its tunnel."""
+    """A connection the front holds: its streams (to close it) and, once spliced, its tunnel.
+    As connection limits see it (`Reclaimable`): idle while it has sent nothing at all."""
 
+    reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     splice: Splice | None = None
     started: float = field(default_factory=time.monotonic)
+    heard: bool = False  # a byte of the guest's was read
+
+    def idle(self) -> bool:
+        # The front holds a connection for FIRST_HEAD_WAIT, less than RECLAIM_AFTER_SECONDS:
+        # this is for a longer wait, should there ever be one.
+        quiet = time.monotonic() - self.started >= RECLAIM_AFTER_SECONDS
+        return quiet and not self.heard and self.splice is None and not unread(self.reader, self.writer)
+
+    def close(self) -> None:
+        self.writer.transport.abort()
 
 
 class PassthroughFront:
@@ -152,11 +164,12 @@ class PassthroughFront:
     ) -> None:
         key = f"front-{next(self._ids)}"
         peer = writer.get_extra_info("peername")
-        if not self.limits.admit_front(key, peer):
+        held = _Held(reader, writer)
+        if not self.limits.admit_front(key, peer, listener, held):
             # Over a cap: mitmproxy's ConnectionLimits refuses it (and audits) as it always has.
             await mitmproxy_handler(reader, writer)
             return
-        held = self._held[key] = _Held(writer)
+        self._held[key] = held
         state = ConnectionState(listener=listener, client=client_address(peer))
         self.ctx.connections[key] = state
         handoff: tuple[bytes, bool] | None = None
@@ -172,6 +185,8 @@ class PassthroughFront:
         if handoff is not None:
             replay, answered = handoff
             self.handed_off += 1
+            # Admitted here: mitmproxy counts it without deciding its admission again.
+            self.limits.expect_handoff(peer)
             try:
                 await hand_off(reader, writer, replay, answered, mitmproxy_handler)
             except Exception:
@@ -180,6 +195,7 @@ class PassthroughFront:
             finally:
                 # Unused when mitmproxy refused before its Gate: never left for a later connection.
                 self.ctx.front_recorded.pop(peer, None)
+                self.limits.forget_handoff(peer)
 
     async def _front(
         self,
@@ -192,7 +208,7 @@ class PassthroughFront:
     ) -> tuple[bytes, bool] | None:
         """Serve the connection here (None once it is closed) or say what mitmproxy gets:
         (the bytes to put back, whether the guest already has a 200 for the CONNECT in them)."""
-        data = await self._read_head(reader)
+        data = await self._read_head(reader, held)
         if not data and reader.at_eof():
             writer.close()  # closed before its first byte (a port probe): nothing to decide
             return None
@@ -242,7 +258,7 @@ class PassthroughFront:
         await self._splice(held, state, reader, writer, hello_data, decision.address, port)
         return None
 
-    async def _read_head(self, reader: asyncio.StreamReader) -> bytes:
+    async def _read_head(self, reader: asyncio.StreamReader, held: _Held) -> bytes:
         """The bytes of the first request head, or what arrived of it in FIRST_HEAD_WAIT."""
         data = b""
         deadline = time.monotonic() + FIRST_HEAD_WAIT
@@ -256,6 +272,7 @@ class PassthroughFront:
                 break
             if not chunk:
                 break
+            held.heard = True
             data += chunk
         return data
 

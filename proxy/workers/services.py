@@ -16,7 +16,7 @@ from types import TracebackType
 import structlog
 
 from sandgate.proxy.audit.collector import AuditCollector
-from sandgate.proxy.audit.leftovers import Settled, settle_dead_processes
+from sandgate.proxy.audit.leftovers import Settled, settle_dead_processes, write_cut_count
 from sandgate.proxy.audit.trail import audit_file_sink
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.fleet.local_broker import ENV as BROKER_ENV
@@ -51,6 +51,7 @@ class SharedServices:
             self.collector = AuditCollector(cfg.audit_socket_path, sink)
             # What an earlier gateway's processes left (killed, or orphaned by a supervisor
             # that was): in the trail before anything new is.
+            write_cut_count(cfg.state_path, 0)
             self.settle()
             self.collector.start()
             if cfg.redis is None:
@@ -72,7 +73,12 @@ class SharedServices:
         except OSError as e:
             log.error("audit.settle_failed", error=e.strerror)  # left for the next try
             return Settled()
-        self.cut_by_exit += settled.cut
+        if settled.cut:
+            self.cut_by_exit += settled.cut
+            try:
+                write_cut_count(self.config.state_path, self.cut_by_exit)
+            except OSError as e:
+                log.warning("audit.cut_count_unwritten", error=e.strerror)
         return settled
 
     def close(self) -> None:

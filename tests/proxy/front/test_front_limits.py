@@ -85,38 +85,53 @@ def test_tunnels_count_against_the_tenants_rate_limit(start_gateway: GatewayFact
         assert counters(gw)[0] == 2, "the two tunnels within the limit were the front's"
 
 
-def test_a_source_past_max_per_source_is_refused_while_another_keeps_working(
+def test_a_sources_cap_counts_only_its_connections_that_have_not_identified_themselves(
     start_gateway: GatewayFactory, pki: TestPKI
 ) -> None:
     with RecordingUpstream(UPSTREAM_IP, tls=pki, name="capped") as up:
-        # One worker: the caps are per worker process (README, "Workers"), so with N workers the
-        # kernel's spreading decides which worker's cap a connection meets.
+        # One worker: with N, each worker holds ceil(cap / N) and the kernel's spreading decides
+        # which worker's share a connection meets (README, "Connection limits").
         caps = {"connections": {"max_per_source": 3}, "workers": {"count": 1}}
         gw = start_gateway(_tenants(up.port), config=caps)
+        source, cafile = "127.0.0.10", str(pki.ca_file)
+        # Two sandboxes behind one address: their tunnels count for them, not for the source.
         held = []
-        for _ in range(3):
-            raw = _tunnel_from(gw, up.port, "127.0.0.10")
+        for sandbox, token in [("sb1", TOKEN)] * 3 + [("sb2", OTHER_TOKEN)] * 2:
+            raw = _tunnel_from(gw, up.port, source, sandbox, token)
             assert read_head(raw).startswith(b"HTTP/1.1 200")
-            held.append(_handshake(raw, str(pki.ca_file)))  # spliced tunnels the front holds
-        assert counters(gw)[0] == 3
-        flood = []
-        for _ in range(5):
-            raw = _tunnel_from(gw, up.port, "127.0.0.10")
-            raw.settimeout(5)
-            flood.append(raw)
-        for raw in flood:
+            held.append(_handshake(raw, cafile))  # spliced tunnels the front holds
+        assert counters(gw)[0] == 5
+        # Connections that never identify themselves: the source keeps 3, and each new one takes
+        # the place of its oldest once that one has been quiet for a second.
+        address = ("127.0.0.1", gw.port)
+        idle = [socket.create_connection(address, timeout=5, source_address=(source, 0)) for _ in range(3)]
+        time.sleep(1.5)
+        idle += [socket.create_connection(address, timeout=5, source_address=(source, 0)) for _ in range(2)]
+        for raw in idle[:2]:
             with raw, _closed():
-                assert read_head(raw) == b"", "closed at connect: the source holds its cap"
-        # Another tenant, from another source, is served all along.
-        for _ in range(3):
-            raw = _tunnel_from(gw, up.port, "127.0.0.11", sandbox="sb2", token=OTHER_TOKEN)
+                assert raw.recv(1) == b"", "reclaimed: the oldest idle connections of the source"
+        for raw in idle[2:]:
+            raw.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                raw.recv(1)  # still open
+            raw.close()
+        # The sandboxes behind the source are served all along, and another source's too.
+        for src, sandbox, token in [(source, "sb1", TOKEN), ("127.0.0.11", "sb2", OTHER_TOKEN)]:
+            raw = _tunnel_from(gw, up.port, src, sandbox, token)
             assert read_head(raw).startswith(b"HTTP/1.1 200")
-            assert https_get(raw, "pass.test", str(pki.ca_file)).startswith(b"HTTP/1.1 200")
+            assert https_get(raw, "pass.test", cafile).startswith(b"HTTP/1.1 200")
         for tls in held:
             tls.close()
-        found = gw.records_until(lambda rs: any(r["reason"] == "connection_limit" for r in rs))
-        refused = [r for r in found if r["reason"] == "connection_limit"]
-        assert refused and refused[0]["detail"].startswith("connections.max_per_source")
+
+        def reclaimed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [r for r in records if r["reason"] == "connection_limit"]
+
+        # Aggregated: one record per source, limit and second.
+        found = reclaimed(gw.records_until(lambda rs: sum(r["connections"] for r in reclaimed(rs)) >= 2))
+        assert {(r["client"], r["detail"]) for r in found} == {
+            (source, "connections.max_per_source (3), oldest idle connection closed")
+        }
+        assert sum(r["connections"] for r in found) == 2
 
 
 def test_a_silent_spliced_tunnel_is_closed_after_the_tunnel_idle_timeout(

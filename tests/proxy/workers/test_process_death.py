@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import SANDGATE, GatewayFactory, RunningGateway, curl, tenant_yaml
 from support import RecordingUpstream, wait_for_port
@@ -81,6 +82,15 @@ def test_a_worker_killed_with_requests_upstream_leaves_none_unrecorded(
         wait_until(lambda: not alive(victim), "the worker to die")
         # The supervisor writes the dead worker's open intents before it restarts it.
         records = gw.records_until(lambda rs: len([r for r in rs if r["phase"] == "request"]) >= 16)
+        admin = httpx.Client(transport=httpx.HTTPTransport(uds=str(gw.root / "state" / "admin.sock")))
+
+        def cut_metric() -> float | None:
+            text = admin.get("http://sandgate/metrics").text
+            line = next(x for x in text.splitlines() if x.startswith("sandgate_audit_cut_by_exit_total "))
+            return float(line.split()[1]) or None
+
+        counted = wait_until(cut_metric, "the cut records counted")
+        admin.close()
         assert gw.stop() == 0
     records = trail(gw.root)
     assert_each_request_recorded_once(upstream, records)
@@ -89,6 +99,7 @@ def test_a_worker_killed_with_requests_upstream_leaves_none_unrecorded(
     assert cut and len(cut) + len(answered) == 16, (len(cut), codes)
     assert {(r["decision"], r["worker"], r["status"]) for r in cut} == {("allow", 1, None)}
     assert '"audit.cut_by_exit"' in gw.log()
+    assert counted == len(cut)
     assert not list((gw.root / "state" / "workers").glob("w*/intents-*.log")), "settled journals stay"
 
 
