@@ -54,7 +54,7 @@ from sandgate.proxy.addons.limits import (
 from sandgate.proxy.addons.refusal import refuse
 from sandgate.proxy.approvals import AccessRequest, Approvals, QueueFull, State
 from sandgate.proxy.approvals.endpoint import ENDPOINT_KEY, AccessEndpoint
-from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
+from sandgate.proxy.audit.records import DecisionContext, decision_record, intent_record, new_decision_id
 from sandgate.proxy.context import ConnectionState, GatewayContext, decision_context
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.respond import decision_response
@@ -280,7 +280,7 @@ class Gate:
             # Nothing goes upstream without a place for its record (completed when it ends).
             # The record as known now is journaled too: a process killed before the record is
             # written leaves it for whoever settles its journal (sandgate.proxy.audit.intents).
-            if not await self.ctx.audit.reserve(dctx.decision_id, decision_record(dctx, decision)):
+            if not await self.ctx.audit.reserve(dctx.decision_id, intent_record(dctx, decision)):
                 await self._deny_flow(flow, dctx, self._fault(Reason.INTERNAL_ERROR, "audit queue full"))
                 return
             if not state.in_tunnel:

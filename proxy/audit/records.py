@@ -12,7 +12,14 @@ from urllib.parse import parse_qsl
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.proxy.metrics import METRICS
 
-__all__ = ["DecisionContext", "decision_record", "format_time", "new_decision_id", "redact_query"]
+__all__ = [
+    "DecisionContext",
+    "decision_record",
+    "format_time",
+    "intent_record",
+    "new_decision_id",
+    "redact_query",
+]
 
 RECORD_VERSION = 1
 
@@ -68,6 +75,25 @@ def decision_record(
     """The audit record of one decision (and its count in the metrics)."""
     tenant = ctx.identity.tenant if ctx.identity else None
     METRICS.decision(tenant, decision.reason.value, ctx.phase.value, decision.verdict)
+    return _record(ctx, decision, status, bytes_up, bytes_down, error, credentials)
+
+
+def intent_record(ctx: DecisionContext, decision: Decision) -> dict[str, Any]:
+    """An allowed exchange's record as known before it goes upstream, for the intent journal:
+    not counted in the metrics (its final record is, once)."""
+    return _record(ctx, decision, None, None, None, None, ())
+
+
+def _record(
+    ctx: DecisionContext,
+    decision: Decision,
+    status: int | None,
+    bytes_up: int | None,
+    bytes_down: int | None,
+    error: str | None,
+    credentials: tuple[str, ...],
+) -> dict[str, Any]:
+    tenant = ctx.identity.tenant if ctx.identity else None
     record = {
         "event": "decision",
         "v": RECORD_VERSION,
