@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import ssl
-import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -15,7 +14,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 import yaml
-from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, SANDGATE, TOKEN, TOKEN_REF, GatewayFactory, RunningGateway
+from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, TOKEN, TOKEN_REF, GatewayFactory, RunningGateway
 from support import RecordingUpstream
 
 from sandgate.brokers import PlaceholderMinter, Secret
@@ -129,30 +128,8 @@ def placeholders(gw: RunningGateway, sandbox: str) -> dict[str, str]:
     per gateway and sandbox (a CLI run takes a second or two; a gateway's placeholders stay)."""
     key = (gw.root, sandbox)
     if key not in _PLACEHOLDERS:
-        _PLACEHOLDERS[key] = _ask_placeholders(gw, sandbox)
+        _PLACEHOLDERS[key] = gw.placeholders(sandbox)
     return dict(_PLACEHOLDERS[key])
-
-
-def _ask_placeholders(gw: RunningGateway, sandbox: str) -> dict[str, str]:
-    out = subprocess.run(
-        [
-            SANDGATE,
-            "credentials",
-            "placeholders",
-            "--sandbox",
-            sandbox,
-            "--format",
-            "json",
-            "--config",
-            str(gw.root / "sandgate.yaml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    found: dict[str, str] = json.loads(out.stdout)
-    return found
 
 
 def client(gw: RunningGateway, sandbox: str = "sb1", token: str = TOKEN, timeout: float = 10) -> httpx.Client:
