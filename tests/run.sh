@@ -11,6 +11,9 @@ echo "== mypy" >&2
 rm -rf .typecheck && mkdir -p .typecheck/sandgate
 for pkg in proxy policy brokers; do ln -s "../../$pkg" ".typecheck/sandgate/$pkg"; done
 MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers
+# The manual's reference generator (docs/tools: a script, outside the packages).
+MYPYPATH=.typecheck .venv/bin/mypy docs/tools/reference.py docs/tools/model_reference.py \
+    docs/tools/cli_reference.py docs/tools/md_text.py
 # The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
 MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
 echo "== pytest" >&2

@@ -1,6 +1,8 @@
-"""README.md's fenced blocks, read the way tests/docs/ runs them.
+"""README.md's fenced blocks, and those of the manual's pages under docs/, read the way
+tests/docs/ runs them.
 
-The convention (stated once here, and in one line of README's Tests section):
+The convention (stated once here, and in one line of README's Tests section), the same for
+README.md and every page of docs/:
 
 - Every fence names a language. Shell blocks are `sh` (or `bash`/`shell`); a transcript of
   commands and their output is `console` (`$ ` starts a command); output, files and formats
@@ -13,6 +15,10 @@ The convention (stated once here, and in one line of README's Tests section):
     leaves running in a terminal); the next block starts once HOST:PORT accepts connections.
 - A block in another language whose lines start with `$ ` holds commands: it is refused, so a
   command cannot hide from the runner as "text".
+
+README.md runs as one session (tests/docs/test_readme_walkthrough.py); the pages of docs/ run
+as another, in the order of mkdocs.yml's nav (`manual_pages`), as a reader goes through the
+manual (tests/docs/test_docs_walkthrough.py).
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 __all__ = [
     "SHELL_LANGUAGES",
@@ -27,7 +36,9 @@ __all__ = [
     "ConsoleStep",
     "ReadmeError",
     "console_steps",
+    "manual_pages",
     "missing_output",
+    "nav_pages",
     "read_blocks",
 ]
 
@@ -75,8 +86,10 @@ class ConsoleStep:
     expected: tuple[str, ...]
 
 
-def read_blocks(path: Path) -> list[Block]:
-    """Every fenced block of a Markdown file, checked against the convention above."""
+def read_blocks(path: Path, name: str | None = None) -> list[Block]:
+    """Every fenced block of a Markdown file, checked against the convention above; errors name
+    the file as `name` (default: its file name)."""
+    label = name or path.name
     lines = path.read_text().splitlines()
     blocks: list[Block] = []
     i = 0
@@ -92,14 +105,14 @@ def read_blocks(path: Path) -> list[Block]:
             body.append(lines[i][len(m["indent"]) :] if lines[i].startswith(m["indent"]) else lines[i])
             i += 1
         if i == len(lines):
-            raise ReadmeError(f"{path.name}:{start + 1}: a fence that is never closed")
+            raise ReadmeError(f"{label}:{start + 1}: a fence that is never closed")
         i += 1
-        blocks.append(_classify(path, start, lines, language, "\n".join(body) + "\n"))
+        blocks.append(_classify(label, start, lines, language, "\n".join(body) + "\n"))
     return blocks
 
 
-def _classify(path: Path, start: int, lines: list[str], language: str, text: str) -> Block:
-    where = f"{path.name}:{start + 1}"
+def _classify(label: str, start: int, lines: list[str], language: str, text: str) -> Block:
+    where = f"{label}:{start + 1}"
     if not language:
         raise ReadmeError(f"{where}: name the fence's language (sh for commands, text for output)")
     marker = _MARKER.match(lines[start - 1]) if start > 0 else None
@@ -164,3 +177,34 @@ def missing_output(step: ConsoleStep, output: str) -> str | None:
             return want
         pos += 1
     return None
+
+
+def nav_pages(mkdocs_yml: Path) -> list[str]:
+    """The pages mkdocs.yml's nav lists, in order, as paths relative to its docs_dir."""
+    config = yaml.safe_load(mkdocs_yml.read_text())
+    found: list[str] = []
+
+    def visit(entry: Any) -> None:
+        if isinstance(entry, str):
+            found.append(entry)
+        elif isinstance(entry, dict):
+            for value in entry.values():
+                visit(value)
+        elif isinstance(entry, list):
+            for item in entry:
+                visit(item)
+
+    visit(config.get("nav", []))
+    return [page for page in found if page.endswith(".md")]
+
+
+def manual_pages(repo: Path) -> list[Path]:
+    """The manual's pages in reading order: mkdocs.yml's nav, then any page under docs/ it
+    leaves out (sorted; the strict site build refuses those, but their blocks still count).
+    docs/tools/ holds the reference generator, not pages."""
+    docs = repo / "docs"
+    listed = [docs / page for page in nav_pages(repo / "mkdocs.yml")]
+    others = sorted(
+        p for p in docs.rglob("*.md") if p not in listed and p.relative_to(docs).parts[0] != "tools"
+    )
+    return [*listed, *others]
