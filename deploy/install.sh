@@ -5,6 +5,62 @@
 #   --only system|venv         one of the two phases (deploy/quickstart.sh shows each)
 # Idempotent: re-running installs only what is missing. Needs root for apt (or sudo).
 set -euo pipefail
+
+# The package manager's locks. A fresh cloud machine holds them for minutes after boot
+# (cloud-init, apt-daily, unattended-upgrades), and apt-get stops at once on a held one:
+# wait for them instead. SANDGATE_APT_LOCKS: other files to wait on (tests/deploy/test_install.py).
+read -r -a apt_locks <<< "${SANDGATE_APT_LOCKS:-/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock}"
+apt_lock_wait=${SANDGATE_APT_LOCK_WAIT:-900}   # seconds
+
+# "PID COMMAND" of a process holding a lock (fcntl, as apt and dpkg take it, or flock) on the
+# file, read from /proc/locks (no root needed); nothing, and status 1, when none does.
+lock_holder() {
+    local dev ino id pid fields
+    read -r dev ino < <(stat -L -c '%d %i' "$1" 2>/dev/null) || return 1
+    # /proc/locks names the file as MAJOR:MINOR:INODE, the device numbers in hex.
+    printf -v id '%02x:%02x:%d' $(( ((dev >> 8) & 0xfff) | ((dev >> 32) & 0xfffff000) )) \
+        $(( (dev & 0xff) | ((dev >> 12) & 0xffffff00) )) "$ino"
+    while read -r -a fields; do
+        [[ "${fields[1]:-}" == "->" ]] && fields=("${fields[0]}" "${fields[@]:2}")  # a waiter
+        [[ "${fields[5]:-}" == "$id" ]] || continue
+        pid=${fields[4]}
+        echo "$pid $(cat "/proc/$pid/comm" 2>/dev/null || echo '?')"
+        return 0
+    done < /proc/locks
+    return 1
+}
+
+# Wait until no package manager lock is held, saying so once; status 1 after apt_lock_wait s.
+wait_for_apt_locks() {
+    local lock holder waited=0 said=0
+    while true; do
+        holder=""
+        for lock in "${apt_locks[@]}"; do
+            holder=$(lock_holder "$lock") && break
+        done
+        [[ -n "$holder" ]] || break
+        if (( ! said )); then
+            echo "install.sh: waiting for $lock, held by process ${holder%% *} (${holder#* }):" \
+                 "a fresh machine installs its updates for a while after boot (up to ${apt_lock_wait} s)" >&2
+            said=1
+        fi
+        if (( waited >= apt_lock_wait )); then
+            echo "install.sh: $lock is still held after ${apt_lock_wait} s: run deploy/install.sh again" \
+                 "once process ${holder%% *} (${holder#* }) is done" >&2
+            return 1
+        fi
+        sleep 1
+        waited=$(( waited + 1 ))
+    done
+    if (( said )); then
+        echo "install.sh: the package manager is free after ${waited} s" >&2
+    fi
+    return 0
+}
+
+# Sourced (tests/deploy/test_install.py): the functions only.
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
+
 cd "$(dirname "$0")/.."
 
 dev=0 only=""
@@ -30,8 +86,11 @@ if (( ${#missing[@]} )); then
     sudo_cmd=()
     (( EUID == 0 )) || sudo_cmd=(sudo)
     echo "installing system packages: ${missing[*]}" >&2
-    "${sudo_cmd[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+    wait_for_apt_locks
+    # And should one be taken again between the wait and apt-get, apt-get waits too (apt >= 1.9).
+    apt=(apt-get -o "DPkg::Lock::Timeout=$apt_lock_wait")
+    "${sudo_cmd[@]}" "${apt[@]}" update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" "${apt[@]}" install -y -qq "${missing[@]}" >/dev/null
 fi
 
 find_python() {

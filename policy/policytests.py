@@ -5,7 +5,8 @@ A case file (rules/tests/*.yaml):
     rules: ..                    # the rules directory, relative to this file (default: the
                                  # folder above tests/)
     resolve:                     # name → addresses for this file's cases; other names resolve
-      api.github.com: [140.82.112.6]   # to 93.184.215.14 (nothing is ever dialled)
+      api.github.com: [140.82.112.6]   # as the gateway config's resolver.hosts (with --config),
+                                       # else to 93.184.215.14 (nothing is ever dialled)
     cases:
       - name: reads from the API are allowed
         tenant: acme             # or sandbox: acme-1 (its tenant is looked up)
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Literal
@@ -177,23 +178,33 @@ def _authority(text: str, default_port: int) -> tuple[str, int]:
 
 
 class _TestResolver:
-    """Listed names resolve as listed; any other name to UNLISTED_ADDRESS."""
+    """Names the case file lists resolve as listed, then the gateway's static names; any other
+    name to UNLISTED_ADDRESS."""
 
-    def __init__(self, hosts: dict[str, list[str]]) -> None:
-        self._static = StaticResolver(hosts)
+    def __init__(
+        self, hosts: Mapping[str, Sequence[str]], gateway_hosts: Mapping[str, Sequence[str]]
+    ) -> None:
+        self._static = (StaticResolver(hosts), StaticResolver(gateway_hosts))
 
     async def resolve(self, host: str) -> Resolution:
-        if self._static.knows(host):
-            return await self._static.resolve(host)
+        for static in self._static:
+            if static.knows(host):
+                return await static.resolve(host)
         return Resolution((UNLISTED_ADDRESS,), 300.0)
 
 
 def run_case_file(
-    path: Path, *, policies: dict[Path, PolicySet] | None = None, guard: AddressGuard | None = None
+    path: Path,
+    *,
+    policies: dict[Path, PolicySet] | None = None,
+    guard: AddressGuard | None = None,
+    hosts: Mapping[str, Sequence[str]] | None = None,
 ) -> TestReport:
     """Run the cases of one file; a file (or its rules) that does not load raises PolicyLoadError.
 
-    `guard`: the operator's address guard (a gateway config's); default: one that opens no range."""
+    `guard`: the operator's address guard (a gateway config's); default: one that opens no range.
+    `hosts`: the gateway's static names (a gateway config's resolver.hosts), for names the file
+    does not list. Nothing is ever looked up: nameservers are never asked."""
     doc = load_yaml(path)
     spec = validate(CaseFile, doc)
     rules_dir = (path.parent / spec.rules).resolve() if spec.rules else path.resolve().parent.parent
@@ -202,14 +213,18 @@ def run_case_file(
     if policy is None:
         policy = cache[rules_dir] = load_policy_dir(rules_dir)
     where = [doc.locate(("cases", i)) for i in range(len(spec.cases))]
-    outcomes = asyncio.run(_run_cases(spec, policy, where, guard or AddressGuard()))
+    outcomes = asyncio.run(_run_cases(spec, policy, where, guard or AddressGuard(), hosts or {}))
     return TestReport(str(path), tuple(outcomes))
 
 
 async def _run_cases(
-    spec: CaseFile, policy: PolicySet, where: list[SourceLocation], guard: AddressGuard
+    spec: CaseFile,
+    policy: PolicySet,
+    where: list[SourceLocation],
+    guard: AddressGuard,
+    gateway_hosts: Mapping[str, Sequence[str]],
 ) -> list[TestOutcome]:
-    resolver = _TestResolver(spec.resolve)
+    resolver = _TestResolver(spec.resolve, gateway_hosts)
     engine = make_engine("embedded", cache_size=0)
     return [
         await _run_case(case, policy, resolver, engine, guard, at)

@@ -53,7 +53,11 @@ def endpoints(config: GatewayConfig) -> list[Endpoint]:
     for lst in config.listeners:
         if lst.mode == "regular":
             what = "proxy listener"
-            hint = "pass --port" if len(explicit) == 1 else "change its port under listeners: in the config"
+            hint = (
+                "pass a free one with --port"
+                if len(explicit) == 1
+                else "change its port under listeners: in the config"
+            )
         else:
             what, hint = "transparent listener", "change its port under listeners: in the config"
         out.append(Endpoint(what, lst.host, lst.port, "tcp", hint, lst.spec))

@@ -4,14 +4,15 @@ SandgateError                 (sandgate.policy.errors)
  └── ProxyError
       ├── CAError        the gateway's CA is missing, unreadable, inconsistent or not private
       ├── ConfigError    gateway options or files that cannot be turned into a running proxy
-      └── ListenerError  an address the gateway listens on cannot be bound (port taken, ...)
+      ├── ListenerError  an address the gateway listens on cannot be bound (port taken, ...)
+      └── StateDirInUse  another gateway holds the state folder (proxy/state_lock.py)
 """
 
 from __future__ import annotations
 
 from sandgate.policy.errors import SandgateError
 
-__all__ = ["CAError", "ConfigError", "ListenerError", "ProxyError", "SandgateError"]
+__all__ = ["CAError", "ConfigError", "ListenerError", "ProxyError", "SandgateError", "StateDirInUse"]
 
 
 class ProxyError(SandgateError):
@@ -28,3 +29,7 @@ class ConfigError(ProxyError):
 
 class ListenerError(ProxyError):
     """A listener (proxy, transparent, DNS, admin) cannot be bound; the message is one line."""
+
+
+class StateDirInUse(ProxyError):
+    """Another live gateway holds the state folder's lock; the message is one line naming both."""

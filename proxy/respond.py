@@ -23,6 +23,7 @@ __all__ = [
     "ASKABLE",
     "decision_response",
     "denied_response",
+    "json_body",
     "limited_response",
     "proxy_auth_required",
     "status_for",
@@ -55,6 +56,12 @@ ASKABLE = frozenset(
         Reason.APPROVAL_TIMEOUT,
     }
 )
+
+
+def json_body(fields: Mapping[str, object]) -> bytes:
+    """A JSON answer's body: one line, ended by a newline (so that `curl` leaves the prompt
+    on a line of its own)."""
+    return json.dumps(fields).encode() + b"\n"
 
 
 def status_for(reason: Reason) -> int:
@@ -94,7 +101,7 @@ def denied_response(
         fields["refused"] = [{"address": r.address, "kind": r.kind, "why": r.why} for r in refused]
     if ask is not None and reason in ASKABLE:
         fields["ask"] = dict(ask)
-    body = json.dumps(fields).encode()
+    body = json_body(fields)
     headers = {
         "Content-Type": "application/json",
         REASON_HEADER: reason.value,
@@ -128,7 +135,7 @@ def upstream_error_response(
     fields = {"error": "upstream failed", "reason": reason.value, "host": host, "decision_id": decision_id}
     return http.Response.make(
         status,
-        json.dumps(fields).encode(),
+        json_body(fields),
         {
             "Content-Type": "application/json",
             REASON_HEADER: reason.value,
@@ -160,19 +167,19 @@ def limited_response(
         status = 429
         fields["retry_after"] = retry_after
         headers["Retry-After"] = str(retry_after)
-    return http.Response.make(status, json.dumps(fields).encode(), headers)
+    return http.Response.make(status, json_body(fields), headers)
 
 
 def proxy_auth_required(decision_id: str) -> http.Response:
     """407 asking for the sandbox's proxy credential."""
-    body = json.dumps(
+    body = json_body(
         {
             "error": "proxy authentication required",
             "reason": Reason.NO_IDENTITY.value,
             "host": None,
             "decision_id": decision_id,
         }
-    ).encode()
+    )
     return http.Response.make(
         407,
         body,

@@ -32,14 +32,7 @@ from sandgate.policy.model.policyset import PolicySet, TenantPolicy
 from sandgate.policy.rego.compiler import use_store
 from sandgate.policy.rego.engine import make_engine
 from sandgate.policy.rego.protocol import PolicyEngine
-from sandgate.policy.resolver import (
-    CachingResolver,
-    ChainResolver,
-    NameserverResolver,
-    Resolver,
-    StaticResolver,
-    SystemResolver,
-)
+from sandgate.policy.resolver import Resolver
 from sandgate.proxy import banner
 from sandgate.proxy.addons.audit_completion import AuditCompletion
 from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
@@ -79,7 +72,7 @@ from sandgate.proxy.audit.trail import AuditLog, AuditSink, StdoutSink, audit_fi
 from sandgate.proxy.bindcheck import check_endpoints, endpoints, failure_line, quiet_mitmproxy_bind_errors
 from sandgate.proxy.broker_setup import configure_broker
 from sandgate.proxy.ca import ensure_ca
-from sandgate.proxy.config import DnsListenerConfig, GatewayConfig, RedisConfig, ResolverConfig
+from sandgate.proxy.config import DnsListenerConfig, GatewayConfig, RedisConfig
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.errors import ListenerError
 from sandgate.proxy.fd_budget import raise_fd_limit
@@ -109,6 +102,7 @@ from sandgate.proxy.net.name_bindings import NameBindings
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
 from sandgate.proxy.registration import gateway_ports, interface_exists, prepare_host_table, sync_static_rules
 from sandgate.proxy.reloader import PolicyReloader, RulesKeptError, problem_view, report_problems
+from sandgate.proxy.resolver_setup import build_resolver
 from sandgate.proxy.secret_refresh import SecretRefresher
 from sandgate.proxy.statusfile import STATUS_FILE, read_status, remove_status, write_status
 from sandgate.proxy.stores.credentials_factory import stored_secrets
@@ -148,18 +142,6 @@ def build_engine(config: GatewayConfig) -> PolicyEngine:
         cache_ttl=rego.cache.ttl_seconds,
         max_loaded_bundles=rego.max_loaded_bundles,
     )
-
-
-def build_resolver(cfg: ResolverConfig) -> Resolver:
-    """Static hosts first, then the nameservers (or the system), behind a TTL cache."""
-    base: Resolver = (
-        NameserverResolver(cfg.nameservers, timeout=cfg.timeout, ipv6=cfg.ipv6)
-        if cfg.nameservers
-        else SystemResolver(ttl=cfg.system_ttl)
-    )
-    if cfg.hosts:
-        base = ChainResolver(StaticResolver(cfg.hosts), base)
-    return CachingResolver(base, min_ttl=cfg.min_ttl, max_ttl=cfg.max_ttl)
 
 
 def fleet_gateway_id(config: GatewayConfig, rcfg: RedisConfig) -> str:
@@ -246,9 +228,8 @@ class _Lifecycle:
             return
         ready = gw.ready_info(ps.servers)
         log.info("gateway.ready", **banner.event_fields(ready))
-        if banner.show_block(gw.config.log.format, sys.stderr):
-            sys.stderr.write("\n" + banner.block(ready) + "\n")
-            sys.stderr.flush()
+        # Before the status file: with workers, the supervisor reads the lead's rows once it sees it.
+        banner.announce(ready, gw.config, sys.stderr)
         gw._write_status()
         gw.ready.set()
 

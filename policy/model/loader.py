@@ -15,8 +15,9 @@ import ipaddress
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from sandgate.policy.decision import Mode
 from sandgate.policy.errors import (
@@ -38,7 +39,7 @@ from sandgate.policy.model.yamlsource import YamlDocument, load_yaml, validate
 from sandgate.policy.rego.compiler import keep_only
 from sandgate.policy.rego.program import RegoProgram
 
-__all__ = ["load_policy_dir", "policy_files"]
+__all__ = ["Candidate", "grants_file_tenant", "load_policy_dir", "policy_files"]
 
 DEFAULT_ALLOW_PORTS = frozenset({443})
 
@@ -62,8 +63,33 @@ def policy_files(rules_dir: Path) -> list[Path]:
     return files + rego_watch_files(rules_dir)
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A policy file checked where it is to go, without copying it there (`policy check FILE`).
+
+    It stands in for the file of its name in `folder` (`tenants`, `presets`; "" for
+    base.yaml), and the paths written in it (Rego modules, token files) are read from that
+    folder, as they will be once it is there. Its sandbox ids count as the newest claims.
+    """
+
+    path: Path
+    folder: Literal["", "presets", "tenants"]
+
+    def target(self, rules_dir: Path) -> Path:
+        """The file it stands in for."""
+        return rules_dir / "base.yaml" if self.folder == "" else rules_dir / self.folder / self.path.name
+
+    def in_place(self, rules_dir: Path) -> bool:
+        """Whether it is the file it stands in for (then it is loaded as any other)."""
+        return os.path.abspath(self.path) == os.path.abspath(self.target(rules_dir))
+
+
 def load_policy_dir(
-    rules_dir: Path, *, previous: PolicySet | None = None, isolate: bool = False
+    rules_dir: Path,
+    *,
+    previous: PolicySet | None = None,
+    isolate: bool = False,
+    candidate: Candidate | None = None,
 ) -> PolicySet:
     """Load and compile the whole rules directory.
 
@@ -74,61 +100,31 @@ def load_policy_dir(
     be decided without the operator's deny rules; a broken tenant file (or a preset it
     includes) takes only its own tenant, which keeps its version from `previous` when it had
     one and otherwise has no policy (its sandboxes get no_identity). Each is in `problems`.
+    `candidate`: a file loaded in place of the one it stands in for (see Candidate).
     """
     if not rules_dir.is_dir():
         raise PolicySetError(
             [PolicyLoadError(SourceLocation(str(rules_dir)), "", "rules directory not found")]
         )
-    files = policy_files(rules_dir)
-    operator_errors: list[PolicyLoadError] = []
-    preset_errors: dict[str, list[PolicyLoadError]] = {}
-    tenant_errors: dict[str, list[PolicyLoadError]] = {}
-    base: _Loaded[BaseFile] | None = None
-    presets: dict[str, _Loaded[PresetFile]] = {}
-    tenant_files: list[_Loaded[TenantFile]] = []
-    grants_files: dict[str, Path] = {}
-    unloadable_presets: set[str] = set()
-    for p in files:
-        if p.suffix == ".rego":
-            continue
-        if p.parent == rules_dir:
-            base = _load_one(p, BaseFile, operator_errors)
-        elif p.parent.name == "presets":
-            errors = preset_errors.setdefault(str(p), [])
-            preset = _load_one(p, PresetFile, errors)
-            if preset is None or preset.salvaged:
-                if preset is not None:  # checked for its other problems; it claims no name
-                    _compile_rules(preset, "allow", f"preset:{preset.model.preset}", errors)
-                if (name := _declared_name(p, "preset")) is not None:
-                    unloadable_presets.add(name)
-                continue
-            if preset.model.preset in presets:
-                where = presets[preset.model.preset].doc.file
-                problem = f"preset {preset.model.preset!r} is also defined in {where}"
-                errors.append(_err(preset.doc, ("preset",), problem))
-                continue
-            presets[preset.model.preset] = preset
-        elif p.parent.name == "tenants" and (tenant_name := grants_file_tenant(p)) is not None:
-            grants_files[tenant_name] = p
-        elif p.parent.name == "tenants":
-            tenant_file = _load_one(p, TenantFile, tenant_errors.setdefault(str(p), []))
-            if tenant_file is not None:
-                tenant_files.append(tenant_file)
+    placed, placements = _placed(rules_dir, candidate)
+    read = _read_files(placed, placements)
 
-    base_deny = RuleIndex(_compile_rules(base, "deny", "base", operator_errors) if base else [])
+    base_deny = RuleIndex(
+        _compile_rules(read.base, "deny", "base", read.operator_errors) if read.base else []
+    )
     preset_rules: dict[str, list[CompiledRule]] = {}
-    for name, preset in presets.items():
-        errors = preset_errors[preset.doc.file]
+    for name, preset in read.presets.items():
+        errors = read.preset_errors[preset.doc.file]
         rules = _compile_rules(preset, "allow", f"preset:{name}", errors)
         if not errors or not isolate:  # strict: reported once, at the preset
             preset_rules[name] = rules
-    broken_presets = (frozenset(presets) | unloadable_presets) - frozenset(preset_rules)
+    broken_presets = (frozenset(read.presets) | read.unloadable_presets) - frozenset(preset_rules)
 
     compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]] = []
     defined: dict[str, str] = {}
     grants_docs: dict[str, YamlDocument] = {}
-    for loaded in tenant_files:
-        errors = tenant_errors[loaded.doc.file]
+    for loaded in read.tenant_files:
+        errors = read.tenant_errors[loaded.doc.file]
         tenant = _compile_tenant(loaded, preset_rules, broken_presets, base_deny, errors)
         if tenant.name in defined:
             problem = f"tenant {tenant.name!r} is defined twice (also in {defined[tenant.name]})"
@@ -139,18 +135,21 @@ def load_policy_dir(
             _SandboxRegistry().declare(loaded, errors)
             continue
         defined[tenant.name] = tenant.source
-        grants_path = grants_files.get(tenant.name)
+        grants_path = read.grants_files.get(tenant.name)
         if grants_path is not None:
-            tenant = replace(tenant, grants=_load_grants(grants_path, tenant.name, errors, grants_docs))
+            placed_at = read.placements.get(grants_path)
+            grants = _load_grants(grants_path, tenant.name, errors, grants_docs, placed_at)
+            tenant = replace(tenant, grants=grants)
         if not errors:
             compiled.append((loaded, tenant))
-    rego = _load_rego(rules_dir, compiled, tenant_errors, operator_errors, isolate=isolate)
+    rego = _load_rego(rules_dir, compiled, read.tenant_errors, read.operator_errors, isolate=isolate)
 
-    _blame_shared_sandboxes(tenant_files, tenant_errors, previous)
+    newest = str(candidate.path) if candidate is not None else None
+    _blame_shared_sandboxes(read.tenant_files, read.tenant_errors, previous, newest)
     registry = _SandboxRegistry()
     tenants: dict[str, TenantPolicy] = {}
     for loaded, tenant in compiled:
-        errors = tenant_errors[loaded.doc.file]
+        errors = read.tenant_errors[loaded.doc.file]
         if errors:
             continue  # its Rego failed
         records = registry.declare(loaded, errors)
@@ -163,26 +162,102 @@ def load_policy_dir(
             sandboxes=records,
             digest=_tenant_digest(loaded.doc, rules_dir, records, program, grants_docs.get(tenant.name)),
         )
-    all_errors = [*operator_errors, *_flatten(preset_errors), *_flatten(tenant_errors)]
-    if operator_errors or (all_errors and not isolate):
+    all_errors = [*read.operator_errors, *_flatten(read.preset_errors), *_flatten(read.tenant_errors)]
+    if read.operator_errors or (all_errors and not isolate):
         raise PolicySetError(all_errors)
 
-    problems = _isolate(tenant_files, preset_errors, tenant_errors, tenants, previous, base_deny, registry)
-    registry.notices += _name_notices(tenant_files)
-    registry.notices += _orphan_grants(grants_files, defined)
+    problems = _isolate(
+        read.tenant_files, read.preset_errors, read.tenant_errors, tenants, previous, base_deny, registry
+    )
+    registry.notices += _name_notices(read.tenant_files)
+    registry.notices += _orphan_grants(read.grants_files, defined)
     keep_only(t.rego for t in tenants.values() if t.rego is not None)
-    docs = [x.doc for x in (base, *presets.values()) if x is not None]
+    docs = [x.doc for x in (read.base, *read.presets.values()) if x is not None]
     return PolicySet(
         version=_version(docs, rules_dir, [t.digest for t in tenants.values()]),
         tenants=tenants,
         sandboxes=registry.by_id,
         by_address=registry.by_address,
-        files=(*(str(p) for p in files if p.suffix != ".rego"), *rego.files),
+        files=(*(str(p) for p, _ in placed), *rego.files),
         token_files=tuple(str(p) for p in registry.token_files),
         rego_files=rego.files,
         problems=problems,
         notices=tuple(registry.notices),
     )
+
+
+_FOLDER_ORDER = {"": 0, "presets": 1, "tenants": 2}
+
+
+def _placed(rules_dir: Path, candidate: Candidate | None) -> tuple[list[tuple[Path, str]], dict[Path, Path]]:
+    """The policy files to load, each with its folder ("" for base.yaml), in load order, and
+    the path a candidate is loaded as (the file it stands in for)."""
+    placed = [
+        (p, "" if p.parent == rules_dir else p.parent.name)
+        for p in policy_files(rules_dir)
+        if p.suffix != ".rego"
+    ]
+    if candidate is None:
+        return placed, {}
+    if candidate.in_place(rules_dir):
+        return placed, {}
+    target = candidate.target(rules_dir)
+    placed = [x for x in placed if x[0] != target]
+    placed.append((candidate.path, candidate.folder))
+    placed.sort(key=lambda x: (_FOLDER_ORDER[x[1]], target.name if x[0] == candidate.path else x[0].name))
+    return placed, {candidate.path: target}
+
+
+@dataclass(slots=True)
+class _Read:
+    """The files of a rules directory, read and validated (not compiled), with their problems."""
+
+    operator_errors: list[PolicyLoadError] = field(default_factory=list)
+    preset_errors: dict[str, list[PolicyLoadError]] = field(default_factory=dict)
+    tenant_errors: dict[str, list[PolicyLoadError]] = field(default_factory=dict)
+    base: _Loaded[BaseFile] | None = None
+    presets: dict[str, _Loaded[PresetFile]] = field(default_factory=dict)
+    tenant_files: list[_Loaded[TenantFile]] = field(default_factory=list)
+    grants_files: dict[str, Path] = field(default_factory=dict)
+    unloadable_presets: set[str] = field(default_factory=set)
+    # A candidate's path → the path it is loaded as (see _placed).
+    placements: dict[Path, Path] = field(default_factory=dict)
+
+
+def _read_files(placed: list[tuple[Path, str]], placements: dict[Path, Path]) -> _Read:
+    """Read and validate each policy file as what its folder makes it."""
+    read = _Read(placements=placements)
+    for p, folder in placed:
+        placed_at = placements.get(p)
+        if folder == "":
+            read.base = _load_one(p, BaseFile, read.operator_errors, placed_at)
+        elif folder == "presets":
+            _read_preset(p, read, placed_at)
+        elif folder == "tenants" and (tenant_name := grants_file_tenant(p)) is not None:
+            read.grants_files[tenant_name] = p
+        elif folder == "tenants":
+            tenant_file = _load_one(p, TenantFile, read.tenant_errors.setdefault(str(p), []), placed_at)
+            if tenant_file is not None:
+                read.tenant_files.append(tenant_file)
+    return read
+
+
+def _read_preset(p: Path, read: _Read, placed_at: Path | None) -> None:
+    """Read one preset file; one that does not validate (or repeats a name) defines none."""
+    errors = read.preset_errors.setdefault(str(p), [])
+    preset = _load_one(p, PresetFile, errors, placed_at)
+    if preset is None or preset.salvaged:
+        if preset is not None:  # checked for its other problems; it claims no name
+            _compile_rules(preset, "allow", f"preset:{preset.model.preset}", errors)
+        if (name := _declared_name(p, "preset")) is not None:
+            read.unloadable_presets.add(name)
+        return
+    if preset.model.preset in read.presets:
+        where = read.presets[preset.model.preset].doc.file
+        problem = f"preset {preset.model.preset!r} is also defined in {where}"
+        errors.append(_err(preset.doc, ("preset",), problem))
+        return
+    read.presets[preset.model.preset] = preset
 
 
 def _flatten(by_file: dict[str, list[PolicyLoadError]]) -> list[PolicyLoadError]:
@@ -232,7 +307,7 @@ def _rego_owners(compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]]) -> di
     for loaded, _ in compiled:
         file = loaded.doc.file
         owners.setdefault(os.path.normpath(file), []).append(file)
-        base_dir = Path(file).parent
+        base_dir = loaded.doc.folder
         for entry in loaded.model.rego:
             owners.setdefault(os.path.normpath(base_dir / entry), []).append(file)
     return owners
@@ -291,14 +366,17 @@ def _last_good(previous: PolicySet | None, file: str, name: str | None) -> Tenan
 
 
 def _load_one[M: (BaseFile, PresetFile, TenantFile)](
-    path: Path, model: type[M], errors: list[PolicyLoadError]
+    path: Path, model: type[M], errors: list[PolicyLoadError], placed_at: Path | None = None
 ) -> _Loaded[M] | None:
-    """The file's model; with a schema error, what is left of it (salvaged), or None."""
+    """The file's model; with a schema error, what is left of it (salvaged), or None.
+    `placed_at`: the path it is loaded as, when not its own (a Candidate)."""
     try:
         doc = load_yaml(path)
     except PolicyLoadError as e:
         errors.append(e)  # YAML syntax: nothing of this file can be read
         return None
+    if placed_at is not None:
+        doc = replace(doc, placed_at=str(placed_at))
     try:
         return _Loaded(doc, validate(model, doc))
     except PolicySetError as e:
@@ -317,13 +395,15 @@ def _blame_shared_sandboxes(
     tenant_files: list[_Loaded[TenantFile]],
     tenant_errors: dict[str, list[PolicyLoadError]],
     previous: PolicySet | None,
+    newest: str | None = None,
 ) -> None:
-    """A sandbox id two tenant files define: an error in the newcomer's (sandgate.policy.model.claims)."""
+    """A sandbox id two tenant files define: an error in the newcomer's (sandgate.policy.model.claims).
+    `newest`: a file that counts as changed after every other (a Candidate, not yet in place)."""
     claims: list[Claim] = []
     for loaded in tenant_files:
         file = loaded.doc.file
         loads = not tenant_errors[file]
-        mtime = _mtime_ns(file)
+        mtime = _NEWEST if file == newest else _mtime_ns(file)
         for i, sb in enumerate(loaded.model.sandboxes):
             where = loaded.doc.locate(("sandboxes", i, "id"))
             claims.append(Claim(sb.id, loaded.model.tenant, file, where, i, loads, mtime))
@@ -333,6 +413,9 @@ def _blame_shared_sandboxes(
         claim = conflict.claim
         error = _err(docs[claim.file], ("sandboxes", claim.index, "id"), conflict.problem)
         tenant_errors[claim.file].append(error)
+
+
+_NEWEST = 1 << 62  # nanoseconds: after any file's modification time
 
 
 def _mtime_ns(file: str) -> int:
@@ -369,7 +452,11 @@ def grants_file_tenant(path: Path) -> str | None:
 
 
 def _load_grants(
-    path: Path, tenant: str, errors: list[PolicyLoadError], docs: dict[str, YamlDocument]
+    path: Path,
+    tenant: str,
+    errors: list[PolicyLoadError],
+    docs: dict[str, YamlDocument],
+    placed_at: Path | None = None,
 ) -> Grants:
     """A tenant's grants file; its problems are the tenant's (file:line: field: problem)."""
     try:
@@ -380,7 +467,7 @@ def _load_grants(
     except PolicyLoadError as e:
         errors.append(e)
         return EMPTY_GRANTS
-    docs[tenant] = doc
+    docs[tenant] = doc if placed_at is None else replace(doc, placed_at=str(placed_at))
     if model.tenant != tenant:
         problem = f"this grants file is for tenant {tenant!r} (its name), not {model.tenant!r}"
         errors.append(_err(doc, ("tenant",), problem))
@@ -503,7 +590,7 @@ class _SandboxRegistry:
         can log in as it) with a notice, and the file is watched, so creating it loads it.
         """
         t = loaded.model
-        base_dir = Path(loaded.doc.file).parent
+        base_dir = loaded.doc.folder
         records: list[SandboxRecord] = []
         ids: dict[str, SandboxRecord] = {}
         addresses: dict[str, SandboxRecord] = {}
@@ -611,9 +698,9 @@ def _tenant_digest(
     """What one tenant was loaded from: its file, its grants file, its sandboxes' token
     digests, its Rego."""
     h = hashlib.sha256()
-    h.update(f"{_relative(doc.file, rules_dir)}\0{doc.digest}\0".encode())
+    h.update(f"{_relative(doc.placed, rules_dir)}\0{doc.digest}\0".encode())
     if grants is not None:
-        h.update(f"{_relative(grants.file, rules_dir)}\0{grants.digest}\0".encode())
+        h.update(f"{_relative(grants.placed, rules_dir)}\0{grants.digest}\0".encode())
     for record in records:
         h.update(record.token_digest or b"-")
     if program is not None:
@@ -627,8 +714,8 @@ def _version(docs: Iterable[YamlDocument], rules_dir: Path, tenant_digests: Iter
     """A short hash of what was loaded (the operator's files and every tenant served),
     independent of where the rules live."""
     h = hashlib.sha256()
-    for doc in sorted(docs, key=lambda d: d.file):
-        h.update(f"{_relative(doc.file, rules_dir)}\0{doc.digest}\0".encode())
+    for doc in sorted(docs, key=lambda d: d.placed):
+        h.update(f"{_relative(doc.placed, rules_dir)}\0{doc.digest}\0".encode())
     for digest in sorted(tenant_digests):
         h.update(digest.encode())
     return h.hexdigest()[:12]

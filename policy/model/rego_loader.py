@@ -166,7 +166,7 @@ def _operator_modules(rules_dir: Path, modules: _Modules, errors: list[PolicyLoa
 def _tenant_modules(
     doc: YamlDocument, tenant: TenantFile, library: str, modules: _Modules, errors: list[PolicyLoadError]
 ) -> list[RegoModule] | None:
-    base = Path(doc.file).parent
+    base = doc.folder
     ok = True
     out: list[RegoModule] = []
     for i, entry in enumerate(tenant.rego):

@@ -12,6 +12,8 @@ own errors were already reported whole, and a round that complains about a dropp
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import BaseModel
 
 from sandgate.policy.errors import PolicyLoadError, PolicySetError
@@ -78,4 +80,4 @@ def _without(doc: YamlDocument, units: set[Loc]) -> YamlDocument:
         for stale in range(len(kept), len(value)):
             renumbered.pop((key, stale), None)
         data[key] = kept
-    return YamlDocument(doc.file, data, doc.positions, doc.digest, renumbered)
+    return replace(doc, data=data, renumbered=renumbered)

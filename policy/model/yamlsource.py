@@ -35,6 +35,19 @@ class YamlDocument:
     # A salvaged document (sandgate.policy.model.salvage) lost list items: (key, index now) → index
     # as written, so positions and field names still name what the author wrote.
     renumbered: Mapping[tuple[str | int, int], int] = field(default_factory=dict)
+    # The path it is loaded as when that is not `file`: a file checked where it is to go, without
+    # copying it there (`policy check FILE`). Paths written in it are relative to that folder.
+    placed_at: str | None = None
+
+    @property
+    def placed(self) -> str:
+        """The path this document is loaded as: `placed_at`, else its own file."""
+        return self.placed_at if self.placed_at is not None else self.file
+
+    @property
+    def folder(self) -> Path:
+        """The folder the paths written in this document (Rego modules, token files) are relative to."""
+        return Path(self.placed).parent
 
     def written(self, loc: Loc) -> Loc:
         """`loc` as it is written in the file (the same, unless list items were dropped)."""

@@ -76,11 +76,16 @@ class SeamMoved(ProxyError):
 
 
 class _Seam:
-    """What the guarded layers need: the gateway context and a way to queue a record."""
+    """What the guarded layers need: the gateway context and a way to queue a record.
 
-    def __init__(self, ctx: GatewayContext | None, record: Record) -> None:
+    `self_test`: the start-up check's (check_seam), whose record reaches no trail, so its
+    refusal is no decision of the gateway's and is not counted in the metrics either.
+    """
+
+    def __init__(self, ctx: GatewayContext | None, record: Record, *, self_test: bool = False) -> None:
         self.ctx = ctx
         self.record = record
+        self.self_test = self_test
 
     def refusal(
         self, client: connection.Client, failure: Failure, identity: Identity | None = None
@@ -100,7 +105,10 @@ class _Seam:
             policy_version=self.ctx.policy.version if self.ctx is not None else "",
             detail=failure.text,
         )
-        self.record(decision_record(dctx, decision, status=failure.status, error=failure.text))
+        record = decision_record(
+            dctx, decision, status=failure.status, error=failure.text, count=not self.self_test
+        )
+        self.record(record)
         return dctx.decision_id, dctx.host
 
 
@@ -373,7 +381,9 @@ def check_seam() -> None:
     marker = b"sandgate-seam-check"
     records: list[dict[str, Any]] = []
     client = connection.Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2), timestamp_start=0.0)
-    server = _GuardedHttp1Server(context.Context(client, Options()), _Seam(None, records.append))
+    server = _GuardedHttp1Server(
+        context.Context(client, Options()), _Seam(None, records.append, self_test=True)
+    )
     sent = b""
     list(server.handle_event(events.Start()))
     for command in server.handle_event(

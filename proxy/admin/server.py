@@ -1,8 +1,8 @@
 """The admin API server: a unix socket (mode 0600) always, TCP with a bearer token when asked.
 
 With several workers, the lead (worker 0) serves the gateway's socket and TCP listener; each
-other worker serves only a private socket in its folder (`<state_dir>/workers/w<i>/admin.sock`),
-for the lead's fan-out (proxy/admin/fanout.py) and for looking at one worker.
+other worker serves only a private socket beside its folder (`<state_dir>/workers/w<i>.sock`:
+proxy/admin/peers.py), for the lead's fan-out (proxy/admin/fanout.py) and for looking at one worker.
 
 It runs on the gateway's event loop (tornado over asyncio) and is never one of the
 guest-facing listeners. Start-up refuses a socket path another live gateway answers on and

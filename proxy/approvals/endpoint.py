@@ -45,7 +45,7 @@ from sandgate.proxy.approvals.reserved import (
 from sandgate.proxy.approvals.store import Approvals, QueueFull, clean_note
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import GatewayContext
-from sandgate.proxy.respond import decision_response
+from sandgate.proxy.respond import decision_response, json_body
 
 __all__ = ["ENDPOINT_KEY", "AccessEndpoint", "Invalid", "Proposal", "parse_proposal"]
 
@@ -152,7 +152,7 @@ def _paths(value: object) -> tuple[str, ...] | None:
 def _json(status: int, fields: dict[str, Any], headers: dict[str, str] | None = None) -> http.Response:
     return http.Response.make(
         status,
-        json.dumps(fields).encode(),
+        json_body(fields),
         {"Content-Type": "application/json", "Cache-Control": "no-store", **(headers or {})},
     )
 

@@ -1,13 +1,18 @@
 """Audit records as text: JSON lines, or fixed-width table rows safe to print on a terminal.
 
 Table cells are streamed, so widths are fixed per column; a longer value pushes the rest of
-its row right instead of being cut. Every cell has its non-printable characters escaped:
-paths and hosts come from sandboxes and must not reach a terminal as control sequences.
+its row right instead of being cut. A decision row is about 110 columns before its rule id:
+the time to the second (the JSON has milliseconds), the phase (a passed-through TLS connection
+has a `connect` and a `tls` record), the request as one cell (`GET host:port/path`), and the
+credentials injected after the rule id.
+Every cell has its non-printable characters escaped: paths and hosts come from sandboxes and
+must not reach a terminal as control sequences.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,18 +21,16 @@ from sandgate.proxy.audit.query import Record
 __all__ = ["clean", "json_line", "table_header", "table_row"]
 
 _DECISION_COLUMNS = (
-    ("time", 24),
+    ("time", 20),
     ("decision", 10),
-    ("reason", 24),
-    ("tenant/sandbox", 20),
-    ("method", 7),
-    ("host:port", 30),
-    ("path", 30),
-    ("rule_id", 24),
-    ("credentials", 0),
+    ("phase", 7),
+    ("reason", 18),
+    ("tenant/sandbox", 14),
+    ("request", 26),
+    ("rule_id", 0),  # and `credentials=a,b` when some were injected
 )
 _RELOAD_COLUMNS = (
-    ("time", 24),
+    ("time", 20),
     ("trigger", 12),
     ("result", 8),
     ("old_version", 14),
@@ -75,20 +78,43 @@ def _host_port(dest: Mapping[str, Any]) -> str:
     return f"{host}:{port}" if port is not None else host
 
 
+_SECONDS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d+Z$")
+
+
+def _time(value: object) -> str:
+    """A record's time to the second (`2026-11-30T10:00:00Z`); any other value as it is."""
+    found = _SECONDS.match(value) if isinstance(value, str) else None
+    return found.group(1) + "Z" if found else clean(value)
+
+
+def _request(record: Record) -> str:
+    """What was asked, in one cell: `METHOD host:port/path`, or `host:port` without a method."""
+    dest = record.get("dest")
+    where = _host_port(dest) if isinstance(dest, Mapping) else "-"
+    method, path = record.get("method"), record.get("path")
+    text = where + (str(path) if path else "")
+    return clean(f"{method} {text}" if method else text)
+
+
+def _rule(record: Record) -> str:
+    """The rule that decided, and the credentials the gateway injected (`credentials=a,b`)."""
+    credentials = record.get("credentials")
+    text = clean(record.get("rule_id"))
+    if isinstance(credentials, list) and credentials:
+        text += " credentials=" + clean(",".join(map(str, credentials)))
+    return text
+
+
 def _decision_cells(record: Record) -> list[str]:
     """The table cells of a decision record."""
-    dest = record.get("dest")
-    credentials = record.get("credentials")
     return [
-        clean(record.get("time")),
+        _time(record.get("time")),
         clean(record.get("decision")),
+        clean(record.get("phase")),
         clean(record.get("reason")),
         f"{clean(record.get('tenant'))}/{clean(record.get('sandbox'))}",
-        clean(record.get("method")),
-        clean(_host_port(dest) if isinstance(dest, Mapping) else None),
-        clean(record.get("path")),
-        clean(record.get("rule_id")),
-        clean(",".join(map(str, credentials)) if isinstance(credentials, list) else None),
+        _request(record),
+        _rule(record),
     ]
 
 
@@ -96,7 +122,7 @@ def _reload_cells(record: Record) -> list[str]:
     """The table cells of a policy_reload record."""
     errors = record.get("errors")
     return [
-        clean(record.get("time")),
+        _time(record.get("time")),
         clean(record.get("trigger")),
         clean(record.get("result")),
         clean(record.get("old_version")),

@@ -71,10 +71,16 @@ def decision_record(
     bytes_down: int | None = None,
     error: str | None = None,
     credentials: tuple[str, ...] = (),
+    count: bool = True,
 ) -> dict[str, Any]:
-    """The audit record of one decision (and its count in the metrics)."""
+    """The audit record of one decision (and its count in the metrics).
+
+    `count=False` only for a start-up self-test's record, which no trail receives: a decision
+    counted in the metrics always has its record.
+    """
     tenant = ctx.identity.tenant if ctx.identity else None
-    METRICS.decision(tenant, decision.reason.value, ctx.phase.value, decision.verdict)
+    if count:
+        METRICS.decision(tenant, decision.reason.value, ctx.phase.value, decision.verdict)
     return _record(ctx, decision, status, bytes_up, bytes_down, error, credentials)
 
 

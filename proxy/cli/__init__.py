@@ -17,5 +17,6 @@ __all__ = [
     "run",
     "sandbox",
     "status",
+    "stop",
     "token",
 ]

@@ -4,6 +4,11 @@ The namespace gets a veth pair with unique names (several jails run at once), is
 as a sandbox with host rules, resolves names through the gateway's DNS listener, trusts the
 gateway CA, and can reach only what its tenant's policy allows. Everything is undone when the
 command ends, fails or is interrupted (SIGINT, SIGTERM). It needs root.
+
+One state folder, one gateway: a jail goes through the gateway that holds its state folder's
+lock (proxy/state_lock.py), waiting for one that is starting, and starts a private gateway of
+its own only when none holds it (which then holds it: a gateway started meanwhile on the same
+folder refuses to start, and one that took the folder first is waited for instead).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from sandgate.proxy.config import DnsListenerConfig, GatewayConfig, ListenerConf
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.net.host_addresses import own_addresses
 from sandgate.proxy.registration import register, unregister
+from sandgate.proxy.state_lock import holder, holder_text
 from sandgate.proxy.statusfile import STATUS_FILE, read_status
 from sandgate.proxy.stores.registry import DynamicSandbox, load_registry, registry_digest
 from sandgate.proxy.worker_role import WorkerRole
@@ -49,6 +55,10 @@ __all__ = ["JAIL_NETWORK", "Jail", "run_jail"]
 JAIL_NETWORK = ipaddress.IPv4Network("10.213.0.0/16")
 SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 LOG_TAIL_LINES = 20
+# How long a jail waits for a gateway that is starting on its state folder (several workers,
+# each importing mitmproxy and loading the policy, can take tens of seconds on a loaded host).
+GATEWAY_WAIT_SECONDS = 90.0
+_WAIT_POLL_SECONDS = 0.1
 CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
 
 
@@ -93,20 +103,53 @@ class Jail:
 
     def _gateway(self) -> dict[str, object]:
         """The status of the gateway this jail goes through: the one that runs with this state_dir
-        (asked to open a transparent and a DNS listener when it has none), else one of its own."""
+        (asked to open a transparent and a DNS listener when it has none), or that is starting
+        on it (waited for), else one of its own."""
+        deadline = time.monotonic() + GATEWAY_WAIT_SECONDS
+        waiting = False
+        while True:
+            status = self._running_gateway()
+            if status is not None:
+                return status
+            pid = holder(self.config.state_path)
+            if pid is None:
+                status = self._start_gateway()
+                if status is not None:
+                    return status
+                pid = holder(self.config.state_path) or 0  # it lost the folder to this one
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"the gateway ({holder_text(pid)}) on state_dir {self.config.state_path} did not "
+                    f"come up within {GATEWAY_WAIT_SECONDS:g} s"
+                )
+            if not waiting:
+                waiting = True
+                print(
+                    f"sandgate: waiting up to {GATEWAY_WAIT_SECONDS:g} s for the gateway "
+                    f"({holder_text(pid)}) that is starting on state_dir {self.config.state_path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            time.sleep(_WAIT_POLL_SECONDS)
+
+    def _running_gateway(self) -> dict[str, object] | None:
+        """The status of the gateway that serves on this state_dir, with listeners for jails
+        (opened now when it has none); None while none serves (none runs, or one is starting)."""
         status = read_status(self.config.status_path)
-        if status and status.get("transparent_port") and status.get("dns_port"):
+        if status is None:
+            return None  # with workers: until every one of them serves
+        if status.get("transparent_port") and status.get("dns_port"):
             return status
         if gateway_running(self.config):
             return self._open_listeners()
-        if status:
-            raise ConfigError(
-                f"a gateway (pid {status['pid']}) runs with state_dir {self.config.state_path} without "
-                "transparent and DNS listeners, and nothing answers on its admin socket "
-                f"({self.config.admin_socket_path}) to open them: enable its admin API, or give it "
-                "a transparent listener and `dns:` in its config"
-            )
-        return self._start_gateway()
+        if self.config.admin.enabled and holder(self.config.state_path) is not None:
+            return None  # its admin socket is not up yet (its lead worker restarting): wait
+        raise ConfigError(
+            f"a gateway (pid {status['pid']}) runs with state_dir {self.config.state_path} without "
+            "transparent and DNS listeners, and nothing answers on its admin socket "
+            f"({self.config.admin_socket_path}) to open them: enable its admin API, or give it "
+            "a transparent listener and `dns:` in its config"
+        )
 
     def _open_listeners(self) -> dict[str, object]:
         """Have the running gateway open the listeners a jail needs (kept until it exits)."""
@@ -121,8 +164,9 @@ class Jail:
             )
         return status
 
-    def _start_gateway(self) -> dict[str, object]:
-        """Start a gateway of its own with only what jails need; stopped when the jail ends."""
+    def _start_gateway(self) -> dict[str, object] | None:
+        """Start a gateway of its own with only what jails need, stopped when the jail ends; None
+        when another gateway took the state folder first (it refused to start beside it)."""
         assert self.tmpdir is not None
         cfg = _absolute_paths(self.config)
         # Only what jails need: an explicit listener may already be taken by another gateway.
@@ -155,6 +199,10 @@ class Jail:
                 break
             time.sleep(0.05)
         self._stop_gateway()
+        other = holder(self.config.state_path)
+        if other is not None and other != self.gateway.pid:
+            self.gateway = None
+            return None
         # The log goes with the jail's temporary folder: its last lines go into the message.
         raise ConfigError(
             f"the jail's gateway did not start (exit code {self.gateway.returncode}); "

@@ -4,8 +4,9 @@ Each command's module is imported inside `_dispatch`, so a command loads only it
 `--version` and `status` do not pay for mitmproxy, regopy or opa_client, which only `run`,
 `ca`, `jail` and `policy` use (tests/proxy/cli/test_startup_cost.py keeps it so).
 
-Exit codes: 0 ok, 1 policy test failure or denied explain, a listener that cannot start, or
-a gateway that does not serve (`status`), 2 usage or invalid input.
+Exit codes: 0 ok, 1 policy test failure or denied explain, a listener that cannot start (or
+a state folder another gateway holds), a gateway that does not serve (`status`) or does not
+stop (`stop`), 2 usage or invalid input.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from sandgate.proxy.cli.status import run_status_command
 
         return run_status_command(args)
+    if command == "stop":
+        # Lazy: the config model only (the state folder's lock names the gateway).
+        from sandgate.proxy.cli.stop import run_stop_command
+
+        return run_stop_command(args)
     if command == "sandbox":
         # Lazy: the registry's stores (redis) and the policy loader.
         from sandgate.proxy.cli.sandbox import run_sandbox_command

@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--output", type=Path, help="write the token to this file (mode 0600) instead of stdout")
 
     _add_status(sub)
+    _add_stop(sub)
     _add_sandbox(sub)
     _add_credentials(sub)
     _add_audit(sub)
@@ -102,6 +103,23 @@ def _add_status(sub: Subparsers) -> None:
         help="with --wait: give up after S seconds (default 60)",
     )
     p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _add_stop(sub: Subparsers) -> None:
+    """`stop`."""
+    p = sub.add_parser(
+        "stop",
+        help="stop the local gateway (SIGTERM to it, or to its workers' supervisor) and wait until it exited",
+    )
+    p.add_argument("--config", type=Path, help="the gateway's config (its state_dir)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="give up (exit 1) after S seconds; default shutdown.drain_seconds + "
+        "workers.stop_margin_seconds + 10",
+    )
 
 
 def _add_requests(sub: Subparsers) -> None:
@@ -335,9 +353,19 @@ def _add_policy(sub: Subparsers) -> None:
     pol = sub.add_parser("policy", help="policy files: check, test, explain, schema, push")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
 
-    check = pol_sub.add_parser("check", help="validate rules directories, .rego modules and test case files")
+    check = pol_sub.add_parser(
+        "check",
+        help="validate rules directories, tenant/preset/base files, .rego modules and test case files",
+    )
     check.add_argument(
         "paths", type=Path, nargs="*", metavar="PATH", help="default: --config's rules_dir, else rules"
+    )
+    check.add_argument(
+        "--rules",
+        type=Path,
+        metavar="DIR",
+        help="the rules directory a tenant, preset or base file will join, checked with it in place "
+        "(default: --config's rules_dir, else the one the file is in, else rules)",
     )
     _guard_config(check)
     _format(check)

@@ -12,20 +12,20 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decision import Identity
 from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
 from sandgate.policy.explain import Explanation, Outcome, StepName, explain
-from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.model.loader import Candidate, grants_file_tenant, load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.rego_loader import operator_modules_dir
 from sandgate.policy.model.tenant import tenant_schema
-from sandgate.policy.model.yamlsource import load_yaml, validate
+from sandgate.policy.model.yamlsource import YamlDocument, load_yaml, validate
 from sandgate.policy.policytests import (
     CaseFile,
     TestReport,
@@ -44,21 +44,27 @@ from sandgate.policy.rego.protocol import EngineError
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
 from sandgate.proxy.cli import admin as admin_cli
 from sandgate.proxy.cli.policy_prove import run_prove
-from sandgate.proxy.config import load_config
+from sandgate.proxy.config import GatewayConfig, ResolverConfig, load_config
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.net.host_addresses import own_addresses
+from sandgate.proxy.resolver_setup import build_resolver
 
 __all__ = ["run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def _operator_guard(config_path: Path | None) -> AddressGuard:
+def _gateway_config(config_path: Path | None) -> GatewayConfig | None:
+    """The gateway config `--config` names, or None. Raises ConfigError."""
+    return load_config(config_path) if config_path is not None else None
+
+
+def _operator_guard(config: GatewayConfig | None) -> AddressGuard:
     """The address guard of a gateway config (own addresses: this host's when 'auto'), or the
-    default guard: public addresses only. Raises ConfigError."""
-    if config_path is None:
+    default guard: public addresses only."""
+    if config is None:
         return AddressGuard()
-    cfg = load_config(config_path).address_guard
+    cfg = config.address_guard
     own = own_addresses() if cfg.own_addresses == "auto" else cfg.own_addresses
     return AddressGuard(cfg.reachable_by_name, own, cfg.tenant_reachable)
 
@@ -70,22 +76,16 @@ def run(args: argparse.Namespace) -> int:
         schema = input_schema() if args.input else tenant_schema()
         print(json.dumps(schema, indent=2))
         return EXIT_OK
-    if command == "check":
+    if command in ("check", "test"):
         try:
-            guard = _operator_guard(args.config) if args.config else None
-            # With --config and no path, the rules that gateway serves (not ./rules).
-            rules = load_config(args.config).rules_path if args.config else Path("rules")
+            config = _gateway_config(args.config)
         except ConfigError as e:
             print(f"sandgate: {e}", file=sys.stderr)
             return EXIT_USAGE
-        return _check(args.paths or [rules], args.format, guard)
-    if command == "test":
-        try:
-            guard = _operator_guard(args.config)
-        except ConfigError as e:
-            print(f"sandgate: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        return _test(args.paths or [Path("rules")], args.format, args.verbose, guard)
+        if command == "check":
+            return _check_command(args, config)
+        hosts = config.resolver.hosts if config is not None else {}
+        return _test(args.paths or [Path("rules")], args.format, args.verbose, _operator_guard(config), hosts)
     if command == "explain":
         return _explain(args)
     if command == "push":
@@ -117,8 +117,19 @@ def _error_dicts(errors: Sequence[PolicyLoadError]) -> list[dict[str, Any]]:
 # --- check ---------------------------------------------------------------------------------
 
 
-def _check(paths: Sequence[Path], fmt: str, guard: AddressGuard | None = None) -> int:
-    results = [_check_one(p, guard) for p in paths]
+def _check_command(args: argparse.Namespace, config: GatewayConfig | None) -> int:
+    """`policy check`: with --config, its guard's ranges in the notes; with --config and no
+    path, the rules that gateway serves (not ./rules). A tenant, preset or base file is checked
+    against `--rules`, else --config's rules, else the rules directory it is in, else ./rules."""
+    guard = _operator_guard(config) if config is not None else None
+    rules = args.rules or (config.rules_path if config is not None else None)
+    return _check(args.paths or [rules or Path("rules")], args.format, guard, rules)
+
+
+def _check(
+    paths: Sequence[Path], fmt: str, guard: AddressGuard | None = None, rules: Path | None = None
+) -> int:
+    results = [_check_one(p, guard, rules) for p in paths]
     ok = all(r["ok"] for r in results)
     if fmt == "json":
         print(json.dumps(results[0] if len(results) == 1 else {"ok": ok, "results": results}, indent=2))
@@ -134,37 +145,24 @@ def _check(paths: Sequence[Path], fmt: str, guard: AddressGuard | None = None) -
     return EXIT_OK if ok else EXIT_USAGE
 
 
-def _check_one(path: Path, guard: AddressGuard | None = None) -> dict[str, Any]:
-    """One path's result: a rules directory, a .rego module, or a test case file."""
+def _check_one(path: Path, guard: AddressGuard | None = None, rules: Path | None = None) -> dict[str, Any]:
+    """One path's result: a rules directory, a .rego module, a tenant, preset or base file (in
+    the rules directory it will join), or a test case file."""
     errors: list[PolicyLoadError]
     try:
         if path.is_dir():
-            policy = load_policy_dir(path)
-            notes = reach_notes(policy, guard.tenant_reachable if guard is not None else None)
-            return {
-                "ok": True,
-                "version": policy.version,
-                "tenants": sorted(policy.tenants),
-                "files": list(policy.files),
-                "notes": [
-                    {"level": n.level, "origin": n.origin, "rule_id": n.rule_id, "text": n.text}
-                    for n in notes
-                ]
-                + [
-                    {"level": "note", "origin": n.origin, "rule_id": n.field, "text": n.text}
-                    for n in policy.notices
-                ],
-                "summary": (
-                    f"ok: {len(policy.files)} files, {len(policy.tenants)} tenants, version {policy.version}"
-                ),
-            }
+            return _check_dir(path, guard)
         if path.suffix == ".rego":
             errors = _check_rego(path)
         elif path.suffix in (".yaml", ".yml"):
-            validate(CaseFile, load_yaml(path))
+            doc = load_yaml(path)
+            folder = _policy_folder(path, doc)
+            if folder is not None:
+                return _check_file(Candidate(path, folder), guard, rules)
+            validate(CaseFile, doc)
             errors = []
         else:
-            problem = "not a rules directory, a .rego module or a test case file"
+            problem = "not a rules directory, a .rego module, a policy file or a test case file"
             raise PolicyLoadError(_where(path), "", problem)
     except PolicySetError as e:
         errors = list(e.errors)
@@ -173,6 +171,80 @@ def _check_one(path: Path, guard: AddressGuard | None = None) -> dict[str, Any]:
     if errors:
         return {"ok": False, "errors": _error_dicts(errors), "lines": [str(e) for e in errors]}
     return {"ok": True, "files": [str(path)], "summary": f"ok: {path}"}
+
+
+def _check_dir(path: Path, guard: AddressGuard | None) -> dict[str, Any]:
+    """A rules directory, loaded as the gateway would; one that serves no tenant checked nothing."""
+    policy = load_policy_dir(path)
+    if not policy.tenants:
+        raise PolicyLoadError(_where(path), "", _nothing_checked(path, policy))
+    summary = f"ok: {len(policy.files)} files, {len(policy.tenants)} tenants, version {policy.version}"
+    return _loaded(policy, guard, summary)
+
+
+def _nothing_checked(path: Path, policy: PolicySet) -> str:
+    """Why a directory that loads but defines no tenant is no rules directory to check."""
+    if policy.files:
+        return f"no tenant file in {path / 'tenants'}: these rules serve no sandbox"
+    problem = "not a rules directory: no base.yaml, presets/ or tenants/ in it"
+    if path.name in ("tenants", "presets"):
+        problem += f" (a {path.name}/ folder: check the rules directory above it, or one of its files)"
+    return problem
+
+
+def _policy_folder(path: Path, doc: YamlDocument) -> Literal["", "presets", "tenants"] | None:
+    """The folder of a rules directory this YAML file belongs in (None: a test case file)."""
+    keys = doc.data if isinstance(doc.data, dict) else {}
+    if grants_file_tenant(path) is not None or "tenant" in keys:
+        return "tenants"
+    if "preset" in keys:
+        return "presets"
+    if path.name == "base.yaml" and not keys.keys() & CaseFile.model_fields.keys():
+        return ""
+    return None
+
+
+def _check_file(candidate: Candidate, guard: AddressGuard | None, rules: Path | None) -> dict[str, Any]:
+    """A policy file checked in the rules directory it will join, as if it were there already."""
+    rules_dir = rules or _rules_dir_of(candidate) or Path("rules")
+    if not rules_dir.is_dir():
+        problem = (
+            f"checked in the rules directory it will join, but {rules_dir} is not a directory: "
+            "name that with --rules DIR (or --config)"
+        )
+        raise PolicyLoadError(_where(candidate.path), "", problem)
+    policy = load_policy_dir(rules_dir, candidate=candidate)
+    target = candidate.target(rules_dir)
+    placed = f"in {rules_dir}" if candidate.in_place(rules_dir) else f"as {target}"
+    summary = (
+        f"ok: {candidate.path} {placed}: {len(policy.files)} files, "
+        f"{len(policy.tenants)} tenants, version {policy.version}"
+    )
+    return {"file": str(candidate.path), "as": str(target), **_loaded(policy, guard, summary)}
+
+
+def _rules_dir_of(candidate: Candidate) -> Path | None:
+    """The rules directory a policy file is in, if it is in one."""
+    folder = candidate.path.absolute().parent
+    if candidate.folder and folder.name == candidate.folder:
+        return Path(os.path.relpath(folder.parent))
+    if not candidate.folder and (folder / "tenants").is_dir():
+        return Path(os.path.relpath(folder))
+    return None
+
+
+def _loaded(policy: PolicySet, guard: AddressGuard | None, summary: str) -> dict[str, Any]:
+    """The result of a rules directory that loaded: its version, tenants, files and notes."""
+    notes = reach_notes(policy, guard.tenant_reachable if guard is not None else None)
+    return {
+        "ok": True,
+        "version": policy.version,
+        "tenants": sorted(policy.tenants),
+        "files": list(policy.files),
+        "notes": [{"level": n.level, "origin": n.origin, "rule_id": n.rule_id, "text": n.text} for n in notes]
+        + [{"level": "note", "origin": n.origin, "rule_id": n.field, "text": n.text} for n in policy.notices],
+        "summary": summary,
+    }
 
 
 def _check_rego(path: Path) -> list[PolicyLoadError]:
@@ -190,10 +262,16 @@ def _where(path: Path, line: int | None = None, column: int | None = None) -> So
 # --- test ----------------------------------------------------------------------------------
 
 
-def _test(paths: Sequence[Path], fmt: str, verbose: bool, guard: AddressGuard | None = None) -> int:
+def _test(
+    paths: Sequence[Path],
+    fmt: str,
+    verbose: bool,
+    guard: AddressGuard | None = None,
+    hosts: Mapping[str, Sequence[str]] | None = None,
+) -> int:
     start = time.perf_counter()
     try:
-        reports = _collect_tests(paths, guard)
+        reports = _collect_tests(paths, guard, hosts or {})
     except PolicySetError as e:
         return _load_failed(fmt, list(e.errors))
     except PolicyLoadError as e:
@@ -223,9 +301,12 @@ def _test(paths: Sequence[Path], fmt: str, verbose: bool, guard: AddressGuard | 
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def _collect_tests(paths: Sequence[Path], guard: AddressGuard | None = None) -> list[TestReport]:
+def _collect_tests(
+    paths: Sequence[Path], guard: AddressGuard | None, hosts: Mapping[str, Sequence[str]]
+) -> list[TestReport]:
     """Rules directories (their Rego tests and tests/*.yaml), case files, and loose Rego
-    (files and folders given together run together, like `opa test`)."""
+    (files and folders given together run together, like `opa test`). `hosts`: the gateway
+    config's resolver.hosts, for names a case file does not list."""
     reports: list[TestReport] = []
     policies: dict[Path, PolicySet] = {}
     loose = [p for p in paths if (p.is_dir() and not _is_rules_dir(p)) or p.suffix == ".rego"]
@@ -239,9 +320,9 @@ def _collect_tests(paths: Sequence[Path], guard: AddressGuard | None = None) -> 
             policies[path.resolve()] = policy
             reports += _rego_reports([path / "rego", path / "tenants", *map(Path, policy.rego_files)], policy)
             for case_file in sorted((path / "tests").glob("*.y*ml")) if (path / "tests").is_dir() else []:
-                reports.append(run_case_file(case_file, policies=policies, guard=guard))
+                reports.append(run_case_file(case_file, policies=policies, guard=guard, hosts=hosts))
         else:
-            reports.append(run_case_file(path, policies=policies, guard=guard))
+            reports.append(run_case_file(path, policies=policies, guard=guard, hosts=hosts))
     return reports
 
 
@@ -294,20 +375,21 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"sandgate: {identity}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        config = _gateway_config(args.config)
+    except ConfigError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
         headers = [_header(h) for h in args.header]
         target = args.url if args.method.upper() != "CONNECT" else args.url.removeprefix("https://")
         request = parse_request(f"{args.method} {target}", headers=headers, body_size=args.body_size)
-        resolver = _resolver(args.resolve)
+        resolver = _resolver(args.resolve, config.resolver if config is not None else None)
     except ValueError as e:
         print(f"sandgate: {e}", file=sys.stderr)
         return EXIT_USAGE
     if args.client:
         request = replace(request, client=args.client)
-    try:
-        guard = _operator_guard(args.config)
-    except ConfigError as e:
-        print(f"sandgate: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    guard = _operator_guard(config)
     engine = make_engine("embedded", cache_size=0)
     result = asyncio.run(explain(policy, identity, request, resolver, guard, engine))
     if args.format == "json":
@@ -337,14 +419,17 @@ def _header(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def _resolver(entries: Sequence[str]) -> Resolver:
+def _resolver(entries: Sequence[str], gateway: ResolverConfig | None) -> Resolver:
+    """`--resolve HOST=IP` first, then the gateway config's resolver (its static hosts, then its
+    nameservers or the system's), or without --config the system's."""
     hosts: dict[str, list[str]] = {}
     for entry in entries:
         host, sep, ip = entry.partition("=")
         if not sep or not host or not ip:
             raise ValueError(f"--resolve {entry!r}: expected HOST=IP")
         hosts.setdefault(host.lower().rstrip("."), []).append(ip)
-    return ChainResolver(StaticResolver(hosts), SystemResolver()) if hosts else SystemResolver()
+    base = build_resolver(gateway) if gateway is not None else SystemResolver()
+    return ChainResolver(StaticResolver(hosts), base) if hosts else base
 
 
 def _explain_json(result: Explanation, args: argparse.Namespace) -> dict[str, Any]:

@@ -17,9 +17,11 @@ import getpass
 import json
 import re
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from sandgate.proxy.admin import client as admin_client
+from sandgate.proxy.audit.format import clean
 from sandgate.proxy.config import load_config
 
 __all__ = ["run_requests_command"]
@@ -120,22 +122,34 @@ def _grant_what(g: dict[str, Any]) -> str:
     return f"{who}: {methods} {g.get('host')}:{g.get('port')} {paths}"
 
 
+def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A header line and rows under it, each column as wide as its widest cell (the last one
+    unpadded), non-printable characters escaped."""
+    cells = [[clean(c) for c in row] for row in (header, *rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header) - 1)]
+    return ["  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]) for row in cells]
+
+
 def _grants_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        f"{g['id']}  {g['scope']:<7}  {_grant_what(g)}  until {g.get('expires') or '-'}"
-        + ("  (expired)" if g.get("expired") else "")
+    if not rows:
+        return "no grants"
+    header = ("id", "scope", "until", "grant")
+    table = [
+        (
+            g["id"],
+            g["scope"],
+            (g.get("expires") or "-") + (" (expired)" if g.get("expired") else ""),
+            _grant_what(g),
+        )
         for g in rows
     ]
-    return "\n".join(lines) if lines else "no grants"
+    return "\n".join(_aligned(header, table))
 
 
 def _table(rows: list[dict[str, Any]], unanswered: list[dict[str, Any]]) -> str:
-    lines = [
-        f"{r['id']}  {r['state']:<11}  {r['tenant']}/{r['sandbox']}  {_what(r)}  ({r['created']})"
-        for r in rows
-    ]
-    if not rows:
-        lines.append("no requests are held")
+    header = ("id", "state", "created", "tenant/sandbox", "request")
+    table = [(r["id"], r["state"], r["created"], f"{r['tenant']}/{r['sandbox']}", _what(r)) for r in rows]
+    lines = _aligned(header, table) if rows else ["no requests are held"]
     lines.extend(
         f"note: {w.get('error') or 'worker ' + str(w.get('index')) + ' did not answer'}" for w in unanswered
     )

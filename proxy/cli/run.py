@@ -2,7 +2,8 @@
 
 One worker (`--workers 1`, or a one-core host): the gateway runs in this process. More: this
 process becomes the supervisor (proxy/workers/supervisor.py) of that many gateway processes,
-each `sandgate run` again with `SANDGATE_WORKER=i/N` in its environment.
+each `sandgate run` again with `SANDGATE_WORKER=i/N` in its environment. Either holds the
+state folder's lock (proxy/state_lock.py) from before it touches the folder until it exits.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandgate.policy.errors import PolicySetError
 from sandgate.proxy.config import GatewayConfig, for_worker, load_config
-from sandgate.proxy.errors import ConfigError, ListenerError
+from sandgate.proxy.errors import ConfigError, ListenerError, StateDirInUse
 from sandgate.proxy.logsetup import configure_logging
 from sandgate.proxy.mitm.lean_import import skip_default_addons
+from sandgate.proxy.state_lock import hold
 from sandgate.proxy.worker_role import WorkerRole
+
+if TYPE_CHECKING:
+    from sandgate.proxy.workers.services import SharedServices
 
 __all__ = ["run_command", "with_proxy_port", "worker_argv"]
 
@@ -40,6 +46,14 @@ def run_command(args: argparse.Namespace) -> int:
     from sandgate.proxy.workers.count import worker_count
 
     count = worker_count(getattr(args, "workers", None), config)
+    # Before anything touches the state folder (CA, keys, a stale local broker it would stop).
+    # Never let go: the kernel does when this process (the supervisor, or the gateway itself)
+    # has exited, so `sandgate stop`, waiting for the lock, returns only once it is gone.
+    try:
+        hold(config.state_path)
+    except StateDirInUse as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if count > 1:
         return _supervise(args, config, count)
     return _serve(config)
@@ -107,7 +121,16 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig, count: int) -> i
         return EXIT_FAILED
     with services:
         env = {**os.environ, **services.env()}
-        return asyncio.run(Supervisor(config, count, argv, env=env, settle=services.settle).run())
+        supervisor = Supervisor(
+            config, count, argv, env=env, settle=services.settle, stopping=lambda: _stopping(services)
+        )
+        return asyncio.run(supervisor.run())
+
+
+def _stopping(services: SharedServices) -> None:
+    """The gateway stops: its local broker's exit from now on is expected, not restarted."""
+    if services.broker is not None:
+        services.broker.gateway_stopping()
 
 
 def worker_argv(config_path: Path | None, port: int | None, *, strict: bool) -> list[str]:

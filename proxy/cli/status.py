@@ -6,6 +6,11 @@ deployments' readiness probes ask the same endpoint, so a script, compose and Ku
 agree on "ready". With the admin API off, the status file (written once every listener is
 bound, trusted while its pid lives) answers instead.
 
+The pid it names is the gateway's: the process that holds the state folder's lock
+(proxy/state_lock.py), which a SIGTERM (`sandgate stop`) stops. With workers that is the
+supervisor, not the lead worker that answers on the admin socket; the workers are listed
+beside it. A lock held with nothing answering yet is a gateway that is starting.
+
 Exit 0: it serves. 1: it does not (nothing answers, not ready yet, or not before
 `--timeout`), with one line saying why. 2: usage or a broken config.
 """
@@ -23,6 +28,7 @@ import httpx
 
 from sandgate.proxy.admin import client as admin_client
 from sandgate.proxy.config import GatewayConfig, load_config
+from sandgate.proxy.state_lock import holder, holder_text
 from sandgate.proxy.statusfile import read_status
 
 __all__ = ["Readiness", "check", "run_status_command"]
@@ -44,32 +50,71 @@ class Readiness:
 
 def check(config: GatewayConfig, answer_within: float = ANSWER_SECONDS) -> Readiness:
     """Ask the gateway once."""
+    pid = holder(config.state_path)
     if not config.admin.enabled:
-        return _from_status_file(config)
+        return _from_status_file(config, pid)
     sock = config.admin_socket_path
     try:
         ready = admin_client.readiness(config, timeout=answer_within)
         status = admin_client.status(config, timeout=answer_within)
     except admin_client.GatewayNotRunning:
-        return Readiness(False, f"no gateway answers on {sock}")
+        return Readiness(False, _not_answering(config, pid))
     except httpx.TimeoutException:
         return Readiness(False, f"the gateway on {sock} did not answer within {answer_within:g} s")
     except admin_client.AdminApiError as e:
         return Readiness(False, f"the gateway on {sock} answered: {e}")
-    who = f"gateway {status.get('gateway_id', '?')} (pid {status.get('pid', '?')})"
+    # The lead worker answers with its own pid; the gateway's is the lock holder's (the supervisor).
+    status = {**status, "pid": pid or _status_file_pid(config) or status.get("pid", "?")}
+    who = _who(status)
     if not ready.get("ready"):
         failing = [name for name, ok in ready.get("checks", {}).items() if not ok]
         return Readiness(False, f"{who} is not ready: {', '.join(failing) or 'not ready'}", status)
     return Readiness(True, who, status)
 
 
-def _from_status_file(config: GatewayConfig) -> Readiness:
+def _not_answering(config: GatewayConfig, pid: int | None) -> str:
+    """Why nothing answers on the admin socket: no gateway, or one that is (re)starting."""
+    sock = config.admin_socket_path
+    if pid is None:
+        return f"no gateway answers on {sock}"
+    if read_status(config.status_path) is None:
+        return f"gateway ({holder_text(pid)}) is starting: nothing answers on {sock} yet"
+    return f"gateway ({holder_text(pid)}) runs, but nothing answers on {sock} now"
+
+
+def _status_file_pid(config: GatewayConfig) -> int | None:
+    status = read_status(config.status_path)
+    return int(status["pid"]) if status is not None else None
+
+
+def _who(status: dict[str, Any]) -> str:
+    """The gateway and its pid, naming the supervisor as such when there are workers."""
+    name = f"gateway {status['gateway_id']}" if "gateway_id" in status else "gateway"
+    workers = _workers(status)
+    if len(workers) > 1:
+        return f"{name} (pid {status['pid']}, the supervisor of {len(workers)} workers)"
+    return f"{name} (pid {status['pid']})"
+
+
+def _workers(status: dict[str, Any]) -> list[tuple[int, Any, bool]]:
+    """(index, pid, ready) of each worker: the lead's list (admin API) or the status file's pids."""
+    listed = status.get("workers")
+    if isinstance(listed, list):
+        return [
+            (int(w.get("index", i)), w.get("pid", "?"), w.get("ready") is True) for i, w in enumerate(listed)
+        ]
+    return [(i, pid, True) for i, pid in enumerate(status.get("worker_pids") or [])]
+
+
+def _from_status_file(config: GatewayConfig, pid: int | None) -> Readiness:
     status = read_status(config.status_path)
     if status is None:
+        if pid is not None:
+            return Readiness(
+                False, f"gateway ({holder_text(pid)}) is starting: {config.status_path} is not written yet"
+            )
         return Readiness(False, f"no live gateway wrote {config.status_path} (the admin API is off)")
-    return Readiness(
-        True, f"gateway (pid {status['pid']}), from its status file (the admin API is off)", status
-    )
+    return Readiness(True, f"{_who(status)}, from its status file (the admin API is off)", status)
 
 
 def run_status_command(args: argparse.Namespace) -> int:
@@ -99,6 +144,10 @@ def _print(fmt: str, result: Readiness) -> None:
         return
     st = result.status
     print(f"serving: {result.reason}")
+    workers = _workers(st)
+    if len(workers) > 1:
+        named = (f"{i} pid {pid}" + ("" if ready else " (not ready)") for i, pid, ready in workers)
+        print(f"workers: {', '.join(named)}")
     if "listeners" in st:
         print(f"listeners: {', '.join(st['listeners']) or '-'}")
     if "policy_version" in st and "tenants" in st:

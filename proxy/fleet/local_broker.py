@@ -7,6 +7,11 @@ gateway as a whole. It listens on no TCP port, only on a socket in a 0700 folder
 nothing on disk. A watchdog thread restarts it when it dies; the restarted one is empty, so
 the counts of the current windows start again from zero (each worker still enforces its own
 counts meanwhile, and what it sends from then on is shared again).
+
+It runs in a session of its own: a terminal's Ctrl-C (SIGINT to the foreground process group)
+stops the supervisor, not the broker under it. Once the gateway stops (`gateway_stopping()`),
+an exit of the broker is expected (systemd's stop signals every process of the unit): it is
+logged as such and not restarted.
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ class LocalBroker:
         self.restarts = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
+        # Set when the gateway stops: an exit from then on is no fault to repair.
+        self._gateway_stopping = threading.Event()
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
 
@@ -119,6 +126,11 @@ class LocalBroker:
         self._watchdog.start()
         log.info("local_broker.started", socket=str(self.socket), pid=self.pid)
         return self
+
+    def gateway_stopping(self) -> None:
+        """The gateway stops (its workers drain): keep serving them, but if the server exits
+        now, it is not restarted (a signal meant for the whole gateway reached it too)."""
+        self._gateway_stopping.set()
 
     def stop(self) -> None:
         """Stop the watchdog and the server; the socket file goes with it."""
@@ -163,6 +175,8 @@ class LocalBroker:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            # Signals reach it from this process only: see the module's docstring.
+            start_new_session=True,
             # It dies with the thread that started it (the supervisor's, or this watchdog's),
             # even when the supervisor is killed with SIGKILL: no broker outlives its gateway.
             preexec_fn=_die_with_parent,
@@ -225,6 +239,9 @@ class LocalBroker:
                 return
             code = process.wait()
             if self._stopping.is_set():
+                return
+            if self._gateway_stopping.is_set():
+                log.info("local_broker.exited", code=code, reason="the gateway stops")
                 return
             log.error(
                 "local_broker.died",

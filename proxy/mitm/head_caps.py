@@ -27,7 +27,6 @@ refuses to run when it moved (pinned to 12.3.x in pyproject.toml).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import weakref
@@ -50,7 +49,7 @@ from mitmproxy.proxy.layers.http._events import ResponseEndOfMessage, ResponseHe
 
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.audit.records import new_decision_id
-from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
+from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER, json_body
 
 __all__ = [
     "HeadLimits",
@@ -353,7 +352,7 @@ def refused_response(status: int, reason: Reason, decision_id: str | None, limit
     }
     if decision_id is not None:
         headers[DECISION_HEADER] = decision_id
-    response = RefusedResponse.make(status, json.dumps(fields).encode(), headers)
+    response = RefusedResponse.make(status, json_body(fields), headers)
     assert isinstance(response, RefusedResponse)
     response.limit = limit
     return response

@@ -8,7 +8,12 @@ it cannot bind), or reports an invalid policy or config (exit 2), stops the whol
 with its one-line reason and its exit code. SIGHUP goes to every worker (each reloads);
 SIGTERM/SIGINT go to every worker, which drain and exit, and the supervisor exits 0 once they
 are gone (killing what is still there after shutdown.drain_seconds + workers.stop_margin_seconds);
-a second signal is forwarded too (a worker then cuts its drain short).
+a second signal is forwarded too (a worker then cuts its drain short). Each worker runs in a
+session of its own, so that a terminal's Ctrl-C (SIGINT to the whole foreground process group)
+reaches it once, forwarded, not twice (which would cut its drain short at once).
+
+Once every worker serves, the supervisor prints the gateway's one start-up block (the lead's
+rows under the supervisor's pid: proxy/banner.py) and writes `<state_dir>/gateway.json`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from sandgate.proxy import banner
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.statusfile import remove_status
 from sandgate.proxy.tasks import TaskSet
@@ -74,8 +80,11 @@ class Supervisor:
         *,
         env: dict[str, str] | None = None,
         settle: Callable[[], object] | None = None,
+        stopping: Callable[[], object] | None = None,
     ) -> None:
         self.config = config
+        # Told at the first SIGTERM/SIGINT: the shared services may go from then on.
+        self._stopping = stopping or (lambda: None)
         # Writes what dead processes left (spools, open intents) to the trail: after a worker
         # exits, every few seconds (an earlier gateway's orphaned workers finish), at the end.
         self._settle = settle or (lambda: None)
@@ -132,6 +141,7 @@ class Supervisor:
         self._signals += 1
         if self._signals == 1:
             log.info("workers.stopping", signal=sig.name)
+            self._stopping()
         self._stop.set()
         self._forward(sig)
 
@@ -159,8 +169,10 @@ class Supervisor:
         folder = slot.role.folder(self.config.state_path)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         failure_path(folder).unlink(missing_ok=True)
+        (folder / banner.BANNER_FILE).unlink(missing_ok=True)
         env = {**self.env, ENV: slot.role.label(), PARENT_ENV: str(os.getpid())}
-        proc = await asyncio.create_subprocess_exec(*self.argv, env=env)
+        # Its own session: signals reach it from this process only (see the module's docstring).
+        proc = await asyncio.create_subprocess_exec(*self.argv, env=env, start_new_session=True)
         slot.proc, slot.started, slot.ready = proc, time.monotonic(), False
         if self._stop.is_set():
             # The stop came while it was being started: it missed the forwarded signal.
@@ -253,6 +265,17 @@ class Supervisor:
         first = not self.status.written
         if self.status.update(status, pids) and first:
             log.info("workers.ready", workers=len(self.slots), pids=pids)
+            self._announce(pids)
+
+    def _announce(self, pids: list[int]) -> None:
+        """The gateway's one start-up block, as one gateway process prints its own."""
+        if not banner.show_block(self.config.log.format, sys.stderr):
+            return
+        rows = self.slots[0].role.folder(self.config.state_path) / banner.BANNER_FILE
+        text = banner.supervisor_block(rows, os.getpid(), pids)
+        if text is not None:
+            sys.stderr.write("\n" + text + "\n")
+            sys.stderr.flush()
 
     async def _wait_gone(self) -> None:
         """Wait for every worker to exit (drained); kill what is left after the drain's time."""

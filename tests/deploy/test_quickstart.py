@@ -41,7 +41,9 @@ def test_a_busy_port_after_every_phase_is_one_line_and_exit_1(tmp_path: Path) ->
     lines = proc.stderr.splitlines()
     assert all(lines[i].startswith(f"quickstart [{i + 1}/6] {PHASES[i]}") for i in range(6)), lines
     assert lines[5] == f"quickstart [6/6] starting: sandgate run --port {port} (Ctrl-C stops it)"
-    assert lines[6:] == [f"sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass --port"]
+    assert lines[6:] == [
+        f"sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass a free one with --port"
+    ]
     assert (tmp_path / "home" / "ca" / "mitmproxy-ca-cert.pem").exists(), "the CA phase made the CA"
 
 

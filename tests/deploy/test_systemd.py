@@ -59,6 +59,12 @@ def test_execstart_is_a_real_command_line_and_reload_sends_sighup() -> None:
     assert one("RestartPreventExitStatus") == "2"  # sandgate's exit code for a broken config
 
 
+def test_stop_signals_the_main_process_alone() -> None:
+    """The supervisor forwards SIGTERM to its workers once: systemd must not send it to them too."""
+    assert one("KillSignal") == "SIGTERM"
+    assert one("KillMode") == "mixed"
+
+
 def test_the_unit_is_hardened_and_runs_as_its_own_user_with_net_admin_only() -> None:
     expected = {
         "User": "sandgate",

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from conftest import GatewayFactory, RunningGateway, tenant_yaml
 from support import RecordingUpstream, SmallDisk
+from support.processes import alive, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -139,9 +140,22 @@ def test_kill_9_with_per_batch_fsync_loses_no_answered_request(
     for w in workers:
         w.join(15)
     assert len(answered) >= 60
-    recorded = {r["path"] for r in read_records(gw.audit_path) if r.get("decision") == "allow"}
+    recorded = {r["path"] for r in on_disk(gw) if r.get("decision") == "allow"}
     missing = [p for p in answered if p not in recorded]
     assert not missing, f"{len(missing)} answered requests have no record on disk"
+
+
+def on_disk(gw: RunningGateway) -> list[dict[str, Any]]:
+    """The records on disk once the gateway's processes are gone: the trail, and with workers
+    the spools of a killed supervisor's workers, which drained and wrote there what the
+    collector could no longer take (merged at the next start: tests/proxy/workers)."""
+    status = gw.root / "state" / "gateway.json"
+    pids = json.loads(status.read_text()).get("worker_pids", []) if status.exists() else []
+    wait_until(lambda: not any(alive(pid) for pid in pids), "the workers to drain and exit", 40)
+    spooled = [
+        r for spool in sorted(gw.root.glob("state/workers/w*/spool-*.jsonl")) for r in read_records(spool)
+    ]
+    return read_records(gw.audit_path) + spooled
 
 
 @pytest.mark.root
@@ -153,9 +167,10 @@ def test_kill_9_while_the_writer_is_stuck(
     # disk; with off, answers go out and kill -9 loses their records (the documented window).
     with SmallDisk(tmp_path / "disk", size="1m") as disk:
         audit = disk.path / "audit.jsonl"
-        gw = start_gateway(
-            allow_upstream(http_upstream), config={"audit": {"path": str(audit), "fsync": fsync}}
-        )
+        # One process: its own window is the subject (with workers, a killed supervisor's
+        # workers outlive it and spool: test_kill_9_with_per_batch_fsync_loses_no_answered_request).
+        cfg = {"audit": {"path": str(audit), "fsync": fsync}, "workers": {"count": 1}}
+        gw = start_gateway(allow_upstream(http_upstream), config=cfg)
         base = http_upstream.url_for("api.test")
         with httpx.Client(proxy=gw.proxy(), timeout=10) as c:
             assert c.get(f"{base}/before").status_code == 200

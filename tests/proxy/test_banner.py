@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import SANDGATE, TOKEN_REF, GatewayFactory, RunningGateway
+from support import free_port_run
+from support.processes import gateway_status, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -95,6 +97,41 @@ def test_the_json_event_carries_the_same_facts_and_no_block(
     assert event["ca_cert"] == str(state / "ca" / "mitmproxy-ca-cert.pem")
     assert event["audit"] == str(state / "audit" / "audit.jsonl")
     assert event["admin"] == [f"unix:{state / 'admin.sock'}"]
+
+
+def test_with_workers_the_supervisor_prints_one_block_under_its_own_pid(
+    start_gateway: GatewayFactory,
+) -> None:
+    """Each worker logs its `gateway.ready`; the block (for people) is printed once, when every
+    worker serves, naming the pid that stops the gateway (the supervisor's) and the workers'."""
+    dns = free_port_run(2, "127.0.0.1")
+    gw = start_gateway(
+        {"t1.yaml": TENANTS["t1.yaml"]},
+        config={"log": {"format": "console"}, "dns": {"host": "127.0.0.1", "port": dns}},
+        env={"SANDGATE_WORKERS": "2"},
+    )
+    status = wait_until(lambda: gateway_status(gw), "both workers to serve")
+    log = wait_until(lambda: gw.log() if "\nsandgate " in gw.log() else None, "the block")
+    time.sleep(0.5)  # a second block, if any, would follow
+    log = gw.log()
+    assert log.count("gateway.ready") == 2, "each worker's event"
+    heads = [line for line in log.splitlines() if " serves (pid " in line]
+    assert len(heads) == 1, heads
+    assert heads[0].startswith(f"sandgate {version('sandgate')} serves (pid {gw.proc.pid}, policy version ")
+    block = log[log.index("\nsandgate ") + 1 :].split("\n\n")[0].splitlines()
+    first, second = status["worker_pids"]
+    state = gw.root / "state"
+    assert block[1:] == [
+        f"  workers         2 (pids {first}, {second})",
+        f"  proxy listener  127.0.0.1:{gw.port}",
+        f"  DNS listener    127.0.0.1:{dns}-{dns + 1} (worker i on {dns} + i)",
+        "  tenants (1)     t1",
+        "  sandboxes (1)",
+        f"                  d-sha (tenant t1): proxy http://d-sha:<the token whose sha256 is {TOKEN_REF[7:19]}...>@127.0.0.1:{gw.port}",
+        f"  CA certificate  {state / 'ca' / 'mitmproxy-ca-cert.pem'}",
+        f"  audit trail     {state / 'audit' / 'audit.jsonl'}",
+        f"  admin socket    {state / 'admin.sock'}",
+    ]
 
 
 def test_version_prints_the_installed_versions_and_exits_0() -> None:

@@ -62,7 +62,11 @@ def one_line(stderr: str) -> str:
 @pytest.mark.parametrize(
     ("listener", "protocol", "expected"),
     [
-        ("proxy", "tcp", "sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass --port"),
+        (
+            "proxy",
+            "tcp",
+            "sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass a free one with --port",
+        ),
         (
             "transparent",
             "tcp",
@@ -87,7 +91,7 @@ def one_line(stderr: str) -> str:
         ),
     ],
     ids=[
-        "a busy proxy port says pass --port",
+        "a busy proxy port says to pass a free one with --port",
         "a busy transparent port names the listener",
         "a busy DNS port over udp names the protocol",
         "a busy DNS port over tcp names the protocol",
@@ -119,6 +123,18 @@ def test_a_busy_port_is_one_line_and_exit_1(
     proc = run(config_path)
     assert proc.returncode == 1, proc.stderr
     assert one_line(proc.stderr) == expected.format(port=port)
+
+
+def test_a_busy_port_given_with_port_asks_for_a_free_one(tmp_path: Path, held: list[socket.socket]) -> None:
+    """`--port N` on a taken N: the line must not read as if --port had not been passed."""
+    config_path, _ = write_gateway_files(tmp_path, {"t1.yaml": tenant_yaml("t1", [])})
+    port = free_port()
+    held.append(busy(port, "tcp"))
+    proc = run(config_path, "--port", str(port))
+    assert proc.returncode == 1, proc.stderr
+    assert one_line(proc.stderr) == (
+        f"sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass a free one with --port"
+    )
 
 
 @pytest.mark.parametrize("listener", ["proxy", "dns"], ids=["the proxy port", "the DNS port"])

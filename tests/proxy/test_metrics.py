@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import time
+from collections import Counter
 
 import httpx
 import pytest
@@ -77,6 +79,41 @@ def test_active_connections_are_read_at_scrape_time(
     while scrape(gw)[("sandgate_active_connections", ())] != 0:
         assert time.monotonic() < deadline, "the closed connection is still counted"
         time.sleep(0.05)
+
+
+def _decision_counts(m: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[tuple[str, ...], float]:
+    """sandgate_decisions_total as {(tenant, reason, phase, decision): count}, zero counts left out."""
+    return {
+        (labels["tenant"], labels["reason"], labels["phase"], labels["decision"]): value
+        for (name, items), value in m.items()
+        if name == "sandgate_decisions_total" and value
+        for labels in [dict(items)]
+    }
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one process", "two workers"])
+def test_every_counted_decision_has_its_audit_record(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream, workers: int
+) -> None:
+    """A decision is counted once it has a record: a worker's start-up self-tests (a garbage
+    request head through the real HTTP error seam) count nothing, while a guest's garbage head
+    counts once, with its record."""
+    rules = [{"hosts": ["api.test"], "ports": [http_upstream.port]}]
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", rules)}, config={"workers": {"count": workers}})
+    assert _decision_counts(scrape(gw)) == {}, "a decision counted at start, with no audit record"
+    with httpx.Client(proxy=gw.proxy(), timeout=10) as c:
+        assert c.get(f"{http_upstream.url_for('api.test')}/ok").status_code == 200
+        assert c.get(f"{http_upstream.url_for('other.test')}/no").status_code == 403
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as raw:
+        raw.sendall(b"GET / HTTP/1.1 x\r\n\r\n")
+        assert raw.recv(4096).startswith(b"HTTP/1.1 400 ")
+    records = gw.records(3)
+    recorded = Counter((r["tenant"] or "-", r["reason"], r["phase"], r["decision"]) for r in records)
+    assert recorded[("-", "invalid_request", "request", "deny")] == 1
+    deadline = time.monotonic() + 5  # with workers, the lead merges what each counted
+    while (counted := _decision_counts(scrape(gw))) != recorded and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert counted == recorded
 
 
 def test_injections_are_counted_by_tenant_and_credential() -> None:

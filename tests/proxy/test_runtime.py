@@ -135,6 +135,6 @@ def test_a_taken_port_is_a_start_up_failure(start_gateway: GatewayFactory, tmp_p
     # Before anything starts (tests/proxy/test_bindcheck.py has every listener).
     assert (
         proc.stderr
-        == f"sandgate: proxy listener 127.0.0.1:{first.port}: port {first.port} is in use: pass --port\n"
+        == f"sandgate: proxy listener 127.0.0.1:{first.port}: port {first.port} is in use: pass a free one with --port\n"
     )
     wait_for_port("127.0.0.1", first.port)

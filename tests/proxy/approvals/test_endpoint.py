@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -173,8 +174,10 @@ def test_a_denied_proposal_polls_denied_and_another_sandbox_cannot_read_it(
         timeout=30,
     )
     # What the operator reads is what the guest asked for, not a CONNECT it never sent.
-    (line,) = [x for x in listed.stdout.splitlines() if x.startswith(body["id"])]
-    assert f"t1/sb2  proposal: POST api.test:{http_upstream.port} /v1/items/*" in line, line
+    header, *rows = listed.stdout.splitlines()
+    assert header.split() == ["id", "state", "created", "tenant/sandbox", "request"]
+    (line,) = [x for x in rows if x.startswith(body["id"])]
+    assert re.search(rf"  t1/sb2 +proposal: POST api\.test:{http_upstream.port} /v1/items/\*$", line), line
     denied = subprocess.run(
         [SANDGATE, "requests", "deny", body["id"], "--config", str(gw.root / "sandgate.yaml")],
         capture_output=True,

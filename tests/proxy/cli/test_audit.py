@@ -22,6 +22,7 @@ import pytest
 import yaml
 from support.audit_trail import BASE, DECISIONS, TRAIL, at, decision, line, reload_record  # noqa: F401
 
+from sandgate.policy.decision import Phase
 from sandgate.policy.matcher import compile_path_globs
 from sandgate.policy.model.tenant import Rule
 from sandgate.policy.reasons import Reason
@@ -131,12 +132,12 @@ def test_query_table_lists_injections_by_credential(trail: Path, capsys: pytest.
     code, out, _ = run(capsys, "query", "--file", str(trail), "--credential", "github")
     assert code == 0
     assert out.splitlines() == [
-        "time                      decision    reason                    tenant/sandbox        method   "
-        "host:port                       path                            rule_id                   credentials",
-        "2026-11-30T10:00:00.000Z  allow       allowed                   t1/sb1                GET      "
-        "api.test:443                    /v1/items?key=REDACTED          t1/allow/api              github",
-        "2026-11-30T10:55:00.000Z  allow       allowed                   t1/sb1                POST     "
-        "api.test:443                    /v1/items                       t1/allow/api              github,openai",
+        "time                  decision    phase    reason              tenant/sandbox  "
+        "request                     rule_id",
+        "2026-11-30T10:00:00Z  allow       request  allowed             t1/sb1          "
+        "GET api.test:443/v1/items?key=REDACTED  t1/allow/api credentials=github",
+        "2026-11-30T10:55:00Z  allow       request  allowed             t1/sb1          "
+        "POST api.test:443/v1/items  t1/allow/api credentials=github,openai",
     ]
 
 
@@ -145,12 +146,32 @@ def test_table_shows_policy_reloads_and_missing_values(
 ) -> None:
     _, out, _ = run(capsys, "query", "--file", str(trail), "--event", "policy_reload")
     assert out.splitlines()[1].split() == [
-        "2026-11-30T10:35:00.000Z", "sighup", "ok", "a4c4c1347d42", "b5d5d2458e53", "-",
+        "2026-11-30T10:35:00Z", "sighup", "ok", "a4c4c1347d42", "b5d5d2458e53", "-",
     ]  # fmt: skip
     _, out, _ = run(capsys, "query", "--file", str(trail), "--reason", "no_identity")
     assert out.splitlines()[1].split() == [
-        "2026-11-30T10:30:00.000Z", "deny", "no_identity", "-/-", "-", "api.test:443", "-", "-", "-",
+        "2026-11-30T10:30:00Z", "deny", "connect", "no_identity", "-/-", "api.test:443", "-",
     ]  # fmt: skip
+
+
+def test_table_tells_a_passed_through_connection_phases_apart_within_120_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TLS connection passed through is two allow records, one per phase: two lines that say
+    which is which, each short enough for a terminal (with a short rule id)."""
+    path = tmp_path / "audit.jsonl"
+    path.write_text(
+        "".join(
+            line(decision(name, at(0), R.ALLOWED, "pypi.org", phase=phase, rule_id="demo/allow/0"))
+            for name, phase in (("c", Phase.CONNECT), ("t", Phase.TLS))
+        )
+    )
+    _, out, _ = run(capsys, "tail", "--file", str(path))
+    header, connect, tls = out.splitlines()
+    assert header.split()[:3] == ["time", "decision", "phase"]
+    assert connect.split() == ["2026-11-30T10:00:00Z", "allow", "connect", "allowed", "t1/sb1", "pypi.org:443", "demo/allow/0"]  # fmt: skip
+    assert tls.split() == ["2026-11-30T10:00:00Z", "allow", "tls", "allowed", "t1/sb1", "pypi.org:443", "demo/allow/0"]  # fmt: skip
+    assert max(len(x) for x in (header, connect, tls)) <= 120
 
 
 def test_table_escapes_control_characters_from_the_sandbox(

@@ -30,8 +30,9 @@ import dns.rdatatype
 import pytest
 import yaml
 from conftest import REPO, SANDGATE, records_when, tenant_yaml, write_gateway_files
-from support import RecordingUpstream, ScriptedDNSServer, free_port, wait_for_port
+from support import RecordingUpstream, ScriptedDNSServer, free_port, free_port_run, wait_for_port
 from support.netns import Namespace, NetnsLab, in_namespace, netns_lab
+from support.processes import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -380,3 +381,74 @@ def test_what_an_unknown_source_gets_from_the_listeners_opened_for_jails(lab: La
     log = (lab.root / "gateway.log").read_text()
     assert "connect" in {r["phase"] for r in refused} or "Transparent mode failure" in log, stranger
     assert all(r["decision"] == "deny" for r in refused)
+
+
+@pytest.mark.usefixtures("no_jail_left")
+def test_a_jail_started_while_the_gateway_starts_waits_for_it(lab: Lab, tmp_path: Path) -> None:
+    """A gateway with two workers is starting on the jail's state folder (it holds the folder's
+    lock; no status yet): the jail says it waits, goes through that gateway once it serves, and
+    starts no gateway of its own on the folder."""
+    state = tmp_path / "state"
+    config = yaml.safe_load(lab.config.read_text())
+    transparent, dns_port = free_port_run(2), free_port_run(2)
+    config["state_dir"] = str(state)
+    config["listeners"] = [
+        {"host": "127.0.0.1", "port": free_port()},
+        {"mode": "transparent", "host": "0.0.0.0", "port": transparent},
+    ]
+    config["dns"] = {"host": "0.0.0.0", "port": dns_port}
+    config["host_rules"] = {"table": f"{lab.table}w"}
+    own = tmp_path / "sandgate.yaml"
+    own.write_text(yaml.safe_dump(config))
+    log_path = tmp_path / "gateway.log"
+    with log_path.open("wb") as log:
+        gateway = subprocess.Popen(
+            [SANDGATE, "run", "--config", str(own)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SANDGATE_WORKERS": "2"},
+        )
+    try:
+        # The supervisor locks the state folder, then starts its workers:
+        wait_until(lambda: '"workers.starting"' in log_path.read_text(), "the workers to start")
+        # Held at "starting" for as long as this test needs: the supervisor writes the status.
+        os.kill(gateway.pid, signal.SIGSTOP)
+        assert not (state / "gateway.json").exists(), "still starting"
+        argv = [SANDGATE, "jail", "--config", str(own), "--tenant", "t1", "--"]
+        with subprocess.Popen(
+            [*argv, "curl", "-sS", "-m", "8", "http://api.test/while-starting"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as jail:
+            assert jail.stderr is not None
+            assert jail.stderr.readline() == (
+                f"sandgate: waiting up to 90 s for the gateway (pid {gateway.pid}) that is starting "
+                f"on state_dir {state}\n"
+            )
+            os.kill(gateway.pid, signal.SIGCONT)
+            out, err = jail.communicate(timeout=120)
+        assert jail.returncode == 0, err + log_path.read_text()[-3000:]
+        assert json.loads(out)["path"] == "/while-starting"
+        status = json.loads((state / "gateway.json").read_text())
+        assert (status["pid"], status["workers"]) == (gateway.pid, 2)
+        # Decided by one of that gateway's workers (a private gateway of the jail has none).
+        path = state / "audit" / "audit.jsonl"
+        records = records_when(
+            lambda: [json.loads(line) for line in path.read_text().splitlines() if '"decision"' in line],
+            lambda rs: any(r.get("path") == "/while-starting" for r in rs),
+        )
+        (record,) = [r for r in records if r.get("path") == "/while-starting"]
+        assert record["decision"] == "allow" and record["worker"] in (0, 1), record
+        assert gateway.poll() is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(gateway.pid, signal.SIGCONT)
+        gateway.terminate()
+        try:
+            gateway.wait(30)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait(5)
+        subprocess.run(["nft", "delete", "table", "inet", f"{lab.table}w"], capture_output=True)
+    assert gateway.returncode == 0

@@ -116,7 +116,7 @@ def test_check_a_rego_file_and_several_paths(capsys: pytest.CaptureFixture[str])
 def test_check_refuses_what_is_not_policy(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "check", "README.md")
     assert code == 2
-    assert err == "README.md: not a rules directory, a .rego module or a test case file\n"
+    assert err == "README.md: not a rules directory, a .rego module, a policy file or a test case file\n"
 
 
 # --- test ----------------------------------------------------------------------------------

@@ -4,16 +4,20 @@ gateway's listeners are bound and /readyz agrees, and one line saying why when n
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from conftest import SANDGATE, GatewayFactory, tenant_yaml, write_gateway_files
 from support import RedisServer
+from support.processes import gateway_status, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -126,3 +130,61 @@ def test_with_the_admin_api_off_the_status_file_answers(start_gateway: GatewayFa
     assert proc.stderr == (
         f"sandgate: no live gateway wrote {gw.root / 'state' / 'gateway.json'} (the admin API is off)\n"
     )
+
+
+def test_with_workers_status_names_the_supervisor_and_each_worker(start_gateway: GatewayFactory) -> None:
+    """The pid named is the one that stops the gateway (the supervisor's), not the lead worker's
+    that answers on the admin socket; the workers are listed beside it."""
+    gw = start_gateway({"t1.yaml": tenant_yaml("t1", [])}, env={"SANDGATE_WORKERS": "2"})
+    config_path = gw.root / "sandgate.yaml"
+    first, second = wait_until(lambda: gateway_status(gw), "both workers to serve")["worker_pids"]
+    proc = status(config_path, "--wait", "--timeout", "60")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert (
+        lines[0]
+        == f"serving: gateway {socket.gethostname()} (pid {gw.proc.pid}, the supervisor of 2 workers)"
+    )
+    assert lines[1] == f"workers: 0 pid {first}, 1 pid {second}"
+    assert lines[2] == f"listeners: 127.0.0.1:{gw.port}"
+    body = json.loads(status(config_path, "--format", "json").stdout)
+    assert body["status"]["pid"] == gw.proc.pid
+    assert [(w["index"], w["pid"]) for w in body["status"]["workers"]] == [(0, first), (1, second)]
+
+
+@pytest.mark.parametrize("admin", [True, False], ids=["admin API on", "admin API off"])
+def test_a_gateway_that_holds_its_state_folder_but_does_not_serve_yet_is_starting(
+    tmp_path: Path, admin: bool
+) -> None:
+    config: dict[str, Any] = {} if admin else {"admin": {"enabled": False}}
+    config_path, _ = write_gateway_files(tmp_path, {"t1.yaml": tenant_yaml("t1", [])}, config=config)
+    state = tmp_path / "state"
+    lock = state / "gateway.lock"
+    gw = subprocess.Popen(
+        [SANDGATE, "run", "--config", str(config_path)],
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "SANDGATE_WORKERS": "1"},
+    )
+    try:
+        # It locks its state folder first thing, a second before mitmproxy is even loaded:
+        # frozen from then on, it is a gateway that is starting for as long as this test needs.
+        wait_until(lambda: lock.exists() and lock.read_text().strip() == str(gw.pid), "the lock")
+        os.kill(gw.pid, signal.SIGSTOP)
+        proc = status(config_path)
+        waited = status(config_path, "--wait", "--timeout", "1")
+    finally:
+        os.kill(gw.pid, signal.SIGCONT)
+        gw.terminate()  # (before its handlers are set, SIGTERM's default action ends it)
+        gw.wait(30)
+    why = (
+        f"nothing answers on {state / 'admin.sock'} yet"
+        if admin
+        else f"{state / 'gateway.json'} is not written yet"
+    )
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == f"sandgate: gateway (pid {gw.pid}) is starting: {why}\n"
+    assert waited.returncode == 1
+    assert waited.stderr == f"sandgate: not serving after 1 s: gateway (pid {gw.pid}) is starting: {why}\n"
+    # It exited (the kernel let the lock go): no gateway, as before.
+    gone = status(config_path)
+    assert gone.returncode == 1 and "is starting" not in gone.stderr

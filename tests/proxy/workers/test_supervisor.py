@@ -259,7 +259,10 @@ def test_a_taken_explicit_port_stops_the_start_with_one_line(tmp_path: Path, reu
             timeout=60,
         )
     assert proc.returncode == 1
-    assert proc.stderr == f"sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass --port\n"
+    assert (
+        proc.stderr
+        == f"sandgate: proxy listener 127.0.0.1:{port}: port {port} is in use: pass a free one with --port\n"
+    )
     assert not (tmp_path / "gw" / "state" / "workers").exists(), "no worker was started"
 
 
