@@ -7,12 +7,14 @@ gateway resolves with a static map or a scripted DNS server. Nothing leaves loop
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -425,6 +427,24 @@ def _wait_for_file(path: Path, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear in {timeout} s")
         time.sleep(0.05)
+
+
+@pytest.fixture
+def one_jail_at_a_time() -> Iterator[None]:
+    """Held for a test that starts jails: jails of both pytest-xdist workers never overlap.
+
+    Jail names, addresses and the host's nftables are global, and a test's checks on what a
+    jail leaves behind see every jail of the machine: a test's jail once never ran its command
+    (nothing on its stderr) while the other worker's jail tests ran. The workers share their
+    parent (the xdist controller), so the lock file is the same for both.
+    """
+    path = Path(tempfile.gettempdir()) / f"sandgate-tests-jails-{os.getppid()}.lock"
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture

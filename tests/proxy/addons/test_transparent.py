@@ -403,7 +403,7 @@ def _ruleset() -> str:
 
 
 @pytest.fixture
-def no_jail_left() -> Iterator[None]:
+def no_jail_left(one_jail_at_a_time: None) -> Iterator[None]:
     """After the test, no jail namespace, link or rule that it created is left behind."""
     before = _jail_resources()
     yield
@@ -462,6 +462,7 @@ def test_jail_cleans_up_when_it_is_terminated(lab: Lab, tmp_path: Path) -> None:
     assert proc.wait(30) == 128 + signal.SIGTERM
 
 
+@pytest.mark.usefixtures("one_jail_at_a_time")
 def test_jail_terminated_while_setting_up_exits_with_sigterms_code(
     lab: Lab, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -102,7 +102,7 @@ def _jail_resources() -> set[str]:
 
 
 @pytest.fixture
-def no_jail_left(lab: Lab) -> Iterator[None]:
+def no_jail_left(lab: Lab, one_jail_at_a_time: None) -> Iterator[None]:
     """After the test, no jail namespace, link or host rule it created is left behind."""
     before = _jail_resources()
     yield
@@ -274,6 +274,7 @@ def test_a_jail_reaches_a_local_service_in_its_own_namespace_not_the_hosts_loopb
     assert any(_local_service(r) for r in local)
 
 
+@pytest.mark.usefixtures("one_jail_at_a_time")
 def test_a_gateway_without_admin_api_or_sandbox_listeners_is_named(lab: Lab, tmp_path: Path) -> None:
     """A live gateway on the state_dir that cannot open listeners: said plainly, no second gateway."""
     status = lab.state / "gateway.json"
@@ -294,6 +295,7 @@ def test_a_gateway_without_admin_api_or_sandbox_listeners_is_named(lab: Lab, tmp
     assert status.exists()
 
 
+@pytest.mark.usefixtures("one_jail_at_a_time")
 def test_a_jail_whose_own_gateway_fails_shows_the_end_of_its_log(lab: Lab, tmp_path: Path) -> None:
     """No gateway runs: the jail starts one; when it fails, its log's last lines, not a deleted path."""
     taken = free_port()
