@@ -11,6 +11,11 @@ The pid it names is the gateway's: the process that holds the state folder's loc
 supervisor, not the lead worker that answers on the admin socket; the workers are listed
 beside it. A lock held with nothing answering yet is a gateway that is starting.
 
+Which gateway it asks is the one of the state folder its config names: `--config`'s
+state_dir, else $SANDGATE_HOME, else ~/.sandgate. `--wait` says so once, on stderr, when it
+starts waiting, and its time-out names the folder again (without `--config`, it suggests it):
+a gateway started with `--config X` is not found without `--config X`.
+
 Exit 0: it serves. 1: it does not (nothing answers, not ready yet, or not before
 `--timeout`), with one line saying why. 2: usage or a broken config.
 """
@@ -19,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -120,22 +127,53 @@ def _from_status_file(config: GatewayConfig, pid: int | None) -> Readiness:
 def run_status_command(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     deadline = time.monotonic() + max(0.0, args.timeout)
+    waiting = False
     try:
         result = check(config, ANSWER_SECONDS)
         while args.wait and not result.serving:
             left = deadline - time.monotonic()
             if left <= 0:
-                result.reason = f"not serving after {args.timeout:g} s: {result.reason}"
+                result.reason = _timed_out(config, args.config, args.timeout, result.reason)
                 break
+            if not waiting:
+                waiting = True
+                where = _state_folder_text(config, args.config)
+                print(
+                    f"sandgate: waiting up to {args.timeout:g} s for the gateway on {where}", file=sys.stderr
+                )
             time.sleep(min(POLL_SECONDS, left))
             result = check(config, max(0.1, min(ANSWER_SECONDS, deadline - time.monotonic())))
     except KeyboardInterrupt:
         return 130
-    _print(args.format, result)
+    _print(args.format, result, config.state_path)
     return EXIT_OK if result.serving else EXIT_NOT_SERVING
 
 
-def _print(fmt: str, result: Readiness) -> None:
+def _state_folder_text(config: GatewayConfig, config_file: Path | None) -> str:
+    """The state folder and what chose it: --config's state_dir, $SANDGATE_HOME or the default."""
+    folder = f"state folder {config.state_path}"
+    if "state_dir" in config.model_fields_set:
+        return f"{folder} (the state_dir of --config {config_file})"
+    # The same choice as GatewayConfig.state_dir's default (an empty $SANDGATE_HOME is unset).
+    chosen = (
+        "$SANDGATE_HOME"
+        if os.environ.get("SANDGATE_HOME")
+        else "the default ~/.sandgate, $SANDGATE_HOME unset"
+    )
+    if config_file is None:
+        return f"{folder} (no --config: {chosen})"
+    return f"{folder} (--config {config_file} sets no state_dir: {chosen})"
+
+
+def _timed_out(config: GatewayConfig, config_file: Path | None, timeout: float, reason: str) -> str:
+    """The time-out's one line: the folder waited on, why not, and without --config, a hint."""
+    text = f"not serving after {timeout:g} s on state folder {config.state_path}: {reason}"
+    if config_file is None:
+        text += "; for a gateway started with --config FILE, run status with the same --config FILE"
+    return text
+
+
+def _print(fmt: str, result: Readiness, state_path: Path) -> None:
     if fmt == "json":
         print(json.dumps({"serving": result.serving, "reason": result.reason, "status": result.status}))
         return
@@ -152,3 +190,4 @@ def _print(fmt: str, result: Readiness) -> None:
         print(f"listeners: {', '.join(st['listeners']) or '-'}")
     if "policy_version" in st and "tenants" in st:
         print(f"policy version {st['policy_version']}: {st['tenants']} tenants, {st['sandboxes']} sandboxes")
+    print(f"state folder: {state_path}")

@@ -41,14 +41,61 @@ def test_no_gateway_is_exit_1_with_one_line(tmp_path: Path) -> None:
 
 def test_wait_gives_up_at_the_timeout_with_the_reason(tmp_path: Path) -> None:
     config_path, _ = write_gateway_files(tmp_path, {"t1.yaml": tenant_yaml("t1", [])})
+    state = tmp_path / "state"
     started = time.monotonic()
     proc = status(config_path, "--wait", "--timeout", "1.5")
     elapsed = time.monotonic() - started
     assert proc.returncode == 1
     assert proc.stderr == (
-        f"sandgate: not serving after 1.5 s: no gateway answers on {tmp_path / 'state' / 'admin.sock'}\n"
+        f"sandgate: waiting up to 1.5 s for the gateway on state folder {state} "
+        f"(the state_dir of --config {config_path})\n"
+        f"sandgate: not serving after 1.5 s on state folder {state}: "
+        f"no gateway answers on {state / 'admin.sock'}\n"
     )
     assert 1.5 <= elapsed < 30, elapsed  # interpreter start-up included, on a loaded machine
+
+
+_USE_CONFIG = "; for a gateway started with --config FILE, run status with the same --config FILE"
+
+
+@pytest.mark.parametrize(
+    ("chosen_by", "how"),
+    [
+        ("home", "(no --config: $SANDGATE_HOME)"),
+        ("default", "(no --config: the default ~/.sandgate, $SANDGATE_HOME unset)"),
+        ("config", "(--config {config} sets no state_dir: $SANDGATE_HOME)"),
+    ],
+    ids=[
+        "without --config it names the folder $SANDGATE_HOME chose and suggests --config",
+        "without --config or $SANDGATE_HOME it names ~/.sandgate and suggests --config",
+        "a --config without state_dir names $SANDGATE_HOME's folder and suggests nothing",
+    ],
+)
+def test_wait_names_the_state_folder_it_waits_on(tmp_path: Path, chosen_by: str, how: str) -> None:
+    """A gateway started with `--config X` is not found without it: `--wait` says at once
+    which state folder it watches (and what chose it), and its time-out names it again."""
+    env = {k: v for k, v in os.environ.items() if k != "SANDGATE_HOME"}
+    env["HOME"] = str(tmp_path)
+    state = tmp_path / ".sandgate"
+    if chosen_by != "default":
+        state = tmp_path / "home"
+        env["SANDGATE_HOME"] = str(state)
+    state.mkdir()  # empty: no gateway ever ran on it
+    args = ["--wait", "--timeout", "0.5"]
+    config_path = tmp_path / "sandgate.yaml"
+    if chosen_by == "config":
+        config_path.write_text("rules_dir: rules\n")
+        args += ["--config", str(config_path)]
+    proc = subprocess.run(
+        [SANDGATE, "status", *args], capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path
+    )
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.splitlines() == [
+        f"sandgate: waiting up to 0.5 s for the gateway on state folder {state} "
+        + how.format(config=config_path),
+        f"sandgate: not serving after 0.5 s on state folder {state}: "
+        f"no gateway answers on {state / 'admin.sock'}" + ("" if chosen_by == "config" else _USE_CONFIG),
+    ]
 
 
 def test_wait_returns_once_every_listener_is_bound(tmp_path: Path) -> None:
@@ -70,6 +117,10 @@ def test_wait_returns_once_every_listener_is_bound(tmp_path: Path) -> None:
     try:
         out, err = waiter.communicate(timeout=90)
         assert waiter.returncode == 0, err
+        assert err == (
+            f"sandgate: waiting up to 90 s for the gateway on state folder {tmp_path / 'state'} "
+            f"(the state_dir of --config {config_path})\n"
+        )
         # The moment it said so, the listeners accept.
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
         with socket.create_connection(("127.0.0.1", dns_port), timeout=2):
@@ -78,6 +129,7 @@ def test_wait_returns_once_every_listener_is_bound(tmp_path: Path) -> None:
         assert lines[0] == f"serving: gateway {socket.gethostname()} (pid {gw.pid})"
         assert lines[1] == f"listeners: 127.0.0.1:{port}"
         assert lines[2].startswith("policy version ") and lines[2].endswith(": 1 tenants, 1 sandboxes")
+        assert lines[3:] == [f"state folder: {tmp_path / 'state'}"]
         # Once more without --wait, as JSON.
         proc = status(config_path, "--format", "json")
         assert proc.returncode == 0
@@ -147,6 +199,7 @@ def test_with_workers_status_names_the_supervisor_and_each_worker(start_gateway:
     )
     assert lines[1] == f"workers: 0 pid {first}, 1 pid {second}"
     assert lines[2] == f"listeners: 127.0.0.1:{gw.port}"
+    assert lines[-1] == f"state folder: {gw.root / 'state'}"
     body = json.loads(status(config_path, "--format", "json").stdout)
     assert body["status"]["pid"] == gw.proc.pid
     assert [(w["index"], w["pid"]) for w in body["status"]["workers"]] == [(0, first), (1, second)]
@@ -184,7 +237,11 @@ def test_a_gateway_that_holds_its_state_folder_but_does_not_serve_yet_is_startin
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == f"sandgate: gateway (pid {gw.pid}) is starting: {why}\n"
     assert waited.returncode == 1
-    assert waited.stderr == f"sandgate: not serving after 1 s: gateway (pid {gw.pid}) is starting: {why}\n"
+    assert waited.stderr == (
+        f"sandgate: waiting up to 1 s for the gateway on state folder {state} "
+        f"(the state_dir of --config {config_path})\n"
+        f"sandgate: not serving after 1 s on state folder {state}: gateway (pid {gw.pid}) is starting: {why}\n"
+    )
     # It exited (the kernel let the lock go): no gateway, as before.
     gone = status(config_path)
     assert gone.returncode == 1 and "is starting" not in gone.stderr
