@@ -1,7 +1,7 @@
 """The one enum of reason codes: the `X-Sandgate-Reason` header, the audit `reason`, Rego results.
 
-Each code's meaning and HTTP status live beside it in `MEANINGS`; the README's reason table
-is generated from them (`python -m sandgate.policy.reasons --markdown`) and tested against them.
+Each code's meaning and HTTP status live beside it in `MEANINGS`; the manual's reason-code
+table (docs/reference/reason-codes.md) is generated from them and tested against them.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
 
 
 def markdown_table() -> str:
-    """The README's reason table: one row per code, in enum order."""
+    """The manual's reason-code table: one row per code, in enum order."""
     lines = ["| code | status | meaning |", "|---|---|---|"]
     for reason in Reason:
         meaning = MEANINGS[reason]
@@ -188,9 +188,9 @@ def markdown_table() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m sandgate.policy.reasons --markdown`: print the README's reason table."""
+    """`python -m sandgate.policy.reasons --markdown`: print the manual's reason-code table."""
     parser = argparse.ArgumentParser(prog="python -m sandgate.policy.reasons")
-    parser.add_argument("--markdown", action="store_true", required=True, help="the README table")
+    parser.add_argument("--markdown", action="store_true", required=True, help="print the table")
     parser.parse_args(argv)
     print(markdown_table())
     return 0

@@ -4,7 +4,7 @@
 #   deploy/k8s/create-secret.sh --print         print the manifest instead (to seal or store)
 # Refuses to replace an existing Secret: a new placeholder key invalidates every placeholder
 # guests hold, a new redis password locks the gateways out, new store keys cannot open the
-# stored credentials. Rotate deliberately (README).
+# stored credentials. Rotate deliberately (docs/operations/deployment.md).
 # store-keys is the keyring stored credentials are sealed with: one `id:base64key` line per
 # AES-256 key, newest last (the gateways mount it as a file and re-read it when it changes).
 set -euo pipefail
@@ -38,7 +38,7 @@ if [[ "${1:-}" == "--print" ]]; then
     exit 0
 fi
 if kubectl -n "$namespace" get secret "$name" >/dev/null 2>&1; then
-    echo "secret $namespace/$name exists; not replacing it (see README to rotate)" >&2
+    echo "secret $namespace/$name exists; not replacing it (see docs/operations/deployment.md to rotate)" >&2
     exit 1
 fi
 manifest | kubectl create -f -

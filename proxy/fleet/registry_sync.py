@@ -229,7 +229,7 @@ class FleetRegistrySync:
                 known_epoch=self.epoch,
                 found_epoch=found if current is not None else None,
                 consequence="sandboxes registered in redis and stored credentials are gone: "
-                "register them again (see README, Fleet mode: recovering a replaced redis)",
+                "register them again (see docs/operations/fleet.md, Recovering)",
             )
         self.epoch = found
         if self.epoch_file is not None:

@@ -92,7 +92,7 @@ def test_without_the_host_settings_a_read_only_proc_sys_refuses_the_sandbox(
 @pytest.mark.parametrize(
     "ipv6_key",
     ["net.ipv6.conf.all.disable_ipv6", "net.ipv6.conf.default.disable_ipv6"],
-    ids=["as shipped (IPv6 off on the host)", "the README's variant that keeps IPv6 on existing interfaces"],
+    ids=["as shipped (IPv6 off on the host)", "the manual's variant that keeps IPv6 on existing interfaces"],
 )
 def test_with_the_host_settings_a_read_only_proc_sys_registers_the_sandbox(
     tmp_path: Path, netns: str, ipv6_key: str

@@ -174,7 +174,7 @@ def test_compose_secrets_script_writes_every_variable_once_with_mode_0600(
     ref = compose_config().store_keys_ref
     monkeypatch.setenv(ref.removeprefix("env:"), store_keys)
     assert StoreKeys(ref, create=False).keyring().ids == ("k1",)
-    # The rotation README describes: a new line appended inside the quotes is the newest key.
+    # The rotation docs/operations/deployment.md describes: a new line appended inside the quotes is the newest key.
     new_line = "k2:" + base64.b64encode(os.urandom(32)).decode()
     text = env_file.read_text()
     quoted = f'SANDGATE_STORE_KEYS="{store_keys}"'

@@ -114,7 +114,7 @@ def test_the_example_config_writes_only_where_the_unit_lets_it() -> None:
 
 def test_a_fleet_gets_its_store_keys_from_add_key_as_readme_says(tmp_path: Path) -> None:
     """The example config in fleet mode (redis: set) refuses to invent store keys; the
-    README's `sandgate credentials add-key` makes a 0600 keyring the gateway's loader takes,
+    the manual's `sandgate credentials add-key` makes a 0600 keyring the gateway's loader takes,
     and a second run adds the newest key (rotation)."""
     text = (
         (DEPLOY / "systemd" / "gateway.yaml")

@@ -117,6 +117,8 @@ def test_every_docs_block_runs_in_nav_order_on_a_fresh_machine(internet: Any) ->
         )
     problems = [p for b in runnable if b.block.language == "console" for p in console_mismatches(b, run_dir)]
     assert not problems, "\n".join(problems)
+    # `policy push` (the Rego page) reached the OPA server the manual names.
+    assert "tenants" in world.opa.data
 
 
 def test_blocks_are_numbered_apart_and_named_by_page_and_line() -> None:

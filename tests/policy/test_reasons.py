@@ -1,5 +1,5 @@
 """The reason codes are a contract: each has a meaning and statuses beside the enum, and the
-README's table says the same, row for row."""
+manual's reason-code page (docs/reference/reason-codes.md) says the same, row for row."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from sandgate.policy.reasons import MEANINGS, Reason, main, markdown_table
 from sandgate.proxy.mitm import wire_errors
 from sandgate.proxy.respond import status_for
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "reason-codes.md"
 
 
 def _section() -> str:
-    return README.read_text().split("## Reason codes", 1)[1].split("\n## ", 1)[0]
+    return PAGE.read_text()
 
 
 def _table_lines(text: str) -> list[str]:
@@ -55,23 +55,23 @@ def test_meanings_name_no_code_the_enum_lacks() -> None:
     assert set(MEANINGS) == set(Reason)
 
 
-@pytest.mark.parametrize("reason", list(Reason), ids=lambda r: f"{r.value} is documented in the README")
+@pytest.mark.parametrize("reason", list(Reason), ids=lambda r: f"{r.value} is documented in the manual")
 def test_every_reason_code_is_documented(reason: Reason) -> None:
-    assert reason.value in _documented(), "run `python -m sandgate.policy.reasons --markdown`"
+    assert reason.value in _documented(), "run `.venv/bin/python docs/tools/reference.py`"
 
 
 @pytest.mark.parametrize(
-    "reason", list(Reason), ids=lambda r: f"the README says what MEANINGS says of {r.value}"
+    "reason", list(Reason), ids=lambda r: f"the manual says what MEANINGS says of {r.value}"
 )
-def test_the_readme_row_matches_the_meaning(reason: Reason) -> None:
+def test_the_manual_row_matches_the_meaning(reason: Reason) -> None:
     assert _documented()[reason.value] == _generated()[reason.value]
 
 
-def test_the_readme_documents_no_code_the_enum_lacks() -> None:
+def test_the_manual_documents_no_code_the_enum_lacks() -> None:
     assert set(_documented()) <= {r.value for r in Reason}
 
 
-def test_the_readme_table_is_the_generated_one() -> None:
+def test_the_manual_table_is_the_generated_one() -> None:
     """Same header, same rows, same order: the table is pasted from the generator."""
     assert _table_lines(_section()) == _table_lines(markdown_table())
 

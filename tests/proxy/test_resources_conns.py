@@ -402,7 +402,7 @@ def test_an_idle_flood_under_a_low_fd_limit_leaves_other_tenants_served(
             # more than the two workers' 2 x 1,024 descriptors leave room for (each worker
             # keeps headroom for upstream connections, the audit and its peers).
             # (The fd limit is the subject here; each connection costs mitmproxy ~0.35 ms of CPU, so
-            # a connection-rate flood is for the host's nftables rate limits, see the README.)
+            # a connection-rate flood is for the host's nftables rate limits, see docs/security/limits.md.)
             for source in FLOOD_SOURCES:
                 for _ in range(16):
                     flood += connect_many(gw.port, source, 16)

@@ -5,7 +5,7 @@ state_dir asks it (admin API) to open a transparent and a DNS listener, and its 
 then decided and audited by that one gateway. Topology (addresses exist only in namespaces
 this module creates):
   up   an upstream host reached by name: HTTP :80, DNS :53 (api.test)
-  svc  a local test service reached by address: README "sandgate jail"'s own shell lines
+  svc  a local test service reached by address: the manual's jail page's own shell lines
        (names and addresses made unique), python's http.server on :8000
 """
 
@@ -41,7 +41,7 @@ SVC_PORT = 8000
 
 @dataclass(frozen=True)
 class Service:
-    """The README's local test service: its namespace, host link and address."""
+    """The manual's local test service: its namespace, host link and address."""
 
     netns: str
     host_if: str
@@ -116,8 +116,8 @@ def no_jail_left(lab: Lab, one_jail_at_a_time: None) -> Iterator[None]:
 
 
 def _readme_lines() -> str:
-    """The shell lines README "sandgate jail" gives for a local test service."""
-    text = (REPO / "README.md").read_text()
+    """The shell lines the manual's jail page gives for a local test service."""
+    text = (REPO / "docs" / "getting-started" / "jail.md").read_text()
     section = text[text.index("**Loopback.**") :]
     start = section.index("```sh\n") + len("```sh\n")
     return section[start : section.index("```", start)]
@@ -125,7 +125,7 @@ def _readme_lines() -> str:
 
 @contextlib.contextmanager
 def _readme_service(nl: NetnsLab, root: Path) -> Iterator[Service]:
-    """Run the README's lines with this run's own names and addresses; undo them afterwards."""
+    """Run the manual's lines with this run's own names and addresses; undo them afterwards."""
     svc = Service(f"sgt-svc-{nl.tag}", f"sgsh-{nl.tag}", f"10.200.{nl.subnet}.62")
     lines = _readme_lines().replace("svc-h", svc.host_if).replace("svc-n", f"sgsn-{nl.tag}")
     lines = re.sub(r"\bsvc\b", svc.netns, lines).replace("10.250.0.", f"10.200.{nl.subnet}.6")
@@ -172,7 +172,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             "t1",
             [
                 {"id": "api", "hosts": ["api.test"], "ports": [80]},
-                # README "sandgate jail": a local test service, opened by the operator (below) and the rule.
+                # The manual's jail page: a local test service, opened by the operator (below) and the rule.
                 {"id": "local-svc", "cidrs": [f"{svc.addr}/32"], "ports": [SVC_PORT]},
                 {"id": "loopback", "cidrs": ["127.0.0.1/32"], "ports": [loopback.port]},
             ],
@@ -262,7 +262,7 @@ def test_a_second_jail_reuses_the_listeners_opened_for_the_first(lab: Lab) -> No
 
 @pytest.mark.usefixtures("no_jail_left")
 def test_a_jail_reaches_a_local_service_in_its_own_namespace_not_the_hosts_loopback(lab: Lab) -> None:
-    """README "sandgate jail": the host's 127.0.0.1 is out of reach, a service on a veth is not."""
+    """The manual's jail page: the host's 127.0.0.1 is out of reach, a service on a veth is not."""
     lab.loopback.reset()
     loop = lab.jail("curl", "-sS", "-m", "5", f"http://127.0.0.1:{lab.loopback.port}/")
     assert loop.returncode == 7, loop.stderr  # connection refused: the jail's own loopback

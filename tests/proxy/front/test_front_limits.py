@@ -90,7 +90,7 @@ def test_a_sources_cap_counts_only_its_connections_that_have_not_identified_them
 ) -> None:
     with RecordingUpstream(UPSTREAM_IP, tls=pki, name="capped") as up:
         # One worker: with N, each worker holds ceil(cap / N) and the kernel's spreading decides
-        # which worker's share a connection meets (README, "Connection limits").
+        # which worker's share a connection meets (docs/security/limits.md).
         caps = {"connections": {"max_per_source": 3}, "workers": {"count": 1}}
         gw = start_gateway(_tenants(up.port), config=caps)
         source, cafile = "127.0.0.10", str(pki.ca_file)

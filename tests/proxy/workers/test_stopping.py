@@ -1,6 +1,6 @@
 """Stopping a gateway with two workers as an operator does, in real processes: Ctrl-C in the
 terminal it runs in (SIGINT to the whole foreground process group: the supervisor, its
-workers and the local broker alike), and the files the README tells the operator about."""
+workers and the local broker alike), and the files the manual tells the operator about."""
 
 from __future__ import annotations
 
@@ -137,10 +137,11 @@ def test_ctrl_c_drains_each_worker_once_and_logs_no_error(
         assert not alive(pid), f"worker {pid} outlived the supervisor"
 
 
-def test_the_readme_names_the_workers_sockets_where_they_are(foreground: ForegroundGateway) -> None:
-    """README: each worker but the lead serves its admin API on `<state_dir>/workers/w<i>.sock`."""
-    readme = (REPO / "README.md").read_text()
-    assert "`<state_dir>/workers/w<i>/admin.sock`" not in readme
-    assert "`<state_dir>/workers/w<i>.sock`" in readme
+def test_the_manual_names_the_workers_sockets_where_they_are(foreground: ForegroundGateway) -> None:
+    """The manual: each worker but the lead serves its admin API on `<state_dir>/workers/w<i>.sock`."""
+    for page in ("docs/operations/workers.md", "docs/reference/admin-api.md"):
+        text = (REPO / page).read_text()
+        assert "`<state_dir>/workers/w<i>/admin.sock`" not in text, page
+        assert "`<state_dir>/workers/w<i>.sock`" in text, page
     assert (foreground.state / "workers" / "w1.sock").is_socket()
     assert not (foreground.state / "workers" / "w1" / "admin.sock").exists()
