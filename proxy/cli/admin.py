@@ -15,6 +15,7 @@ from sandgate.proxy.admin import client as admin_client
 from sandgate.proxy.cli import policy_reload
 from sandgate.proxy.config import load_config
 from sandgate.proxy.sandbox_listing import sandboxes_text
+from sandgate.proxy.state_lock import holder
 
 __all__ = [
     "POLICY_COMMANDS",
@@ -36,9 +37,15 @@ def run_policy_command(args: argparse.Namespace) -> int:
     if config.redis is not None or not running:
         return policy_reload.status_command(args.config, args.format)
     st = admin_client.status(config)
+    # The lead worker answers with its own pid; the gateway's is the one `sandgate stop`
+    # signals, the state folder's lock holder (the supervisor with workers).
+    st = {**st, "pid": holder(config.state_path) or st["pid"]}
+    workers = len(st.get("workers") or st.get("worker_pids") or [])
+    supervisor = f", the supervisor of {workers} workers" if workers > 1 else ""
     last = st.get("last_reload")
+    readiness = "ready" if st["ready"] else "NOT ready"
     lines = [
-        f"gateway {st['gateway_id']} (pid {st['pid']}), {'ready' if st['ready'] else 'NOT ready'}",
+        f"gateway {st['gateway_id']} (pid {st['pid']}{supervisor}), {readiness}",
         f"policy version {st['policy_version']}: {st['tenants']} tenants, {st['sandboxes']} sandboxes",
         f"tenants: {', '.join(st.get('tenant_names', [])) or '-'}",
         f"listeners: {', '.join(st['listeners']) or '-'}",

@@ -12,6 +12,7 @@ stop (`stop`), 2 usage or invalid input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -22,6 +23,8 @@ from sandgate.proxy.errors import ConfigError
 __all__ = ["main"]
 
 EXIT_USAGE = 2
+# A reader that went away (`sandgate audit query | head`): what a shell reports for SIGPIPE.
+EXIT_BROKEN_PIPE = 128 + 13
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,6 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SandgateError as e:
         print(f"sandgate: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # Not a fault: no traceback. Python flushes stdout again at exit and would complain
+        # there, so stdout goes to /dev/null first. (SIG_DFL for SIGPIPE would be simpler, but
+        # `run` must never die of a write to a guest that hung up.)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _dispatch(args: argparse.Namespace) -> int:

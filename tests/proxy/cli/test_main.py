@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, SANDGATE
 
 from sandgate.proxy.cli.main import main
 
@@ -92,3 +94,18 @@ def test_the_state_directory_defaults_to_sandgate_home(
     assert load_config(None).state_path == tmp_path / "home"
     monkeypatch.delenv("SANDGATE_HOME")
     assert load_config(None).state_path == Path("~/.sandgate").expanduser()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`sandgate policy schema | head -c 1`: the pipe closes before the command has written;
+    the command ends as a shell reports SIGPIPE, with no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [SANDGATE, "policy", "schema"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 141

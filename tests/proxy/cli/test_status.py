@@ -184,7 +184,7 @@ def test_with_the_admin_api_off_the_status_file_answers(start_gateway: GatewayFa
     )
 
 
-def test_with_workers_status_names_the_supervisor_and_each_worker(start_gateway: GatewayFactory) -> None:
+def test_with_workers_status_and_policy_status_name_the_supervisor(start_gateway: GatewayFactory) -> None:
     """The pid named is the one that stops the gateway (the supervisor's), not the lead worker's
     that answers on the admin socket; the workers are listed beside it."""
     gw = start_gateway({"t1.yaml": tenant_yaml("t1", [])}, env={"SANDGATE_WORKERS": "2"})
@@ -203,6 +203,16 @@ def test_with_workers_status_names_the_supervisor_and_each_worker(start_gateway:
     body = json.loads(status(config_path, "--format", "json").stdout)
     assert body["status"]["pid"] == gw.proc.pid
     assert [(w["index"], w["pid"]) for w in body["status"]["workers"]] == [(0, first), (1, second)]
+    # `policy status` names the same pid (it used to name the lead worker's).
+    policy = subprocess.run(
+        [SANDGATE, "policy", "status", "--config", str(config_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert policy.stdout.splitlines()[0] == (
+        f"gateway {socket.gethostname()} (pid {gw.proc.pid}, the supervisor of 2 workers), ready"
+    ), policy.stdout
 
 
 @pytest.mark.parametrize("admin", [True, False], ids=["admin API on", "admin API off"])
