@@ -43,6 +43,12 @@ def parse_duration(text: str) -> float:
 def run_requests_command(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     command = args.requests_command
+    chosen_id: str | None = getattr(args, "id", None)
+    if chosen_id is not None and not chosen_id.strip():
+        # `approve "$ID"` with ID unset: say so, not the admin API's "no such endpoint".
+        what = "grant" if command == "revoke" else "request"
+        print(f"sandgate: an empty {what} id: `sandgate requests list` shows them", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if command == "list":
             listing = admin_client.access_requests(config)

@@ -266,6 +266,13 @@ def test_with_two_workers_the_lead_decides_for_the_worker_that_holds_it(
     assert [r.target for r in http_upstream.wait_for_requests(1)] == [on_peer["path"]]
     missing = sandgate(gw, "requests", "approve", "0123456789abcdef0123")
     assert missing.returncode == 1 and "no access request" in missing.stderr
+    # An unset shell variable (`approve "$ID"`) is named as such, not as the admin API's path.
+    for command in ("show", "approve", "deny"):
+        empty = sandgate(gw, "requests", command, "")
+        assert (empty.returncode, empty.stderr) == (
+            2,
+            "sandgate: an empty request id: `sandgate requests list` shows them\n",
+        ), command
 
 
 def test_a_guest_that_asks_and_hangs_up_fills_only_its_own_queue(
