@@ -81,7 +81,10 @@ class StoredSource:
             async with lock:  # concurrent first uses share one read
                 cached = self._fresh(key) or await self._fetch(key)
         if cached.secret is None:
-            raise SecretUnavailable(f"stored credential {name} of tenant {tenant} is not set")
+            raise SecretUnavailable(
+                f"stored credential {name} of tenant {tenant} is not set"
+                f" (`sandgate credentials set --tenant {tenant} {name}` sets it)"
+            )
         return cached.secret
 
     async def _fetch(self, key: tuple[str, str]) -> _Cached:

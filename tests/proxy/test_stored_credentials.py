@@ -121,7 +121,10 @@ def test_a_stored_value_is_injected_rotated_and_removed_without_restart(
     cli(config, "remove", "--tenant", "acme", "openai")
     wait_for(gw, https_upstream, ph, (403, "internal_error"))
     assert https_upstream.requests == [], "nothing reached the upstream once the value was removed"
-    assert "stored credential openai of tenant acme is not set" in gw.log()
+    assert (
+        "stored credential openai of tenant acme is not set"
+        " (`sandgate credentials set --tenant acme openai` sets it)" in gw.log()
+    )
     raw = (gw.root / "state" / "credentials.sealed.json").read_bytes() if not mode else b""
     assert VALUE.encode() not in raw
     assert_no_secret_in_audit_or_log(gw)
