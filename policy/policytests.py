@@ -84,29 +84,55 @@ class _Strict(BaseModel):
 class Expect(_Strict):
     """The expected decision, and the reason when given."""
 
-    decision: Literal["allow", "deny", "would_deny"]
-    reason: Reason | None = None
+    decision: Literal["allow", "deny", "would_deny"] = Field(
+        description="the verdict the case needs (would_deny: a report-mode tenant's refusal)"
+    )
+    reason: Reason | None = Field(default=None, description="the reason code it needs too; unset: any reason")
 
 
 class Case(_Strict):
     """One request and what the policy must answer."""
 
-    name: str
-    tenant: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
-    sandbox: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    name: str = Field(description="what the case checks, shown in the report")
+    tenant: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
+        default=None,
+        description="the tenant whose policy decides (as a sandbox named `test`); or give sandbox",
+    )
+    sandbox: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
+        default=None,
+        description=(
+            "a sandbox of the rules directory; its tenant decides (a tenant given too must be that one)"
+        ),
+    )
     request: str = Field(description="'METHOD URL', or 'CONNECT host:port'")
-    headers: dict[str, str] = Field(default_factory=dict)
-    body_size: Annotated[int, Field(ge=0)] | None = None
-    client: str | None = None
-    credentials: list[str] = Field(default_factory=list)
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="request headers, name → value; method overrides among them are decided too",
+    )
+    body_size: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="the declared body length in bytes (Rego's input.request.body_size)"
+    )
+    client: str | None = Field(default=None, description="the guest's address (Rego's input.client)")
+    credentials: list[str] = Field(
+        default_factory=list, description="credential names the broker would use (Rego's input.credentials)"
+    )
     expect: Expect
 
 
 class CaseFile(_Strict):
     """A file of cases against one rules directory."""
 
-    rules: str | None = None
-    resolve: dict[str, list[str]] = Field(default_factory=dict)
+    rules: str | None = Field(
+        default=None,
+        description="the rules directory, relative to this file; unset: the folder above this file's folder",
+    )
+    resolve: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description=(
+            "name → addresses for this file's cases; other names as the gateway config's resolver.hosts "
+            "(with --config), else a fixed public address. Nothing is looked up or dialled"
+        ),
+    )
     cases: list[Case] = Field(default_factory=list)
 
 

@@ -57,10 +57,23 @@ class _Strict(BaseModel):
 class ListenerConfig(_Strict):
     """One guest-facing listener."""
 
-    mode: Literal["regular", "transparent"] = "regular"
+    mode: Literal["regular", "transparent"] = Field(
+        default="regular",
+        description=(
+            "regular: an explicit HTTP proxy (guests send CONNECT or absolute URLs, with "
+            "Proxy-Authorization); transparent: connections the host's nftables rules redirect here, "
+            "each sandbox known by its source address"
+        ),
+    )
     # "*": every address, IPv4 and IPv6 (a socket per family; IPv6 sandbox guests need it).
     host: str = "127.0.0.1"
-    port: Port = 8080
+    port: Port = Field(
+        default=8080,
+        description=(
+            "TCP port; 0: any free port. `sandgate run --port N` sets it for the one regular "
+            "listener. With N workers, worker i of a transparent listener takes port + i (so not 0)"
+        ),
+    )
 
     @property
     def spec(self) -> str:
@@ -75,11 +88,31 @@ class ResolverConfig(_Strict):
 
     hosts: dict[str, list[str]] = Field(default_factory=dict, description="static name → addresses")
     nameservers: list[str] = Field(default_factory=list, description="'ip' or 'ip:port'; empty = system")
-    timeout: Annotated[float, Field(gt=0, le=30)] = 2.0
-    min_ttl: Annotated[float, Field(ge=0)] = 0.0
-    max_ttl: Annotated[float, Field(ge=0)] = 300.0
-    system_ttl: Annotated[float, Field(ge=0)] = 30.0
-    ipv6: bool = True
+    timeout: Annotated[float, Field(gt=0, le=30)] = Field(
+        default=2.0,
+        description="seconds one lookup at the nameservers may take; unused with the system resolver",
+    )
+    min_ttl: Annotated[float, Field(ge=0)] = Field(
+        default=0.0, description="seconds an answer is cached at least, even when its TTL is shorter"
+    )
+    max_ttl: Annotated[float, Field(ge=0)] = Field(
+        default=300.0,
+        description="seconds an answer is cached at most, whatever its TTL; 0: nothing is cached",
+    )
+    system_ttl: Annotated[float, Field(ge=0)] = Field(
+        default=30.0,
+        description=(
+            "seconds an answer of the system resolver (which gives no TTL) is taken to live, "
+            "before min_ttl and max_ttl apply"
+        ),
+    )
+    ipv6: bool = Field(
+        default=True,
+        description=(
+            "ask the nameservers for AAAA records too; false: IPv4 addresses only. Unused with the "
+            "system resolver"
+        ),
+    )
 
 
 class AddressGuardConfig(_Strict):
@@ -139,10 +172,28 @@ class AuditConfig(_Strict):
     """The audit trail: a rotated JSON-lines file, optionally mirrored to stdout."""
 
     path: str | None = Field(default=None, description="default: <state_dir>/audit/audit.jsonl")
-    max_bytes: Annotated[int, Field(ge=4096)] = 100 * 1024 * 1024
-    backups: Annotated[int, Field(ge=1, le=1000)] = 10
-    queue_size: Annotated[int, Field(ge=1)] = 10_000
-    max_wait_seconds: Annotated[float, Field(ge=0)] = 5.0
+    max_bytes: Annotated[int, Field(ge=4096)] = Field(
+        default=100 * 1024 * 1024,
+        description=(
+            "the file is rotated once it reaches this many bytes (audit.jsonl.1 is the newest rotated file)"
+        ),
+    )
+    backups: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=10, description="rotated files kept (audit.jsonl.1 to .N); the oldest goes at each rotation"
+    )
+    queue_size: Annotated[int, Field(ge=1)] = Field(
+        default=10_000,
+        description=(
+            "records waiting for the writer thread; nothing goes upstream until its record has a place here"
+        ),
+    )
+    max_wait_seconds: Annotated[float, Field(ge=0)] = Field(
+        default=5.0,
+        description=(
+            "how long a decision waits for a place in a full queue before it is denied with "
+            "internal_error; 0: no wait"
+        ),
+    )
     fsync: Literal["off", "per_batch"] = Field(
         default="off",
         description=(
@@ -150,7 +201,7 @@ class AuditConfig(_Strict):
             "its record is on disk; off: written by the writer thread at its pace, not fsynced"
         ),
     )
-    stdout: bool = False
+    stdout: bool = Field(default=False, description="also write every record to stdout, one JSON line each")
     # The fleet audit stream (used when `redis:` is set).
     stream_dedupe_ttl_seconds: Annotated[int, Field(ge=60)] = Field(
         default=86_400,
@@ -218,9 +269,15 @@ class DnsListenerConfig(_Strict):
     """The guests' DNS listener (UDP and TCP); the host redirects guests' port 53 to it.
     `host: "*"` listens on every address, IPv4 and IPv6."""
 
-    host: str = "127.0.0.1"
-    port: Port = 8053
-    max_ttl: Annotated[int, Field(ge=0)] = 300
+    host: str = Field(default="127.0.0.1", description="the address to listen on; '*': every address")
+    port: Port = Field(
+        default=8053,
+        description="UDP and TCP port; with N workers, worker i listens on port + i (so not 0 then)",
+    )
+    max_ttl: Annotated[int, Field(ge=0)] = Field(
+        default=300,
+        description="the longest TTL, in seconds, of an answer to a guest; a shorter resolved TTL is kept",
+    )
 
 
 class TransparentConfig(_Strict):
@@ -233,8 +290,16 @@ class TransparentConfig(_Strict):
             "not give it for that name (default: refuse with host_mismatch)"
         ),
     )
-    binding_min_ttl: Annotated[float, Field(ge=0)] = 30.0
-    binding_max_ttl: Annotated[float, Field(ge=0)] = 3600.0
+    binding_min_ttl: Annotated[float, Field(ge=0)] = Field(
+        default=30.0,
+        description=(
+            "seconds a name the gateway gave a sandbox (a DNS answer) stays bound to its addresses at "
+            "least, even past the answer's TTL: a client may connect a little after it ran out"
+        ),
+    )
+    binding_max_ttl: Annotated[float, Field(ge=0)] = Field(
+        default=3600.0, description="seconds such a binding is kept at most, whatever the answer's TTL"
+    )
 
 
 class CredentialsConfig(_Strict):
@@ -266,23 +331,52 @@ class CredentialsConfig(_Strict):
 class OpaServerConfig(_Strict):
     """An OPA server reached over its REST API (fleet mode)."""
 
-    url: str = "http://127.0.0.1:8181"
-    timeout_seconds: Annotated[float, Field(gt=0, le=30)] = 0.5
+    url: str = Field(
+        default="http://127.0.0.1:8181", description="the OPA server's base URL; used with engine: opa"
+    )
+    timeout_seconds: Annotated[float, Field(gt=0, le=30)] = Field(
+        default=0.5,
+        description=(
+            "seconds one call to the server may take; past it the decision fails closed (policy_error)"
+        ),
+    )
     token: str | None = Field(default=None, description="bearer token reference: env:VAR or file:PATH")
 
 
 class RegoCacheConfig(_Strict):
-    size: Annotated[int, Field(ge=0)] = 10_000
-    ttl_seconds: Annotated[float, Field(gt=0)] | None = None
+    """The decision cache in front of the Rego engine: verdicts keyed on the input fields a policy reads."""
+
+    size: Annotated[int, Field(ge=0)] = Field(
+        default=10_000, description="verdicts kept (the least recently used goes first); 0: no cache"
+    )
+    ttl_seconds: Annotated[float, Field(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "seconds a cached verdict is used; null: until the policy changes (embedded), 1 s (opa, "
+            "whose policy may change under the gateway)"
+        ),
+    )
 
 
 class RegoConfig(_Strict):
     """Which engine evaluates tenants' Rego (data.sandgate.decision)."""
 
-    engine: Literal["embedded", "opa"] = "embedded"
+    engine: Literal["embedded", "opa"] = Field(
+        default="embedded",
+        description=(
+            "embedded: evaluated in the gateway process, one compiled bundle per tenant; opa: asked of "
+            "the OPA server under rego.opa (policies pushed with `sandgate policy push`)"
+        ),
+    )
     opa: OpaServerConfig = Field(default_factory=OpaServerConfig)
     cache: RegoCacheConfig = Field(default_factory=RegoCacheConfig)
-    max_loaded_bundles: Annotated[int, Field(ge=1)] = 1_000
+    max_loaded_bundles: Annotated[int, Field(ge=1)] = Field(
+        default=1_000,
+        description=(
+            "tenants' compiled bundles the embedded engine keeps loaded (about 150 KB each; the least "
+            "recently used goes first, and is loaded again on its next use)"
+        ),
+    )
     bundle_store: str | None = Field(
         default=None, description="a 0700 folder for compiled bundles that outlives the process"
     )
@@ -296,14 +390,33 @@ class RedisConfig(_Strict):
         description="redis://host:port/db, rediss://... (TLS) or unix:///path/to/socket",
     )
     password: str | None = Field(default=None, description="reference: env:VAR or file:PATH")
-    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "sandgate:"
-    timeout_seconds: Annotated[float, Field(gt=0, le=30)] = 0.5
-    max_connections: Annotated[int, Field(ge=2, le=1024)] = 32
+    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = Field(
+        default="sandgate:",
+        description=(
+            "put before every key and channel name; gateways sharing a redis and a prefix are one "
+            "fleet, so one redis can hold several"
+        ),
+    )
+    timeout_seconds: Annotated[float, Field(gt=0, le=30)] = Field(
+        default=0.5,
+        description=(
+            "limit on connecting and on each command; a call past it fails and its caller fails "
+            "closed (deny, keep cached state, spool the audit)"
+        ),
+    )
+    max_connections: Annotated[int, Field(ge=2, le=1024)] = Field(
+        default=32, description="connections one pooled client of a gateway process may open to redis"
+    )
     max_staleness_seconds: Annotated[float, Field(gt=0)] = Field(
         default=300.0,
         description="how long sandboxes registered in redis are still served after redis is lost",
     )
-    audit_stream_maxlen: Annotated[int, Field(ge=1000)] = 1_000_000
+    audit_stream_maxlen: Annotated[int, Field(ge=1000)] = Field(
+        default=1_000_000,
+        description=(
+            "about how many entries the fleet audit stream (`<prefix>audit`) keeps; older ones are trimmed"
+        ),
+    )
     # The fleet registry and reload channel (proxy/fleet/registry_sync.py).
     gateway_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = Field(
         default=None,
@@ -437,13 +550,21 @@ class Http2Config(_Strict):
         default=200,
         description="streams the guest resets (or the gateway refuses) per window before GOAWAY and close",
     )
-    reset_window_seconds: Annotated[float, Field(gt=0, le=600)] = 10.0
+    reset_window_seconds: Annotated[float, Field(gt=0, le=600)] = Field(
+        default=10.0, description="the sliding window, in seconds, over which max_resets is counted"
+    )
 
 
 class AdminConfig(_Strict):
     """The admin API (and /metrics): a unix socket by default, never a guest-facing listener."""
 
-    enabled: bool = True
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "false: no admin API and no /metrics, so approvals.auto must stay off; `sandgate policy "
+            "reload` then sends SIGHUP and cannot confirm the outcome"
+        ),
+    )
     socket: str | None = Field(default=None, description="default: <state_dir>/admin.sock (mode 0600)")
     listen: str | None = Field(default=None, description="also serve on host:port (needs a token)")
     token: str | None = Field(
@@ -623,13 +744,34 @@ def _is_address(host: str) -> bool:
 
 
 class LogConfig(_Strict):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["json", "console"] = "console"
+    """The gateway's own log, on stderr (the audit trail is apart)."""
+
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="the least severe lines written"
+    )
+    format: Literal["json", "console"] = Field(
+        default="console",
+        description="console: lines for people; json: one JSON object a line, for log shippers",
+    )
 
 
 class ReloadConfig(_Strict):
-    watch: bool = True
-    interval_seconds: Annotated[float, Field(gt=0)] = 1.0
+    """When the policy is loaded again besides SIGHUP and `sandgate policy reload`."""
+
+    watch: bool = Field(
+        default=True,
+        description=(
+            "reload when a watched file (policy files, token files, the sandbox registry) changes "
+            "on disk; false: only on SIGHUP or `sandgate policy reload`"
+        ),
+    )
+    interval_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=1.0,
+        description=(
+            "how often the watched files are checked; also how often credentials' secrets are read "
+            "again and, on one machine, the stored-credentials file is polled"
+        ),
+    )
     # A changed file is loaded only after it held still this long (in-place writes pause).
     settle_seconds: Annotated[float, Field(ge=0)] = 1.0
 
@@ -645,7 +787,10 @@ class GatewayConfig(_Strict):
     host_rules: HostRulesConfig = Field(default_factory=HostRulesConfig)
     credentials: CredentialsConfig = Field(default_factory=CredentialsConfig)
     rego: RegoConfig = Field(default_factory=RegoConfig)
-    rules_dir: str = "rules"
+    rules_dir: str = Field(
+        default="rules",
+        description="the policy folder (base.yaml, presets/, tenants/); relative to the config file's folder",
+    )
     # All or nothing: any broken policy file stops the start and fails every reload. Off: a
     # broken tenant file takes only its own tenant (`sandgate run --strict` turns it on).
     strict_policy: bool = False

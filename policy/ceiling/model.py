@@ -60,7 +60,10 @@ class Region(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    id: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
+        default=None,
+        description="names the region in reports (`ceiling/regions/<id>`); unset: its index in the list",
+    )
     hosts: list[HostPattern] = Field(default_factory=list, description="exact hosts, '*.suffix' or '*'")
     cidrs: list[Network] = Field(default_factory=list, description="networks, e.g. 10.1.2.0/24")
     ports: Annotated[list[PortOrRange], Field(min_length=1)] | None = Field(
@@ -72,7 +75,7 @@ class Region(BaseModel):
     paths: Annotated[list[PathGlob], Field(min_length=1)] | None = Field(
         default=None, description="path globs: '*' within a segment, '**' across; default: every path"
     )
-    comment: str | None = None
+    comment: str | None = Field(default=None, description="a note for people; not read")
 
     @model_validator(mode="after")
     def _names_something(self) -> Region:
@@ -86,7 +89,7 @@ class CeilingFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    description: str | None = None
+    description: str | None = Field(default=None, description="what the ceiling is for; for people only")
     regions: list[Region] = Field(default_factory=list)
     always_human: list[Region] = Field(
         default_factory=list,

@@ -144,8 +144,16 @@ class _Strict(BaseModel):
 class HeaderInject(_Strict):
     """Set one header from a template: `{header: Authorization, format: "Bearer {secret}"}`."""
 
-    header: HeaderName
-    format: str = "{secret}"
+    header: HeaderName = Field(
+        description=(
+            "the header to set (a guest's copy is replaced); not one the gateway manages, such as "
+            "Host, Content-Length or Proxy-Authorization"
+        )
+    )
+    format: str = Field(
+        default="{secret}",
+        description="the header's value, where `{secret}` (exactly once) stands for the secret",
+    )
 
     @model_validator(mode="after")
     def _format_ok(self) -> HeaderInject:
@@ -156,7 +164,14 @@ class HeaderInject(_Strict):
 class BasicSpec(_Strict):
     """`username` given: the secret is the password. Absent: the secret holds `user:password`."""
 
-    username: str | None = Field(default=None, min_length=1, max_length=256)
+    username: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description=(
+            "the user name (no ':'); the secret is then the password. Unset: the secret holds `user:password`"
+        ),
+    )
 
     @model_validator(mode="after")
     def _username_ok(self) -> BasicSpec:
@@ -174,24 +189,59 @@ class BasicInject(_Strict):
 class QueryInject(_Strict):
     """Set one query parameter: `{query: api_key}`."""
 
-    query: str = Field(pattern=_QUERY_NAME.pattern)
+    query: str = Field(
+        pattern=_QUERY_NAME.pattern,
+        description=(
+            "the query parameter set to the secret (in place of the value the guest sent, the placeholder)"
+        ),
+    )
 
 
 class BodyInject(_Strict):
     """Replace the placeholder inside the request body (JSON, form or text), up to `max_bytes`."""
 
-    body: Literal[True]
-    max_bytes: int = Field(default=1 << 20, ge=1, le=64 << 20)
+    body: Literal[True] = Field(
+        description=(
+            "replace this credential's placeholder wherever it stands raw in the body (encoded for its "
+            "content type)"
+        )
+    )
+    max_bytes: int = Field(
+        default=1 << 20,
+        ge=1,
+        le=64 << 20,
+        description=(
+            "the largest body, in bytes, the placeholder is replaced in; a larger one carrying it: "
+            "body_too_large"
+        ),
+    )
 
 
 class AwsSigV4Spec(_Strict):
     """Re-sign AWS SigV4: the secret is the secret access key (or `KEYID:SECRET` without a key id)."""
 
-    region: str = Field(pattern=_AWS_NAME.pattern)
-    service: str = Field(pattern=_AWS_NAME.pattern)
-    access_key_id: str | None = Field(default=None, pattern=_AWS_KEY_ID.pattern)
-    access_key_id_ref: SecretRefText | None = None
-    session_token_ref: SecretRefText | None = None
+    region: str = Field(pattern=_AWS_NAME.pattern, description="the AWS region the request is signed for")
+    service: str = Field(
+        pattern=_AWS_NAME.pattern, description="the AWS service name the request is signed for (s3, sts, ...)"
+    )
+    access_key_id: str | None = Field(
+        default=None,
+        pattern=_AWS_KEY_ID.pattern,
+        description="the access key id, written out (it is not secret); not with access_key_id_ref",
+    )
+    access_key_id_ref: SecretRefText | None = Field(
+        default=None,
+        description=(
+            "a reference to the access key id (env:NAME, file:PATH, cmd:PROGRAM ARGS or stored:NAME), "
+            "read like a secret. Neither this nor access_key_id: the secret holds `KEYID:SECRET`"
+        ),
+    )
+    session_token_ref: SecretRefText | None = Field(
+        default=None,
+        description=(
+            "a reference to a session token (temporary credentials), sent as X-Amz-Security-Token and signed"
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_key_id(self) -> AwsSigV4Spec:
@@ -207,17 +257,64 @@ class AwsSigV4Inject(_Strict):
 class OAuth2Spec(_Strict):
     """An OAuth2 access token from `token_url` (client credentials, or a refresh token), cached."""
 
-    grant: Literal["client_credentials", "refresh_token"] = "client_credentials"
-    token_url: TokenUrl
-    client_id: str = Field(min_length=1, max_length=512)
-    client_secret: SecretRefText | None = None
-    refresh_token: SecretRefText | None = None
-    scope: str | None = Field(default=None, min_length=1, max_length=2048)
-    client_auth: Literal["basic", "post"] = "basic"
-    header: HeaderName = "Authorization"
-    format: str = "Bearer {token}"
-    skew_seconds: float = Field(default=60.0, ge=0, le=3600)
-    default_expires_in: float = Field(default=300.0, gt=0, le=86400)
+    grant: Literal["client_credentials", "refresh_token"] = Field(
+        default="client_credentials",
+        description=(
+            "client_credentials: a token for the client itself (needs client_secret); refresh_token: "
+            "a token for refresh_token (a new refresh token the server returns is used next)"
+        ),
+    )
+    token_url: TokenUrl = Field(
+        description=(
+            "the token endpoint: https (plain http only to a loopback address), no userinfo or fragment"
+        )
+    )
+    client_id: str = Field(min_length=1, max_length=512, description="the client id (not secret)")
+    client_secret: SecretRefText | None = Field(
+        default=None,
+        description=(
+            "a reference to the client secret (env:NAME, file:PATH, cmd:PROGRAM ARGS or stored:NAME); "
+            "required with grant client_credentials"
+        ),
+    )
+    refresh_token: SecretRefText | None = Field(
+        default=None,
+        description=(
+            "a reference to the refresh token; required with grant refresh_token, refused with the other"
+        ),
+    )
+    scope: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2048,
+        description="the scope asked of the token endpoint; unset: none asked (the server's default)",
+    )
+    client_auth: Literal["basic", "post"] = Field(
+        default="basic",
+        description=(
+            "how the client authenticates at the token endpoint: basic (an Authorization header) or "
+            "post (client_id and client_secret in the form body)"
+        ),
+    )
+    header: HeaderName = Field(default="Authorization", description="the header the access token is set in")
+    format: str = Field(
+        default="Bearer {token}",
+        description="the header's value, where `{token}` (exactly once) stands for the access token",
+    )
+    skew_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description=(
+            "a token is replaced this many seconds before it expires (at the latest halfway through its life)"
+        ),
+    )
+    default_expires_in: float = Field(
+        default=300.0,
+        gt=0,
+        le=86400,
+        description="seconds a token is taken to live when the endpoint's answer has no expires_in",
+    )
 
     @model_validator(mode="after")
     def _grant_inputs(self) -> OAuth2Spec:
@@ -238,17 +335,53 @@ class OAuth2Inject(_Strict):
 class GitHubAppSpec(_Strict):
     """A GitHub App installation token, minted with a JWT signed by the app's private key."""
 
-    app_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
-    private_key: SecretRefText
-    installation_id: int = Field(ge=1)
-    api_url: TokenUrl = "https://api.github.com"
-    repositories: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,100}$")], ...] | None = None
+    app_id: Annotated[
+        str,
+        Field(
+            pattern=r"^[A-Za-z0-9._-]{1,64}$",
+            description=(
+                "the GitHub App's id, the issuer of the JWTs that buy its tokens; a number is read as text"
+            ),
+        ),
+    ]
+    private_key: SecretRefText = Field(
+        description=(
+            "a reference to the app's private key, an unencrypted RSA PEM (env:NAME, file:PATH, cmd:PROGRAM "
+            "ARGS or stored:NAME); read at every mint"
+        )
+    )
+    installation_id: int = Field(ge=1, description="the installation whose tokens are minted")
+    api_url: TokenUrl = Field(
+        default="https://api.github.com",
+        description="the GitHub API's base URL; a GitHub Enterprise Server's `https://HOST/api/v3`",
+    )
+    repositories: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,100}$")], ...] | None = Field(
+        default=None,
+        description="repository names the token is limited to; unset: every repository of the installation",
+    )
     permissions: (
         dict[Annotated[str, Field(pattern=r"^[a-z_]{1,64}$")], Literal["read", "write", "admin"]] | None
-    ) = None
-    header: HeaderName = "Authorization"
-    format: str = "Bearer {token}"
-    skew_seconds: float = Field(default=300.0, ge=0, le=3000)
+    ) = Field(
+        default=None,
+        description=(
+            "permissions the token is limited to (name → read, write or admin); unset: the installation's"
+        ),
+    )
+    header: HeaderName = Field(
+        default="Authorization", description="the header the installation token is set in"
+    )
+    format: str = Field(
+        default="Bearer {token}",
+        description="the header's value, where `{token}` (exactly once) stands for the installation token",
+    )
+    skew_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        le=3000,
+        description=(
+            "a token is replaced this many seconds before it expires (at the latest halfway through its life)"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -305,15 +438,50 @@ class Credential(_Strict):
     every request that matches the binding. `plaintext: true` allows injection over `http://`.
     """
 
-    name: str = Field(pattern=NAME_PATTERN)
-    secret: SecretRefText | None = None
-    hosts: tuple[HostPattern, ...] = Field(min_length=1)
-    ports: tuple[Port, ...] = Field(default=(443,), min_length=1)
-    plaintext: bool = False
-    paths: tuple[PathPrefix, ...] | None = Field(default=None, min_length=1)
-    methods: tuple[Method, ...] | None = Field(default=None, min_length=1)
-    inject: Inject
-    apply: Literal["placeholder", "always"] = "placeholder"
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        description=(
+            "the credential's name, unique in its tenant: in audit records, and the guest variable "
+            "SANDGATE_<NAME> unless env says otherwise"
+        ),
+    )
+    secret: SecretRefText | None = Field(
+        default=None,
+        description=(
+            "where the secret is read: env:NAME, file:PATH (relative to this file), cmd:PROGRAM ARGS or "
+            "stored:NAME (this tenant's stored value). Not for oauth2 and github_app, which name theirs "
+            "in inject"
+        ),
+    )
+    hosts: tuple[HostPattern, ...] = Field(
+        min_length=1,
+        description="hosts it is injected for, exact or '*.suffix' (never '*'); they are always intercepted",
+    )
+    ports: tuple[Port, ...] = Field(default=(443,), min_length=1, description="ports it is injected for")
+    plaintext: bool = Field(
+        default=False,
+        description="also inject into plain http:// requests, where the secret crosses the wire unencrypted",
+    )
+    paths: tuple[PathPrefix, ...] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "path prefixes it is injected under (`/v1` covers /v1 and /v1/..., not /v10); unset: every path"
+        ),
+    )
+    methods: tuple[Method, ...] | None = Field(
+        default=None, min_length=1, description="HTTP methods it is injected for; unset: every method"
+    )
+    inject: Inject = Field(
+        description="how: exactly one of header, basic, query, body, aws_sigv4, oauth2, github_app"
+    )
+    apply: Literal["placeholder", "always"] = Field(
+        default="placeholder",
+        description=(
+            "placeholder: only into a request that carries this credential's placeholder where the "
+            "injector looks; always: into every request inside the binding (not for body)"
+        ),
+    )
     # The guest environment variable that receives this credential's placeholder (sandgate jail).
     env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 

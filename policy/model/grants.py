@@ -303,7 +303,7 @@ class _GrantShape(BaseModel):
 
     id: Annotated[str, Field(pattern=APPROVAL_ID, description="the approval (access request) id")]
     host: Annotated[str, AfterValidator(_check_host), Field(description="one exact host")]
-    port: Annotated[int, Field(ge=1, le=65535)]
+    port: Annotated[int, Field(ge=1, le=65535, description="the one port it allows")]
 
 
 class GrantEntry(_GrantShape):
@@ -347,9 +347,15 @@ class GrantsFileEntry(_GrantShape):
         validate_default=True,
         description='path globs, or ["*"] for every path, as sent (required)',
     )
-    approved_by: Annotated[str, Field(max_length=200)] | None = None
-    approved_at: _Time | None = None
-    reason: Annotated[str, Field(max_length=2000)] | None = None
+    approved_by: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None, description="who approved it; carried into the grant's audit records"
+    )
+    approved_at: _Time | None = Field(
+        default=None, description="when it was approved (UTC, like 2026-12-01T22:40:00Z)"
+    )
+    reason: Annotated[str, Field(max_length=2000)] | None = Field(
+        default=None, description="why, as the approver wrote it; carried into the grant's audit records"
+    )
     expires: _Time | None = Field(default=None, description="when it stops allowing (UTC); none: never")
 
     @field_validator("methods", mode="after")
@@ -376,7 +382,15 @@ class GrantsFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tenant: Annotated[str, Field(pattern=NAME_PATTERN)]
+    tenant: Annotated[
+        str,
+        Field(
+            pattern=NAME_PATTERN,
+            description=(
+                "the tenant the grants are for: the one the file is named after (`<tenant>.grants.yaml`)"
+            ),
+        ),
+    ]
     grants: list[GrantsFileEntry] = Field(default_factory=list)
 
 

@@ -102,7 +102,13 @@ RegoPath = Annotated[str, AfterValidator(check_rego_path)]
 class Rule(_Strict):
     """One allow or deny entry: hosts and/or CIDRs, with optional ports, methods and paths."""
 
-    id: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    id: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
+        default=None,
+        description=(
+            "names the rule in decisions and audit records (rule_id `<owner>/<list>/<id>`, e.g. "
+            "`demo/allow/api-read`, `base/deny/<id>`); unset: its index in the list"
+        ),
+    )
     hosts: list[HostPattern] = Field(
         default_factory=list,
         description=(
@@ -139,7 +145,7 @@ class Rule(_Strict):
             "Every other Upgrade is refused"
         ),
     )
-    comment: str | None = None
+    comment: str | None = Field(default=None, description="a note for people; the gateway does not read it")
 
     @model_validator(mode="after")
     def _shape(self) -> Rule:
@@ -164,7 +170,16 @@ class Rule(_Strict):
 class SandboxEntry(_Strict):
     """A sandbox of this tenant and how it proves who it is."""
 
-    id: Annotated[str, Field(pattern=NAME_PATTERN)]
+    id: Annotated[
+        str,
+        Field(
+            pattern=NAME_PATTERN,
+            description=(
+                "the sandbox's id, unique across every tenant file and the sandbox registry; the user "
+                "name of its Proxy-Authorization (`id:token`) on the explicit proxy"
+            ),
+        ),
+    ]
     token: str | None = Field(
         default=None,
         description=(
@@ -235,8 +250,24 @@ class Limits(_Strict):
 class TenantFile(_Strict):
     """One tenant: who its sandboxes are and where they may go."""
 
-    tenant: Annotated[str, Field(pattern=NAME_PATTERN)]
-    mode: Literal["enforce", "report"] = "enforce"
+    tenant: Annotated[
+        str,
+        Field(
+            pattern=NAME_PATTERN,
+            description=(
+                "the tenant's name, in rule ids, audit records and metrics; name the file after it "
+                "(`<tenant>.yaml`: another file name loads, with a note)"
+            ),
+        ),
+    ]
+    mode: Literal["enforce", "report"] = Field(
+        default="enforce",
+        description=(
+            "report: what the tenant's own deny, allow and Rego rules would refuse is let through and "
+            "recorded as would_deny; identity, the address guard, the base deny rules and limits "
+            "still hold"
+        ),
+    )
     include: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
         default_factory=list, description="presets from rules/presets/ whose allow rules apply"
     )
@@ -288,15 +319,18 @@ class TenantFile(_Strict):
 class PresetFile(_Strict):
     """A named set of allow rules that tenants include."""
 
-    preset: Annotated[str, Field(pattern=NAME_PATTERN)]
-    description: str | None = None
+    preset: Annotated[
+        str,
+        Field(pattern=NAME_PATTERN, description="the preset's name, as tenants list it in `include`"),
+    ]
+    description: str | None = Field(default=None, description="what the preset is for; for people only")
     allow: list[Rule] = Field(default_factory=list)
 
 
 class BaseFile(_Strict):
     """The operator's base: deny rules that hold for every tenant, whatever it allows."""
 
-    description: str | None = None
+    description: str | None = Field(default=None, description="what the base is for; for people only")
     deny: list[Rule] = Field(default_factory=list)
 
     @model_validator(mode="after")

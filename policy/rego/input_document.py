@@ -185,7 +185,7 @@ class DestInput(_Model):
     """Where the request goes."""
 
     host: str = Field(description="normalised host: lowercase A-labels, or a canonical IP literal")
-    port: int = Field(ge=1, le=65535)
+    port: int = Field(ge=1, le=65535, description="the destination port")
     ip: str | None = Field(description="the address the gateway resolved, checked and will dial")
     sni: str | None = Field(description="the TLS ClientHello SNI, when known")
     scheme: Literal["http", "https"] | None = Field(description="null at phase connect")
@@ -194,7 +194,7 @@ class DestInput(_Model):
 class RequestInput(_Model):
     """The HTTP request; every field is null (headers and query empty) at phase connect."""
 
-    method: str | None
+    method: str | None = Field(description="the HTTP method, in upper case")
     path: str | None = Field(description="normalised path without the query")
     query: dict[str, list[str]] = Field(description="name → values; secret-looking values REDACTED")
     headers: dict[str, str] = Field(
@@ -206,10 +206,15 @@ class RequestInput(_Model):
 class InputDocument(_Model):
     """The input of `data.sandgate.decision` (version 1)."""
 
-    version: Literal[1]
-    phase: Literal["connect", "tls", "request"]
-    tenant: str
-    sandbox: str
+    version: Literal[1] = Field(description="the version of this document's contract")
+    phase: Literal["connect", "tls", "request"] = Field(
+        description=(
+            "connect: a CONNECT or a new transparent connection; tls: its ClientHello; request: each HTTP "
+            "request"
+        )
+    )
+    tenant: str = Field(description="the tenant's name (from the sandbox's identity, never from the request)")
+    sandbox: str = Field(description="the sandbox id")
     client: str | None = Field(description="the guest's address")
     dest: DestInput
     request: RequestInput
