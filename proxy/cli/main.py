@@ -4,9 +4,14 @@ Each command's module is imported inside `_dispatch`, so a command loads only it
 `--version` and `status` do not pay for mitmproxy, regopy or opa_client, which only `run`,
 `ca`, `jail` and `policy` use (tests/proxy/cli/test_startup_cost.py keeps it so).
 
-Exit codes: 0 ok, 1 policy test failure or denied explain, a listener that cannot start (or
-a state folder another gateway holds), a gateway that does not serve (`status`) or does not
-stop (`stop`), 2 usage or invalid input.
+Exit codes: 0 ok; 1 a policy test failure or a denied explain, a listener that cannot start
+(or a state folder another gateway holds), a gateway that does not serve (`status`), none to
+stop or one that does not stop (`stop`), none to reload or a fleet gateway that did not reload
+(`policy reload`); 2 usage or invalid input (a broken policy or config), and no gateway
+answering for `requests` and `policy status`. `jail` exits with its command's exit code. A
+command's description says what else its 1 means (a refused push, a rule outside the ceiling,
+an unknown request). A reader that closes the pipe early (`| head`) ends any command quietly,
+with exit 0, as `audit` commands always did.
 """
 
 from __future__ import annotations
@@ -23,8 +28,6 @@ from sandgate.proxy.errors import ConfigError
 __all__ = ["main"]
 
 EXIT_USAGE = 2
-# A reader that went away (`sandgate audit query | head`): what a shell reports for SIGPIPE.
-EXIT_BROKEN_PIPE = 128 + 13
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # there, so stdout goes to /dev/null first. (SIG_DFL for SIGPIPE would be simpler, but
         # `run` must never die of a write to a guest that hung up.)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
+        return 0
 
 
 def _dispatch(args: argparse.Namespace) -> int:

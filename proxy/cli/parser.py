@@ -23,17 +23,33 @@ type Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 def build_parser() -> argparse.ArgumentParser:
     """The whole `sandgate` argument tree."""
     p = argparse.ArgumentParser(prog="sandgate", description="Egress gateway for AI-agent code sandboxes.")
-    p.add_argument("--version", action="version", version=version_line(), help="print the version and exit")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=version_line(),
+        help="print the versions of sandgate, mitmproxy and Python, and exit",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the gateway")
+    run = sub.add_parser(
+        "run",
+        help="run the gateway",
+        description="Once the gateway serves, it logs `gateway.ready` (version, listeners as "
+        "mode@host:port, policy version, tenant and sandbox counts and ids, CA certificate, audit "
+        "file, admin addresses) and, with a console log or when stderr is a terminal, prints them "
+        "there as a block, with how each sandbox reaches it (the block Getting started shows). A "
+        "listener that cannot be bound (proxy, transparent, DNS, the admin socket or admin.listen) "
+        "is one line naming it, its address and why, and exit 1; so is a state folder another "
+        "gateway holds (`state_dir ... is in use by the gateway with pid N`). An invalid config, or "
+        "a policy it cannot start with, is exit 2.",
+    )
     run.add_argument("--config", type=Path, help="gateway config (YAML); default: embedded defaults")
     run.add_argument(
         "--port",
         type=_port,
         metavar="N",
         help="the explicit proxy listener's port (the config's one `mode: regular` listener); "
-        "0: any free port",
+        "0: any free port; refused (exit 2) when the config has none or several",
     )
     run.add_argument(
         "--workers",
@@ -45,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--strict",
         action="store_true",
-        help="refuse to start (and to reload) when any policy file is broken; default: a broken "
-        "tenant file takes only its own tenant",
+        help="refuse to start when any policy file is broken, and refuse such a reload whole (the "
+        "policy in force stays); default: a broken tenant file takes only its own tenant",
     )
 
     ca = sub.add_parser("ca", help="the gateway's certificate authority")
@@ -92,9 +108,22 @@ def _add_status(sub: Subparsers) -> None:
     p = sub.add_parser(
         "status",
         help="whether the local gateway serves (exit 0) or not (1); --wait until it does",
+        description="The gateway serves when its admin API answers /readyz with 200: the policy "
+        "loaded, every listener bound, redis answering (with redis:) and every worker ready; with "
+        "admin.enabled: false, its status file answers instead. When it does not serve, one line on "
+        "stderr says why (`is starting` while a gateway holds the state folder's lock but does not "
+        "answer yet). It names the gateway's pid, the one `sandgate stop` signals: with workers the "
+        "supervisor's, as `(pid N, the supervisor of 2 workers)`, and a `workers:` line gives each "
+        "worker's index and pid. In JSON, status.pid is that pid and status.workers the workers "
+        "(with the admin API off, status.worker_pids).",
     )
-    p.add_argument("--config", type=Path, help="the gateway's config (its admin socket and state_dir)")
-    p.add_argument("--wait", action="store_true", help="wait until the gateway serves")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="the gateway's config (its admin socket and state_dir; without it, the gateway of "
+        "$SANDGATE_HOME, else ~/.sandgate)",
+    )
+    p.add_argument("--wait", action="store_true", help="poll until the gateway serves, or --timeout passes")
     p.add_argument(
         "--timeout",
         type=float,
@@ -110,6 +139,10 @@ def _add_stop(sub: Subparsers) -> None:
     p = sub.add_parser(
         "stop",
         help="stop the local gateway (SIGTERM to it, or to its workers' supervisor) and wait until it exited",
+        description="The gateway is the process that holds its state folder's lock (the supervisor "
+        "with workers, else the gateway itself); it drains before it exits. Exit 0 once it is gone "
+        "(`stopped: gateway (pid N)`); 1 when no gateway runs on the state folder, it cannot be "
+        "signalled (it runs as another user) or it still runs after --timeout.",
     )
     p.add_argument("--config", type=Path, help="the gateway's config (its state_dir)")
     p.add_argument(
@@ -124,7 +157,15 @@ def _add_stop(sub: Subparsers) -> None:
 
 def _add_requests(sub: Subparsers) -> None:
     """`requests list|show|approve|deny|grants|revoke`."""
-    req = sub.add_parser("requests", help="requests held for a decision (ask rules): list, approve, deny")
+    req = sub.add_parser(
+        "requests",
+        help="requests held for a decision (ask rules): list, approve, deny",
+        description="Requests held by ask rules (or proposed from inside a sandbox), and the grants "
+        "approvals made, through the running gateway's admin API. approve, deny and revoke record "
+        "the operating-system user who runs them as `by`. Exit 1: no such request or grant, or it "
+        "was already decided; 2: no gateway answers, or usage (a scope the request cannot take, a "
+        "bad --ttl). See Approvals in the manual.",
+    )
     req_sub = req.add_subparsers(dest="requests_command", required=True)
     ls = req_sub.add_parser("list", help="the requests held now (and those whose client hung up)")
     show = req_sub.add_parser("show", help="one request, held or decided")
@@ -161,7 +202,16 @@ def _add_requests(sub: Subparsers) -> None:
 
 def _add_sandbox(sub: Subparsers) -> None:
     """Add the `sandbox` and `jail` subcommands."""
-    sb = sub.add_parser("sandbox", help="register sandboxes and their host rules (needs root)")
+    sb = sub.add_parser(
+        "sandbox",
+        help="register sandboxes and their host rules (an interface needs root)",
+        description="A sandbox is registered on a host interface, with nftables rules for it (root), "
+        "or by proxy token, or both; update and add --replace change one in place. add, update and "
+        "remove go through the running gateway's admin API when one answers; else they write the "
+        "registry (<state_dir>/sandboxes.json, or redis with redis:), which the gateway reads at its "
+        "next reload. Exit 2 for an id that is not registered (a tenant file's sandbox changes in "
+        "its file).",
+    )
     sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
     add = sb_sub.add_parser(
         "add", help="register a sandbox (on a host interface, by proxy token, or both) and install its rules"
@@ -206,15 +256,27 @@ def _add_sandbox(sub: Subparsers) -> None:
     rm.add_argument("id")
     rm.add_argument("--config", type=Path)
     ls = sb_sub.add_parser(
-        "list", help="every sandbox the gateway knows (tenant files and registry), how it is identified"
+        "list",
+        help="every sandbox the gateway knows (tenant files and registry), how it is identified",
+        description="One row per sandbox: its tenant, how it is identified (its token's reference, "
+        "never the token; its interface and addresses) and where it is defined (file:line, "
+        "`registry <path>`, `redis`); `no sandboxes` when there are none. From the running gateway "
+        "(/v1/status); without one, from the rules directory and the registry as a gateway started "
+        "now would load them, with a note on stderr that says so and names the tenant files that do "
+        "not load.",
     )
     ls.add_argument("--config", type=Path)
     ls.add_argument("--format", choices=("text", "json"), default="text")
 
     jail = sub.add_parser(
-        "jail", help="run a command in a fresh network namespace behind the gateway (needs root)"
+        "jail",
+        help="run a command in a fresh network namespace behind the gateway (needs root)",
+        description="The namespace is a sandbox of the tenant for as long as the command runs, "
+        "through the gateway of the config's state folder (a private one is started when none "
+        "runs); everything is undone when the command ends. Exits with the command's exit code "
+        "(128+N when signal N ended it).",
     )
-    jail.add_argument("--tenant")
+    jail.add_argument("--tenant", help="the sandbox's tenant (default: the only tenant, when there is one)")
     jail.add_argument("--sandbox", help="sandbox id (default: jail-<random>)")
     jail.add_argument("--config", type=Path)
     jail.add_argument(
@@ -225,10 +287,22 @@ def _add_sandbox(sub: Subparsers) -> None:
 def _add_credentials(sub: Subparsers) -> None:
     """`credentials` and its subcommands."""
     creds = sub.add_parser(
-        "credentials", help="credential placeholders; values in the running gateway's store"
+        "credentials",
+        help="credential placeholders; values in the running gateway's store",
+        description="Stored values are sealed at rest. set, rotate, remove and list go through the "
+        "running gateway's admin API when one answers, else straight to the store (redis with "
+        "redis:, else <state_dir>/credentials.sealed.json); rekey always works on the store itself. "
+        "A value is read from --from-env VAR, a prompt that does not echo on a terminal, or stdin; "
+        "never from the command line, and it is never printed back.",
     )
     creds_sub = creds.add_subparsers(dest="credentials_command", required=True)
-    ph = creds_sub.add_parser("placeholders", help="a sandbox's placeholders, as environment assignments")
+    ph = creds_sub.add_parser(
+        "placeholders",
+        help="a sandbox's placeholders, as environment assignments",
+        description="One VAR=value line per credential of the sandbox's tenant (VAR: the "
+        "credential's env, else SANDGATE_<NAME>), for the sandbox's environment; from the config's "
+        "rules directory and registry file.",
+    )
     ph.add_argument("--sandbox", required=True)
     ph.add_argument("--config", type=Path)
     ph.add_argument("--format", choices=("env", "json"), default="env")
@@ -242,7 +316,9 @@ def _add_credentials(sub: Subparsers) -> None:
         c.add_argument("name", help="the credential name (tenant files reference it as stored:NAME)")
         c.add_argument("--from-env", metavar="VAR", help="read the value from this environment variable")
         c.add_argument("--config", type=Path)
-    rm = creds_sub.add_parser("remove", help="delete a stored credential value")
+    rm = creds_sub.add_parser(
+        "remove", help="delete a stored credential value", description="Exit 1 when it is not set."
+    )
     rm.add_argument("--tenant", required=True)
     rm.add_argument("name")
     rm.add_argument("--config", type=Path)
@@ -268,13 +344,33 @@ def _add_audit(sub: Subparsers) -> None:
 
     tail = audit_sub.add_parser("tail", help="the last records, optionally following new ones")
     tail.add_argument("-n", "--lines", type=_count(0), default=10, metavar="N", help="how many (default 10)")
-    tail.add_argument("-f", "--follow", action="store_true", help="keep printing records as they are written")
-    query = audit_sub.add_parser("query", help="records matching filters, oldest first")
+    tail.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing records as they are written, across rotations; SIGINT or SIGTERM ends it "
+        "with exit 0, also as a background job",
+    )
+    query = audit_sub.add_parser(
+        "query",
+        help="records matching filters, oldest first",
+        description="Files are read line by line, in bounded memory whatever their size (a 1 GB trail too).",
+    )
     query.add_argument("--limit", type=_count(1), metavar="N", help="stop after N records")
-    stats = audit_sub.add_parser("stats", help="per tenant: counts by decision and reason, top denials")
+    stats = audit_sub.add_parser(
+        "stats",
+        help="per tenant: counts by decision and reason, top denials",
+        description="The top lists are of denied hosts and denial reasons (deny and would_deny). "
+        "Then per sandbox, its approvals: asks by outcome, the time held (p50, p99, max), grants made.",
+    )
     stats.add_argument("--top", type=_count(1), default=10, metavar="N", help="entries in top lists (10)")
     suggest = audit_sub.add_parser(
-        "suggest", help="allow rules (YAML, to review) that would permit a sandbox's repeated denials"
+        "suggest",
+        help="allow rules (YAML, to review) that would permit a sandbox's repeated denials",
+        description="Printed, never applied: nothing writes a policy file. Only denials a missing "
+        "allow rule explains are used (host_not_allowed, port_not_allowed, method_not_allowed, "
+        "path_not_allowed); for private_address denials it prints, as comments, the change to the "
+        "operator's gateway config (address_guard) plus the tenant's cidr rule.",
     )
     suggest.add_argument("--min-count", type=_count(1), default=2, metavar="N", help="denials per rule (2)")
     for p in (tail, query, stats, suggest):
@@ -355,28 +451,48 @@ def _add_policy(sub: Subparsers) -> None:
 
     check = pol_sub.add_parser(
         "check",
-        help="validate rules directories, tenant/preset/base files, .rego modules and test case files",
+        help="validate rules directories, tenant/preset/grants/base files, .rego modules and test case files",
+        description="A tenant, preset, grants or base file is checked in the rules directory it will "
+        "join (see --rules), as if it were there already. A folder that defines no tenant is an "
+        "error. Cidrs the address guard never opens get a warning, which does not fail the check.",
     )
     check.add_argument(
-        "paths", type=Path, nargs="*", metavar="PATH", help="default: --config's rules_dir, else rules"
+        "paths",
+        type=Path,
+        nargs="*",
+        metavar="PATH",
+        help="default: the --rules directory, else --config's rules_dir, else rules",
     )
     check.add_argument(
         "--rules",
         type=Path,
         metavar="DIR",
-        help="the rules directory a tenant, preset or base file will join, checked with it in place "
-        "(default: --config's rules_dir, else the one the file is in, else rules)",
+        help="the rules directory a tenant, preset, grants or base file will join, checked with it in "
+        "place (default: --config's rules_dir, else the one the file is in, else rules)",
     )
-    _guard_config(check)
+    _guard_config(
+        check,
+        "the gateway config whose address_guard the warnings check cidrs against (default: its "
+        "ranges unknown, and the warnings say so)",
+    )
     _format(check)
 
     test = pol_sub.add_parser("test", help="run Rego test_ rules and YAML test cases")
     test.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
     test.add_argument("-v", "--verbose", action="store_true", help="list every test, not only failures")
-    _guard_config(test)
+    _guard_config(
+        test,
+        "the gateway config whose address_guard applies, and whose resolver.hosts answer for names a "
+        "case file does not list (default: a guard that opens no range)",
+    )
     _format(test)
 
-    exp = pol_sub.add_parser("explain", help="the decision for one request, step by step")
+    exp = pol_sub.add_parser(
+        "explain",
+        help="the decision for one request, step by step",
+        description="The decision, then each step of the evaluation order (with Rego, its modules "
+        "and the input document).",
+    )
     exp.add_argument("method", metavar="METHOD", help="GET, POST, ... or CONNECT")
     exp.add_argument("url", metavar="URL", help="https://host/path?query, or host:port for CONNECT")
     exp.add_argument("--tenant", help="the tenant (default: the sandbox's)")
@@ -388,14 +504,22 @@ def _add_policy(sub: Subparsers) -> None:
     exp.add_argument(
         "--resolve", action="append", default=[], metavar="HOST=IP", help="resolve HOST to IP (repeatable)"
     )
-    _guard_config(exp)
+    _guard_config(
+        exp,
+        "the gateway config whose address_guard and whole resolver: section apply, after --resolve "
+        "(default: a guard that opens no range, the system's resolver)",
+    )
     _format(exp)
 
     schema = pol_sub.add_parser("schema", help="JSON Schema of tenant files (or of the Rego input)")
     schema.add_argument("--input", action="store_true", help="the Rego input document instead")
     _format(schema)
 
-    push = pol_sub.add_parser("push", help="upload Rego modules and tenant data to an OPA server")
+    push = pol_sub.add_parser(
+        "push",
+        help="upload Rego modules and tenant data to an OPA server",
+        description="Exit 1 when the OPA server refuses the push.",
+    )
     push.add_argument("rules_dir", type=Path, nargs="?", default=Path("rules"))
     push.add_argument("--url", required=True, help="the OPA server, e.g. http://127.0.0.1:8181")
     push.add_argument("--token-env", help="environment variable holding the server's bearer token")
@@ -403,7 +527,14 @@ def _add_policy(sub: Subparsers) -> None:
     push.add_argument("--keep", action="store_true", help="keep sandgate/ policies this push does not have")
     _format(push)
 
-    prove = pol_sub.add_parser("prove", help="any request the tenants' rules allow outside the ceiling")
+    prove = pol_sub.add_parser(
+        "prove",
+        help="any request the tenants' rules allow outside the ceiling",
+        description="Each rule that allows requests outside the operator's ceiling, with a "
+        "counter-example. Exit 0: every rule stays inside; 1: something is outside (or could not be "
+        "decided); 2: a ceiling or policy that does not load. See Proving a ceiling in the manual's "
+        "Approvals page.",
+    )
     prove.add_argument("paths", type=Path, nargs="*", metavar="PATH", help="default: rules")
     prove.add_argument("--ceiling", type=Path, metavar="FILE", help="default: PATH/ceiling.yaml")
     prove.add_argument("--config", type=Path, metavar="FILE", help="no PATH: this gateway config's rules")
@@ -413,13 +544,9 @@ def _add_policy(sub: Subparsers) -> None:
     _add_policy_admin(pol_sub)
 
 
-def _guard_config(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="the gateway config whose address_guard applies (default: a guard that opens no range)",
-    )
+def _guard_config(p: argparse.ArgumentParser, help_: str) -> None:
+    """`--config FILE`: the gateway config, with what of it this command uses."""
+    p.add_argument("--config", type=Path, metavar="FILE", help=help_)
 
 
 def _format(p: argparse.ArgumentParser) -> None:
@@ -428,9 +555,26 @@ def _format(p: argparse.ArgumentParser) -> None:
 
 def _add_policy_admin(pol_sub: Subparsers) -> None:
     """`policy reload` and `policy status` (the running gateway's)."""
-    reload = pol_sub.add_parser("reload", help="reload the running gateway's policy now")
-    reload.add_argument("--config", type=Path)
-    _format(reload)
-    status = pol_sub.add_parser("status", help="the running gateway's policy version, listeners, reloads")
-    status.add_argument("--config", type=Path)
-    _format(status)
+    reload = pol_sub.add_parser(
+        "reload",
+        help="reload the running gateway's policy now",
+        description="Goes through the gateway's admin API and waits for its answer: the version now in "
+        "force and the one before, or the refusal with file:line errors (exit 2; the policy in force "
+        "stays). A reload that leaves a broken tenant file out is exit 2 too. With redis: every "
+        "gateway of the fleet reloads and each one's answer is shown (exit 1 when one refused, left a "
+        "file out or did not answer within 10 s); without a local gateway, a fleet host publishes the "
+        "reload itself. Exit 1 when no gateway runs. With the admin API off, it sends SIGHUP and "
+        "cannot confirm the outcome.",
+    )
+    status = pol_sub.add_parser(
+        "status",
+        help="the running gateway's policy version, listeners, reloads",
+        description="The running gateway's status: its pid, policy version, tenants, sandboxes (the "
+        "first 20), listeners, broken files and notes, reload failures, audit queue depth, last "
+        "reload. With redis: the fleet instead: each gateway's policy and fleet version, and whether "
+        "it is in sync. With the admin API off, the pid and policy version from its status file. "
+        "Exit 2 when no gateway runs.",
+    )
+    for p in (reload, status):
+        p.add_argument("--config", type=Path, help="the gateway's config (its admin socket, redis:)")
+        _format(p)
