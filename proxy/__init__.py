@@ -1,8 +1,9 @@
 """sandgate proxy: the mitmproxy side. `runtime` builds the master and its addons in pipeline
-order; `front/` passes allowed TLS tunnels through before mitmproxy's layers, `addons/` are
-the hooks, `mitm/` what sandgate changes inside mitmproxy, `net/` host plumbing, `audit/`
-the trail, `stores/` credential and sandbox stores, `fleet/` redis sync, `admin/` the admin
-API, `workers/` the supervisor of N gateway processes and `cli/` the `sandgate` command.
+order from the subsystems `assembly/` builds; `front/` passes allowed TLS tunnels through
+before mitmproxy's layers, `addons/` are the hooks, `mitm/` what sandgate changes inside
+mitmproxy, `net/` host plumbing, `audit/` the trail, `stores/` credential and sandbox stores,
+`fleet/` redis sync, `admin/` the admin API, `workers/` the supervisor of N gateway processes
+and `cli/` the `sandgate` command.
 """
 
 # The public modules, named but not imported: re-exporting their names here would make any
@@ -12,6 +13,7 @@ __all__ = [
     "addons",
     "admin",
     "approvals",
+    "assembly",
     "audit",
     "banner",
     "bindcheck",

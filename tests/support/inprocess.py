@@ -1,11 +1,13 @@
 """sandgate's addons in process: a real GatewayContext (policy from YAML files, audit to a
-file) driven through mitmproxy's own test master (`taddons`) and test flows (`tflow`)."""
+file) driven through mitmproxy's own test master (`taddons`) and test flows (`tflow`). The
+addons are the gateway's pipeline (sandgate.proxy.addons.pipeline), or the part of it a test
+names, always in the gateway's order."""
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from mitmproxy.test import taddons, tflow
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.resolver import StaticResolver
+from sandgate.proxy.addons.pipeline import Shared, pipeline
 from sandgate.proxy.audit.trail import AuditLog, JsonlFileSink
 from sandgate.proxy.context import GatewayContext
 
@@ -49,10 +52,13 @@ def in_process(
     tmp_path: Path,
     tenants: dict[str, str],
     hosts: dict[str, list[str]],
-    *addons_of: Any,
+    only: Collection[type],
+    *,
+    shared: Shared | None = None,
     audit_wait: float = 0.05,
 ) -> Iterator[InProcess]:
-    """Addons built by `addons_of` (callables taking the context), on policy files in tmp_path."""
+    """The pipeline's addons of the classes in `only` (in pipeline order), built from `shared`,
+    on policy files in tmp_path."""
     rules = tmp_path / "rules"
     (rules / "tenants").mkdir(parents=True)
     for filename, text in tenants.items():
@@ -62,7 +68,8 @@ def in_process(
     audit.start()
     ctx = GatewayContext(load_policy_dir(rules), StaticResolver(hosts), AddressGuard(["127.0.0.0/8"]), audit)
     try:
-        with taddons.context(*(make(ctx) for make in addons_of), loadcore=False) as tctx:
+        addons = pipeline(ctx, shared or Shared(), only=only)
+        with taddons.context(*addons, loadcore=False) as tctx:
             yield InProcess(ctx, audit_path, tctx)
     finally:
         audit.close()

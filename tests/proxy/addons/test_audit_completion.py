@@ -25,7 +25,7 @@ PORT = 8080
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[InProcess]:
     tenants = {"t1.yaml": tenant_yaml("t1", [{"id": "api", "hosts": ["api.test"], "ports": [PORT]}])}
-    with in_process(tmp_path, tenants, HOSTS, Identify, Gate, AuditCompletion) as running:
+    with in_process(tmp_path, tenants, HOSTS, {Identify, Gate, AuditCompletion}) as running:
         yield running
 
 

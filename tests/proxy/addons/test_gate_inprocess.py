@@ -32,7 +32,10 @@ RULES = [
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[InProcess]:
     with in_process(
-        tmp_path, {"t1.yaml": tenant_yaml("t1", RULES)}, HOSTS, Identify, Gate, TenantLimits, AuditCompletion
+        tmp_path,
+        {"t1.yaml": tenant_yaml("t1", RULES)},
+        HOSTS,
+        {Identify, Gate, TenantLimits, AuditCompletion},
     ) as running:
         yield running
 

@@ -47,7 +47,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
 
     def run(**limits: int) -> InProcess:
         cm = in_process(
-            tmp_path, {"t1.yaml": limited(**limits)}, HOSTS, Identify, Gate, TenantLimits, AuditCompletion
+            tmp_path, {"t1.yaml": limited(**limits)}, HOSTS, {Identify, Gate, TenantLimits, AuditCompletion}
         )
         stack.append(cm)
         return cm.__enter__()

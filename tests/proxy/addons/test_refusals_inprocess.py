@@ -27,29 +27,21 @@ from sandgate.proxy.addons.flow_keys import PENDING_KEY
 from sandgate.proxy.addons.gate import Gate
 from sandgate.proxy.addons.head_caps import HeadGuard
 from sandgate.proxy.addons.identify import Identify
+from sandgate.proxy.addons.pipeline import Shared
 from sandgate.proxy.addons.upgrades import Upgrades
-from sandgate.proxy.config import HeadsConfig
-from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.mitm.head_caps import refused_response
 
 PORT = 8080
 
 
-def head_guard(ctx: GatewayContext) -> HeadGuard:
-    return HeadGuard(ctx, HeadsConfig())
-
-
-def upgrades(ctx: GatewayContext) -> Upgrades:
-    return Upgrades(ctx, ConnectionCloser(Proxyserver()))
-
-
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[InProcess]:
     tenants = {"t1.yaml": tenant_yaml("t1", [{"id": "api", "hosts": ["api.test"], "ports": [PORT]}])}
-    # The runtime's order: head caps and upgrades before the Gate, completion after it.
-    chain = (Identify, head_guard, upgrades, Gate, AuditCompletion)
-    with in_process(tmp_path, tenants, {"api.test": ["127.0.0.2"]}, *chain) as running:
+    # In the pipeline's order: head caps and upgrades before the Gate, completion after it.
+    chain = {Identify, HeadGuard, Upgrades, Gate, AuditCompletion}
+    shared = Shared(closer=ConnectionCloser(Proxyserver()))
+    with in_process(tmp_path, tenants, {"api.test": ["127.0.0.2"]}, chain, shared=shared) as running:
         yield running
 
 

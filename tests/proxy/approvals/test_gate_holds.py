@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from support.inprocess import InProcess, in_process, proxy_flow
 from sandgate.proxy.addons.flow_keys import PENDING_KEY
 from sandgate.proxy.addons.gate import Gate
 from sandgate.proxy.addons.identify import Identify
+from sandgate.proxy.addons.pipeline import Shared
 from sandgate.proxy.approvals import Approvals, State
 
 HOSTS = {"api.test": ["127.0.0.2"]}
@@ -40,7 +40,7 @@ def approvals() -> Approvals:
 @pytest.fixture
 def gw(tmp_path: Path, approvals: Approvals) -> Iterator[InProcess]:
     with in_process(
-        tmp_path, {"t1.yaml": TENANT}, HOSTS, Identify, partial(Gate, approvals=approvals)
+        tmp_path, {"t1.yaml": TENANT}, HOSTS, {Identify, Gate}, shared=Shared(approvals=approvals)
     ) as running:
         yield running
 
@@ -101,7 +101,7 @@ async def test_a_cancelled_hold_is_never_left_open(gw: InProcess, approvals: App
 
 
 async def test_without_a_store_an_ask_is_refused_approval_required(tmp_path: Path) -> None:
-    with in_process(tmp_path, {"t1.yaml": TENANT}, HOSTS, Identify, Gate) as gw:
+    with in_process(tmp_path, {"t1.yaml": TENANT}, HOSTS, {Identify, Gate}) as gw:
         flow, hook = await start(gw, "/v1")
         await asyncio.wait_for(hook, 5)
         assert flow.response is not None and flow.response.status_code == 403

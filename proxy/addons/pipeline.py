@@ -1,0 +1,117 @@
+"""The addon pipeline: sandgate's addons and mitmproxy's own, in the one order every event
+runs through them. The gateway adds `pipeline(...)` to its master; the in-process tests take
+a subset of it (`only=`), in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitmproxy.addons.next_layer import NextLayer
+from mitmproxy.addons.proxyserver import Proxyserver
+from mitmproxy.addons.tlsconfig import TlsConfig
+
+from sandgate.proxy.addons.audit_completion import AuditCompletion
+from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
+from sandgate.proxy.addons.credentials import CredentialBroker
+from sandgate.proxy.addons.drain import DrainEnd, Drainer, DrainStart
+from sandgate.proxy.addons.gate import Gate
+from sandgate.proxy.addons.h2_guard import H2Guard
+from sandgate.proxy.addons.head_caps import HeadGuard
+from sandgate.proxy.addons.hop_by_hop import HopByHop
+from sandgate.proxy.addons.http_seam import HttpErrorSeam
+from sandgate.proxy.addons.identify import Identify
+from sandgate.proxy.addons.latency import UpstreamTiming
+from sandgate.proxy.addons.limits import TenantLimits
+from sandgate.proxy.addons.trailers import Trailers
+from sandgate.proxy.addons.transparent import Transparent
+from sandgate.proxy.addons.upgrades import Upgrades
+from sandgate.proxy.approvals import Approvals
+from sandgate.proxy.approvals.endpoint import AccessEndpoint
+from sandgate.proxy.config import HeadsConfig, WebSocketConfig
+from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.mitm.closer import ConnectionCloser
+
+__all__ = ["Shared", "pipeline"]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What the addons share beyond the gateway context, each built once by the gateway. A
+    test leaves out what the addons it keeps do not use (defaults: the config's)."""
+
+    server: Proxyserver | None = None
+    connection_limits: ConnectionLimits | None = None
+    h2_guard: H2Guard | None = None
+    drainer: Drainer | None = None
+    closer: ConnectionCloser | None = None
+    heads: HeadsConfig = field(default_factory=HeadsConfig)
+    websocket: WebSocketConfig | None = None
+    require_sni: bool = True
+    # Holds `ask` decisions; None: they are refused (approval_required).
+    approvals: Approvals | None = None
+    # Answers requests to the reserved name; None: no name is reserved.
+    endpoint: AccessEndpoint | None = None
+    # The gateway's own start and stop hooks (an addon), run after every other addon's.
+    lifecycle: object | None = None
+
+
+def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | None = None) -> list[Any]:
+    """The addons in pipeline order; `only`: just those of these classes, still in this order.
+
+    Without `only` every addon is built, and a part it needs that `shared` lacks is a TypeError.
+    """
+    s = shared
+    order: list[tuple[type, Callable[[], Any]]] = [
+        (Proxyserver, lambda: _given(s.server, "server")),  # mitmproxy's listeners and connections
+        # First: a connection over the caps reaches nothing else.
+        (ConnectionLimits, lambda: _given(s.connection_limits, "connection_limits")),
+        (Identify, lambda: Identify(ctx)),  # who it is, before anything reads the sandbox
+        # The per-sandbox share of the caps: it needs the identity.
+        (
+            SandboxConnectionCap,
+            lambda: SandboxConnectionCap(ctx, _given(s.connection_limits, "connection_limits")),
+        ),
+        # Before mitmproxy's layer selection: a raw-TCP approval picks the layer.
+        (Transparent, lambda: Transparent(ctx)),
+        (NextLayer, NextLayer),  # mitmproxy's layer selection
+        # Before the HTTP/2 guard: it pre-sets its server on the (guarded) HttpLayer.
+        (HttpErrorSeam, lambda: HttpErrorSeam(ctx)),
+        (H2Guard, lambda: _given(s.h2_guard, "h2_guard")),  # on the layer just chosen
+        (TlsConfig, TlsConfig),  # mitmproxy's TLS: certificates and settings of intercepted connections
+        # Before the Gate: every request counts as in flight; a new one is refused while draining.
+        (DrainStart, lambda: DrainStart(_given(s.drainer, "drainer"))),
+        (HeadGuard, lambda: HeadGuard(ctx, s.heads)),  # before the Gate: a refused head is recorded once
+        # Before the Gate: h2c offers are stripped before a request is decided, and a refused
+        # answer is in place when the Gate records the exchange.
+        (Upgrades, lambda: Upgrades(ctx, _given(s.closer, "closer"), s.websocket)),
+        (Trailers, lambda: Trailers(_given(s.closer, "closer"))),  # its failure is in the Gate's record
+        (Gate, lambda: _gate(ctx, s)),  # decides at every layer
+        # Right after the Gate: counts only what it allowed, before the broker wraps a metered body.
+        (TenantLimits, lambda: TenantLimits(ctx, s.closer)),
+        # Completes the allowed exchange's record before the broker scrubs the response it counts.
+        (AuditCompletion, lambda: AuditCompletion(ctx)),
+        (HopByHop, HopByHop),  # upstream responses lose hop-by-hop fields before the broker scrubs them
+        (CredentialBroker, lambda: CredentialBroker(ctx)),  # real credentials on what was allowed
+        (UpstreamTiming, UpstreamTiming),  # measures only, never touches the flow
+        (DrainEnd, lambda: DrainEnd(_given(s.drainer, "drainer"))),  # after every addon that records
+    ]
+    if only is not None and (unknown := set(only) - {cls for cls, _ in order}):
+        raise TypeError(f"pipeline: not in it: {sorted(c.__name__ for c in unknown)}")
+    addons = [make() for cls, make in order if only is None or cls in only]
+    if s.lifecycle is not None:
+        addons.append(s.lifecycle)  # last: services stop after every addon's `done`
+    return addons
+
+
+def _gate(ctx: GatewayContext, s: Shared) -> Gate:
+    return Gate(ctx, require_sni=s.require_sni, closer=s.closer, approvals=s.approvals, endpoint=s.endpoint)
+
+
+def _given[T](part: T | None, name: str) -> T:
+    """A part the pipeline needs; TypeError naming it when `Shared` lacks it."""
+    if part is None:
+        raise TypeError(f"pipeline: Shared.{name} is needed")
+    return part
