@@ -227,17 +227,13 @@ class Broker:
 
     def binds(self, tenant: str, host: str, port: int) -> bool:
         """Whether any credential of the tenant is bound to host:port (its TLS must be intercepted)."""
-        table = self._state.tenants.get(tenant)
-        if table is None:
-            return False
-        return any(c.host_ok(host) and port in c.credential.ports for c in table.by_name.values())
+        return bool(self.bound_names(tenant, host, port))
 
     def bound_names(self, tenant: str, host: str, port: int) -> tuple[str, ...]:
-        """The names of the tenant's credentials bound to host:port (for the Rego input)."""
+        """The names of the tenant's credentials bound to host:port (sandgate.policy's
+        CredentialBindings: the Rego input, and interception)."""
         table = self._state.tenants.get(tenant)
-        if table is None:
-            return ()
-        return tuple(n for n, c in table.by_name.items() if c.host_ok(host) and port in c.credential.ports)
+        return table.bound_names(host, port) if table is not None else ()
 
     def has_credentials(self, tenant: str) -> bool:
         """Whether the tenant declares any credential."""

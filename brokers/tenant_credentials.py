@@ -123,6 +123,10 @@ class CompiledTenant:
     by_name: dict[str, CompiledCredential]
     always: tuple[CompiledCredential, ...]
 
+    def bound_names(self, host: str, port: int) -> tuple[str, ...]:
+        """The names of the credentials bound to host:port, in declaration order."""
+        return tuple(n for n, c in self.by_name.items() if c.host_ok(host) and port in c.credential.ports)
+
 
 def _compile(credential: Credential, base_dir: Path | None, tenant: str) -> CompiledCredential:
     exact = frozenset(h for h in credential.hosts if not h.startswith("*."))

@@ -1,7 +1,9 @@
 """What `decide` did, step by step: recorded only when a `Trace` is passed to it.
 
 `policy explain` renders a trace; the gateway passes none, so its decisions record nothing.
-The step names are in the order of `decide`'s docstring, which is the evaluation order.
+Each step's number is its place in `decide`'s docstring (the evaluation order), or in
+`decide_name`'s for the DNS listener's order. Steps 1-6 are listed in every explanation of a
+request (taken, or not reached); the reserved name (0) and credentials (7) only when they apply.
 """
 
 from __future__ import annotations
@@ -16,25 +18,51 @@ from sandgate.policy.decision import Refusal
 from sandgate.policy.matcher import CompiledRule
 from sandgate.policy.rego.protocol import RegoVerdict
 
-__all__ = ["AddressCheck", "Outcome", "RegoTrace", "Step", "StepName", "Trace", "address_checks"]
+__all__ = [
+    "DNS_ORDER",
+    "REQUEST_ORDER",
+    "AddressCheck",
+    "Outcome",
+    "RegoTrace",
+    "Step",
+    "StepName",
+    "Trace",
+    "address_checks",
+]
 
 
 class StepName(StrEnum):
-    """The steps of `decide`, in its order: a step's number is its place here."""
+    """The steps of `decide` in its order, then the DNS listener's own (`decide_name`)."""
 
+    RESERVED_NAME = "reserved name"
     IDENTITY = "identity"
     ADDRESS_GUARD = "address guard"
     DENY_RULES = "deny rules"
     ALLOW_RULES = "allow rules"
     RESOLVE = "resolve"
     REGO = "rego"
+    CREDENTIALS = "credentials"
+    DNS_NAME = "dns name"
 
     @property
     def number(self) -> int:
         return _NUMBERS[self]
 
 
-_NUMBERS = {name: i for i, name in enumerate(StepName, start=1)}
+# A step's number in its docstring: `decide`'s 0-7, and `decide_name`'s step 2.
+_NUMBERS: dict[StepName, int] = {name: i for i, name in enumerate(StepName) if name is not StepName.DNS_NAME}
+_NUMBERS[StepName.DNS_NAME] = 2
+
+# The steps an explanation lists whether taken or not: of a request, and of a DNS query.
+REQUEST_ORDER = (
+    StepName.IDENTITY,
+    StepName.ADDRESS_GUARD,
+    StepName.DENY_RULES,
+    StepName.ALLOW_RULES,
+    StepName.RESOLVE,
+    StepName.REGO,
+)
+DNS_ORDER = (StepName.IDENTITY, StepName.DNS_NAME)
 
 
 class Outcome(StrEnum):
@@ -124,10 +152,10 @@ class Trace:
             rule_id, origin = rule.rule_id, rule.origin or None
         self.steps.append(Step(name, outcome, detail, rule_id, origin, addresses))
 
-    def padded(self) -> tuple[Step, ...]:
-        """Every step in order: the ones taken, the rest as not reached."""
+    def padded(self, order: tuple[StepName, ...] = REQUEST_ORDER) -> tuple[Step, ...]:
+        """The steps taken, and those of `order` not taken as not reached, in step order."""
         taken = {s.name for s in self.steps}
-        rest = [Step(name, Outcome.NOT_REACHED, "") for name in StepName if name not in taken]
+        rest = [Step(name, Outcome.NOT_REACHED, "") for name in order if name not in taken]
         return tuple(sorted((*self.steps, *rest), key=lambda s: s.number))
 
 

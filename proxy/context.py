@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from sandgate.brokers import Broker
 from sandgate.policy.address_guard import AddressGuard
-from sandgate.policy.decide import decide
+from sandgate.policy.decide import credential_interception, decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.limiter import Limiter
 from sandgate.policy.model.grants import EMPTY_GRANTS, Grants
@@ -179,17 +179,8 @@ class GatewayContext:
     async def decide(
         self, identity: Identity | None, request: EgressRequest, *, address: str | None = None
     ) -> Decision:
-        """The policy's decision (the evaluation order in sandgate.policy.decide), Rego included."""
-        if self.reserved is not None and request.host == self.reserved.name:
-            return Decision(
-                reason=Reason.RESERVED_HOST,
-                policy_version=self.policy.version,
-                detail="the gateway's own name: answered over plain HTTP on port 80 only",
-            )
-        if identity is not None and self.broker is not None and not request.credentials:
-            names = self.broker.bound_names(identity.tenant, request.host, request.port)
-            if names:
-                request = replace(request, credentials=names)
+        """The policy's decision: every step of sandgate.policy.decide, from the reserved name
+        to the credentials bound to the destination, Rego included."""
         started = time.perf_counter()
         try:
             return await decide(
@@ -201,6 +192,8 @@ class GatewayContext:
                 address=address,
                 engine=self.engine,
                 grants=self.grants,
+                reserved=self.reserved.name if self.reserved is not None else None,
+                bindings=self.broker,
             )
         finally:
             METRICS.decision_seconds(time.perf_counter() - started)
@@ -209,8 +202,4 @@ class GatewayContext:
         self, decision: Decision, identity: Identity | None, host: str, port: int
     ) -> Decision:
         """The decision, intercepting when a credential of the tenant is bound to host:port."""
-        if decision.inspect or not decision.allowed or identity is None or self.broker is None:
-            return decision
-        if self.broker.binds(identity.tenant, host, port):
-            return replace(decision, inspect=True)
-        return decision
+        return credential_interception(decision, self.broker, identity, host, port)

@@ -493,8 +493,8 @@ def _add_policy(sub: Subparsers) -> None:
         description="The decision, then each step of the evaluation order (with Rego, its modules "
         "and the input document).",
     )
-    exp.add_argument("method", metavar="METHOD", help="GET, POST, ... or CONNECT")
-    exp.add_argument("url", metavar="URL", help="https://host/path?query, or host:port for CONNECT")
+    exp.add_argument("method", metavar="METHOD", help="GET, POST, ... or CONNECT; DNS: a guest's DNS query")
+    exp.add_argument("url", metavar="URL", help="https://host/path?query, host:port (CONNECT), a name (DNS)")
     exp.add_argument("--tenant", help="the tenant (default: the sandbox's)")
     exp.add_argument("--sandbox", help="a registered sandbox (default: a sandbox named 'explain')")
     exp.add_argument("--rules", type=Path, default=Path("rules"), help="rules directory (default: rules)")

@@ -19,8 +19,9 @@ from typing import Any, Literal
 
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decision import Identity
-from sandgate.policy.errors import PolicyLoadError, PolicySetError, SourceLocation
-from sandgate.policy.explain import Explanation, Outcome, StepName, explain
+from sandgate.policy.errors import HostError, PolicyLoadError, PolicySetError, SourceLocation
+from sandgate.policy.explain import Explanation, Outcome, StepName, explain, explain_name
+from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model.loader import Candidate, grants_file_tenant, load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.rego_loader import operator_modules_dir
@@ -42,6 +43,7 @@ from sandgate.policy.rego.opa import OpaEngine
 from sandgate.policy.rego.program import RegoModule
 from sandgate.policy.rego.protocol import EngineError
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
+from sandgate.proxy.broker_setup import PolicyCredentials
 from sandgate.proxy.cli import admin as admin_cli
 from sandgate.proxy.cli.policy_prove import run_prove
 from sandgate.proxy.config import GatewayConfig, ResolverConfig, load_config
@@ -368,6 +370,8 @@ def _load_failed(fmt: str, errors: list[PolicyLoadError]) -> int:
 def _explain(args: argparse.Namespace) -> int:
     try:
         policy = load_policy_dir(args.rules)
+        # Where the tenants' credentials are bound: the credentials step, and Rego's input.
+        bindings = PolicyCredentials(policy)
     except PolicySetError as e:
         return _load_failed(args.format, list(e.errors))
     identity = _explain_identity(policy, args.tenant, args.sandbox)
@@ -379,6 +383,8 @@ def _explain(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"sandgate: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if args.method.upper() == "DNS":
+        return _explain_dns(args, policy, identity)
     try:
         headers = [_header(h) for h in args.header]
         target = args.url if args.method.upper() != "CONNECT" else args.url.removeprefix("https://")
@@ -391,12 +397,32 @@ def _explain(args: argparse.Namespace) -> int:
         request = replace(request, client=args.client)
     guard = _operator_guard(config)
     engine = make_engine("embedded", cache_size=0)
-    result = asyncio.run(explain(policy, identity, request, resolver, guard, engine))
+    # The gateway's own name, as a gateway with this config (or with none) answers it.
+    reserved = (config or GatewayConfig()).approvals.endpoint_name
+    result = asyncio.run(
+        explain(policy, identity, request, resolver, guard, engine, reserved=reserved, bindings=bindings)
+    )
+    _print_explanation(result, args, identity)
+    return EXIT_OK if result.decision.allowed else EXIT_FAILED
+
+
+def _explain_dns(args: argparse.Namespace, policy: PolicySet, identity: Identity) -> int:
+    """`policy explain DNS NAME`: the DNS listener's decision for a guest's query of NAME."""
+    try:
+        name = normalise_host(args.url.rstrip("."))
+    except HostError as e:
+        print(f"sandgate: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    result = asyncio.run(explain_name(policy, identity, name))
+    _print_explanation(result, args, identity)
+    return EXIT_OK if result.decision.allowed else EXIT_FAILED
+
+
+def _print_explanation(result: Explanation, args: argparse.Namespace, identity: Identity) -> None:
     if args.format == "json":
         print(json.dumps(_explain_json(result, args), indent=2))
     else:
         print(_explain_text(result, args, identity))
-    return EXIT_OK if result.decision.allowed else EXIT_FAILED
 
 
 def _explain_identity(policy: PolicySet, tenant: str | None, sandbox: str | None) -> Identity | str:

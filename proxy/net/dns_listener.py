@@ -1,13 +1,14 @@
 """The guests' DNS listener (UDP and TCP): the DNS-exfiltration control.
 
 A name that no allow rule of the sandbox's tenant could match gets NXDOMAIN and an audit
-record `dns_denied`; an allowed name is resolved with the gateway's resolver, its answers
-filtered through the address guard (as the explicit proxy would pick them), returned, and
-remembered as name bindings. When the guard refuses every address of the asked family the
-guest gets an empty answer and the record says `private_address` with the refusal. Nothing a
-guest sends is ever forwarded raw: other record types get an empty answer, malformed or
-oversized queries an error. The gateway's own name (sandgate.proxy.approvals.reserved) is
-answered here, never looked up: type A with `approvals.endpoint_address`, other types empty.
+record `dns_denied` (sandgate.policy.decide.decide_name decides); an allowed name is resolved
+with the gateway's resolver, its answers filtered through the address guard (as the explicit
+proxy would pick them), returned, and remembered as name bindings. When the guard refuses
+every address of the asked family the guest gets an empty answer and the record says
+`private_address` with the refusal. Nothing a guest sends is ever forwarded raw: other record
+types get an empty answer, malformed or oversized queries an error. The gateway's own name
+(sandgate.proxy.approvals.reserved) is answered here, never looked up: type A with
+`approvals.endpoint_address`, other types empty.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import contextlib
 import ipaddress
 import socket
 import struct
-import time
 from collections.abc import Callable
 
 import dns.exception
@@ -30,8 +30,8 @@ import dns.rdatatype
 import dns.rrset
 import structlog
 
-from sandgate.policy.decide import guard_answers
-from sandgate.policy.decision import Decision, Identity, Phase
+from sandgate.policy.decide import decide_name, guard_answers
+from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.errors import HostError, ResolveError
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.reasons import Reason
@@ -148,7 +148,7 @@ class DnsListener:
         reserved = self.ctx.reserved
         if reserved is not None and name == reserved.name and identity is not None:
             return _reserved_reply(query, reserved.address, self.max_ttl)
-        decision = self._decide(identity, name)
+        decision = await decide_name(self.ctx.policy, identity, name, grants=self.ctx.grants)
         if not decision.allowed:
             await self.ctx.audit.emit(decision_record(dctx, decision))
             return _reply(
@@ -190,36 +190,6 @@ class DnsListener:
                 )
             )
         return response.to_wire()
-
-    def _decide(self, identity: Identity | None, name: str) -> Decision:
-        policy = self.ctx.policy
-        if identity is None:
-            return Decision(reason=Reason.NO_IDENTITY, policy_version=policy.version)
-        tenant = policy.tenant(identity.tenant)
-        if tenant is None:
-            return Decision(reason=Reason.NO_IDENTITY, policy_version=policy.version)
-        denied = tenant.refuses_name(name)
-        if denied is not None:
-            # Never looked up: the lookup itself would reach the name's nameservers.
-            return Decision(
-                reason=Reason.DNS_DENIED,
-                rule_id=denied.rule_id,
-                policy_version=policy.version,
-                mode=tenant.mode,
-                detail="a deny rule refuses this name",
-            )
-        now = time.time()
-        if (
-            tenant.allow.names_host(name)
-            or tenant.grants.names_host(tenant.name, identity.sandbox, name, now)
-            or self.ctx.grants.names_host(tenant.name, identity.sandbox, name, now)
-        ):
-            # A grant's host is answered too: its connections are decided with the grant.
-            return Decision(
-                allowed=True, reason=Reason.ALLOWED, policy_version=policy.version, mode=tenant.mode
-            )
-        # A denied name is not resolved, and its existence is not revealed (NXDOMAIN).
-        return Decision(reason=Reason.DNS_DENIED, policy_version=policy.version, mode=tenant.mode)
 
 
 def _udp_socket(host: str, port: int) -> socket.socket:

@@ -16,7 +16,7 @@ from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import Resolution, StaticResolver
-from sandgate.policy.trace import Outcome, StepName, Trace
+from sandgate.policy.trace import REQUEST_ORDER, Outcome, StepName, Trace
 
 R = Reason
 
@@ -721,10 +721,10 @@ async def test_the_trace_records_the_steps_that_decided(policy: PolicySet, case:
     traced = await decide(policy, case.identity, case.request(), StaticResolver(HOSTS), guard(), trace=trace)
     assert traced == untraced
     names = [s.name for s in trace.steps]
-    assert names == list(StepName)[: len(names)]
+    assert names == list(REQUEST_ORDER)[: len(names)]
     outcomes = [s.outcome for s in trace.steps]
     if traced.allowed:
-        assert names == list(StepName)
+        assert names == list(REQUEST_ORDER)
         assert Outcome.DENY not in outcomes and Outcome.ERROR not in outcomes
         assert (Outcome.WOULD_DENY in outcomes) is traced.report_only
         dialled = [a.address for s in trace.steps for a in s.addresses if a.result == "dial"]

@@ -12,6 +12,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.embedded import EmbeddedEngine
 from sandgate.policy.rego.protocol import RegoQuery, RegoVerdict
 from sandgate.policy.resolver import StaticResolver
+from sandgate.policy.trace import REQUEST_ORDER
 
 GOOD = Path(__file__).parents[1] / "data" / "rego" / "good"
 RESOLVER = StaticResolver({"pypi.org": ["151.101.0.223"], "api.github.com": ["140.82.112.6"]})
@@ -75,7 +76,7 @@ async def test_an_engine_that_fails_is_explained_as_an_error() -> None:
 async def test_every_step_is_shown_once_in_order_and_the_rest_not_reached() -> None:
     policy = load_policy_dir(GOOD)
     got = await explain(policy, ACME, get("example.com"), RESOLVER, AddressGuard(), CountingEngine())
-    assert [s.name for s in got.steps] == list(StepName)
+    assert [s.name for s in got.steps] == list(REQUEST_ORDER)
     assert [s.outcome for s in got.steps] == [
         Outcome.OK,
         Outcome.SKIP,
