@@ -45,7 +45,7 @@ sys.path.insert(0, str(BENCH.parent / "tests"))
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 from conftest import SANDGATE, TOKEN, TOKEN_REF, UPSTREAM_IP, write_gateway_files  # noqa: E402
-from matcher import _run_sync, _timer_cost  # noqa: E402
+from matcher import _timer_cost, run_sync  # noqa: E402
 from support import wait_for_port  # noqa: E402
 
 from sandgate.policy.address_guard import AddressGuard  # noqa: E402
@@ -121,7 +121,7 @@ def decide_costs(decisions: int, rounds: int) -> list[dict[str, Any]]:
                     gc.collect()
                     for r in requests:
                         t0 = clock()
-                        d = _run_sync(decide(policy, IDENTITY, r, resolver, guard))
+                        d = run_sync(decide(policy, IDENTITY, r, resolver, guard))
                         out.append(clock() - t0)
                         if d.reason is not expect:
                             raise AssertionError(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from matcher import run_sync  # bench/: the sibling script
 
 from sandgate.brokers import Broker, Secret
 from sandgate.policy.address_guard import AddressGuard
@@ -111,22 +112,12 @@ def write_rules(root: Path) -> PolicySet:
     return load_policy_dir(root)
 
 
-def _run_sync(coro: Coroutine[Any, Any, Decision]) -> Decision:
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        result: Decision = stop.value
-        return result
-    coro.close()
-    raise RuntimeError("the decision suspended: a cache was not warm")
-
-
 def _round(decide_one: Callable[[], Coroutine[Any, Any, Decision]], n: int) -> float:
     """Mean µs per decision over n decisions."""
     clock = time.perf_counter_ns
     t0 = clock()
     for _ in range(n):
-        _run_sync(decide_one())
+        run_sync(decide_one())
     return (clock() - t0) / n / 1000
 
 

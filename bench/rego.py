@@ -39,13 +39,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from matcher import run_sync  # bench/: the sibling script
+
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
-from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
+from sandgate.policy.decision import EgressRequest, Identity, Phase
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.rego import compiler as rego_compile
@@ -223,17 +224,6 @@ def warm_query(name: str) -> tuple[Identity, EgressRequest, bool]:
     """An allowed request of tenant `name` (loads its bundle)."""
     request = EgressRequest(Phase.REQUEST, "pypi.org", 443, "https", "GET", "/simple/", "pypi.org")
     return Identity(name, f"{name}-1"), request, True
-
-
-def run_sync(coro: Coroutine[Any, Any, Decision]) -> Decision:
-    """Drive a coroutine that never suspends (cached resolver, in-process engine)."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        result: Decision = stop.value
-        return result
-    coro.close()
-    raise RuntimeError("decide() suspended: the benchmark's resolver must answer from its cache")
 
 
 def latency(
