@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sandgate: {e}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
+        if args.command == "run":
+            # A gateway whose output went away is no clean exit: a supervisor must see it fail.
+            raise
         # Not a fault: no traceback. Python flushes stdout again at exit and would complain
         # there, so stdout goes to /dev/null first. (SIG_DFL for SIGPIPE would be simpler, but
         # `run` must never die of a write to a guest that hung up.)
