@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO
-from support.readme_blocks import Block, console_steps, manual_pages, missing_output, read_blocks
+from support.readme_blocks import Block, manual_pages, read_blocks
 
 
 def _readme_walkthrough() -> ModuleType:
@@ -73,21 +73,6 @@ def where(blocks: list[Located], key: str) -> str:
     return found.where(found.key) if found else f"block {key!r}"
 
 
-def console_mismatches(located: Located, run_dir: Path) -> list[str]:
-    """What each command of a console block should have printed and did not."""
-    problems = []
-    for n, step in enumerate(console_steps(located.block)):
-        out = run_dir / f"console-{located.key}-{n}.out"
-        printed = out.read_text() if out.exists() else ""
-        missing = missing_output(step, printed)
-        if missing is not None:
-            problems.append(
-                f"{located.where(located.key)}: `{step.command}` did not print {missing!r} (in order); "
-                f"it printed:\n{printed or '(nothing)'}"
-            )
-    return problems
-
-
 @pytest.mark.root
 @pytest.mark.slow
 def test_every_docs_block_runs_in_nav_order_on_a_fresh_machine(internet: Any) -> None:
@@ -115,7 +100,12 @@ def test_every_docs_block_runs_in_nav_order_on_a_fresh_machine(internet: Any) ->
             f"{where(located, key)}: `{command}` exited {status}\n{_walkthrough._block_log(run_dir, key)}\n"
             f"walkthrough output:\n{result.stdout}\nbackground blocks:\n{background}"
         )
-    problems = [p for b in runnable if b.block.language == "console" for p in console_mismatches(b, run_dir)]
+    problems = [
+        p
+        for b in runnable
+        if b.block.language == "console"
+        for p in _walkthrough.console_mismatches(b.block, run_dir, b.where(b.key))
+    ]
     assert not problems, "\n".join(problems)
     # `policy push` (the Rego page) reached the OPA server the manual names.
     assert "tenants" in world.opa.data

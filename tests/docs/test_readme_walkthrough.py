@@ -217,8 +217,10 @@ def walkthrough_script(blocks: list[Block], run_dir: Path, clone: Path) -> str:
     return "".join(parts)
 
 
-def console_mismatches(block: Block, run_dir: Path) -> list[str]:
-    """What each command of a console block should have printed and did not."""
+def console_mismatches(block: Block, run_dir: Path, where: str | None = None) -> list[str]:
+    """What each command of a console block should have printed and did not; `where` names
+    the block in the messages (default: its README line)."""
+    where = where or f"README.md:{block.line}"
     problems = []
     for n, step in enumerate(console_steps(block)):
         out = run_dir / f"console-{block.line}-{n}.out"
@@ -226,7 +228,7 @@ def console_mismatches(block: Block, run_dir: Path) -> list[str]:
         missing = missing_output(step, printed)
         if missing is not None:
             problems.append(
-                f"README.md:{block.line}: `{step.command}` did not print {missing!r} (in order); "
+                f"{where}: `{step.command}` did not print {missing!r} (in order); "
                 f"it printed:\n{printed or '(nothing)'}"
             )
     return problems
