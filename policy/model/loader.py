@@ -112,56 +112,14 @@ def load_policy_dir(
     base_deny = RuleIndex(
         _compile_rules(read.base, "deny", "base", read.operator_errors) if read.base else []
     )
-    preset_rules: dict[str, list[CompiledRule]] = {}
-    for name, preset in read.presets.items():
-        errors = read.preset_errors[preset.doc.file]
-        rules = _compile_rules(preset, "allow", f"preset:{name}", errors)
-        if not errors or not isolate:  # strict: reported once, at the preset
-            preset_rules[name] = rules
-    broken_presets = (frozenset(read.presets) | read.unloadable_presets) - frozenset(preset_rules)
-
-    compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]] = []
-    defined: dict[str, str] = {}
-    grants_docs: dict[str, YamlDocument] = {}
-    for loaded in read.tenant_files:
-        errors = read.tenant_errors[loaded.doc.file]
-        tenant = _compile_tenant(loaded, preset_rules, broken_presets, base_deny, errors)
-        if tenant.name in defined:
-            problem = f"tenant {tenant.name!r} is defined twice (also in {defined[tenant.name]})"
-            errors.append(_err(loaded.doc, ("tenant",), problem))
-            continue
-        if loaded.salvaged:
-            # Its sandbox entries are checked, never registered.
-            _SandboxRegistry().declare(loaded, errors)
-            continue
-        defined[tenant.name] = tenant.source
-        grants_path = read.grants_files.get(tenant.name)
-        if grants_path is not None:
-            placed_at = read.placements.get(grants_path)
-            grants = _load_grants(grants_path, tenant.name, errors, grants_docs, placed_at)
-            tenant = replace(tenant, grants=grants)
-        if not errors:
-            compiled.append((loaded, tenant))
+    preset_rules, broken_presets = _compile_presets(read, isolate=isolate)
+    compiled, defined, grants_docs = _compile_tenants(read, preset_rules, broken_presets, base_deny)
     rego = _load_rego(rules_dir, compiled, read.tenant_errors, read.operator_errors, isolate=isolate)
 
     newest = str(candidate.path) if candidate is not None else None
     _blame_shared_sandboxes(read.tenant_files, read.tenant_errors, previous, newest)
     registry = _SandboxRegistry()
-    tenants: dict[str, TenantPolicy] = {}
-    for loaded, tenant in compiled:
-        errors = read.tenant_errors[loaded.doc.file]
-        if errors:
-            continue  # its Rego failed
-        records = registry.declare(loaded, errors)
-        if errors:
-            continue
-        program = rego.programs.get(tenant.name)
-        tenants[tenant.name] = replace(
-            tenant,
-            rego=program,
-            sandboxes=records,
-            digest=_tenant_digest(loaded.doc, rules_dir, records, program, grants_docs.get(tenant.name)),
-        )
+    tenants = _register_tenants(rules_dir, read, compiled, rego, registry, grants_docs)
     all_errors = [*read.operator_errors, *_flatten(read.preset_errors), *_flatten(read.tenant_errors)]
     if read.operator_errors or (all_errors and not isolate):
         raise PolicySetError(all_errors)
@@ -184,6 +142,79 @@ def load_policy_dir(
         problems=problems,
         notices=tuple(registry.notices),
     )
+
+
+def _compile_presets(read: _Read, *, isolate: bool) -> tuple[dict[str, list[CompiledRule]], frozenset[str]]:
+    """The presets' allow rules by name, and the presets a tenant may not include (broken)."""
+    preset_rules: dict[str, list[CompiledRule]] = {}
+    for name, preset in read.presets.items():
+        errors = read.preset_errors[preset.doc.file]
+        rules = _compile_rules(preset, "allow", f"preset:{name}", errors)
+        if not errors or not isolate:  # strict: reported once, at the preset
+            preset_rules[name] = rules
+    broken_presets = (frozenset(read.presets) | read.unloadable_presets) - frozenset(preset_rules)
+    return preset_rules, broken_presets
+
+
+def _compile_tenants(
+    read: _Read,
+    preset_rules: dict[str, list[CompiledRule]],
+    broken_presets: frozenset[str],
+    base_deny: RuleIndex,
+) -> tuple[list[tuple[_Loaded[TenantFile], TenantPolicy]], dict[str, str], dict[str, YamlDocument]]:
+    """Each tenant file compiled with its grants: the tenants without errors, where each tenant
+    is defined, and the grants documents read (their digests join the tenant's)."""
+    compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]] = []
+    defined: dict[str, str] = {}
+    grants_docs: dict[str, YamlDocument] = {}
+    for loaded in read.tenant_files:
+        errors = read.tenant_errors[loaded.doc.file]
+        tenant = _compile_tenant(loaded, preset_rules, broken_presets, base_deny, errors)
+        if tenant.name in defined:
+            problem = f"tenant {tenant.name!r} is defined twice (also in {defined[tenant.name]})"
+            errors.append(_err(loaded.doc, ("tenant",), problem))
+            continue
+        if loaded.salvaged:
+            # Its sandbox entries are checked, never registered.
+            _SandboxRegistry().declare(loaded, errors)
+            continue
+        defined[tenant.name] = tenant.source
+        grants_path = read.grants_files.get(tenant.name)
+        if grants_path is not None:
+            placed_at = read.placements.get(grants_path)
+            grants = _load_grants(grants_path, tenant.name, errors, grants_docs, placed_at)
+            tenant = replace(tenant, grants=grants)
+        if not errors:
+            compiled.append((loaded, tenant))
+    return compiled, defined, grants_docs
+
+
+def _register_tenants(
+    rules_dir: Path,
+    read: _Read,
+    compiled: list[tuple[_Loaded[TenantFile], TenantPolicy]],
+    rego: RegoLoad,
+    registry: _SandboxRegistry,
+    grants_docs: dict[str, YamlDocument],
+) -> dict[str, TenantPolicy]:
+    """The compiled tenants whose Rego and sandboxes hold, with their programs, sandboxes and
+    digests; each one's sandboxes declared in `registry`."""
+    tenants: dict[str, TenantPolicy] = {}
+    for loaded, tenant in compiled:
+        errors = read.tenant_errors[loaded.doc.file]
+        if errors:
+            continue  # its Rego failed
+        records = registry.declare(loaded, errors)
+        if errors:
+            continue
+        program = rego.programs.get(tenant.name)
+        tenants[tenant.name] = replace(
+            tenant,
+            rego=program,
+            sandboxes=records,
+            digest=_tenant_digest(loaded.doc, rules_dir, records, program, grants_docs.get(tenant.name)),
+        )
+    return tenants
 
 
 _FOLDER_ORDER = {"": 0, "presets": 1, "tenants": 2}
