@@ -53,7 +53,7 @@ from sandgate.proxy.audit.records import DecisionContext, decision_record  # noq
 from sandgate.proxy.audit.redis_stream import RedisStreamSink  # noqa: E402
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, JsonlFileSink  # noqa: E402
 from sandgate.proxy.config import RedisConfig  # noqa: E402
-from sandgate.proxy.fleet.redis_client import Keys, connect_sync  # noqa: E402
+from sandgate.proxy.redis.client import Keys, connect_sync  # noqa: E402
 
 
 def record(i: int) -> dict[str, Any]:

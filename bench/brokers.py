@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/brokers.py [--quick] [--json out.json]`.
 
-Rows (each request goes through `Broker.decide`, the call the gateway's addon makes):
+Rows (each request goes through `Broker.plan`, the call the gateway's addon makes):
 
 - `inject header`: a request carrying an `Authorization: Bearer <placeholder>` to the bound
   host; the broker scans it, reads the secret (`env:`), and returns the header mutation.
@@ -188,13 +188,13 @@ def _timed(samples: list[int], total_bytes: int, name: str, peak: float | None =
 
 async def _bench_decide(broker: Broker, name: str, request: BrokerRequest, iterations: int) -> BrokerRow:
     clock = time.perf_counter_ns
-    decision = await broker.decide("t1", "sb1", request)
+    decision = await broker.plan("t1", "sb1", request)
     if not isinstance(decision, BrokerAllow) or not decision.credentials:
         raise RuntimeError(f"{name}: expected an injection, got {decision!r}")
     samples: list[int] = []
     for _ in range(iterations):
         t0 = clock()
-        await broker.decide("t1", "sb1", request)
+        await broker.plan("t1", "sb1", request)
         samples.append(clock() - t0)
     return _timed(samples, len(request.body or b"") * iterations, name)
 

@@ -42,8 +42,8 @@ from sandgate.policy.rego.engine import make_engine
 from sandgate.policy.resolver import CachingResolver, StaticResolver
 from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.audit.trail import AuditLog
-from sandgate.proxy.broker_setup import configure_broker
 from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.startup.broker_setup import configure_broker
 
 _REPO_REGO = Path(__file__).resolve().parent.parent / "rules" / "rego" / "sandgate.rego"
 

@@ -78,7 +78,7 @@ _MITM_ROOTS = {"mitmproxy", "mitmproxy_rs"}
 _WRAPPERS = (
     "proxy/cli/",
     "proxy/mitm/backpressure.py",
-    "(proxy/mitm/head_caps.py",
+    "(proxy/addons/heads.py",
     "_GuardedHttpLayer._handle_event",
     "_GuardedHttp1Server.read_headers",
     "_GuardedStream._guarded",

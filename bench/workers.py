@@ -945,7 +945,7 @@ SUPERVISORS: dict[str, int] = {}  # row-key prefix of an N-worker gateway: its s
 
 
 def shared_markdown(b: Bench) -> str:
-    """Per N-worker row: CPU of the supervisor (audit collector, reloads), the local broker
+    """Per N-worker row: CPU of the supervisor (audit collector, reloads), the limit relay
     (redis-server: shared limits) and the workers, and the shared part per request."""
     out: list[str] = []
     for prefix, sup in SUPERVISORS.items():
@@ -971,7 +971,7 @@ def shared_markdown(b: Bench) -> str:
         "## What N workers share, per request (CPU in the measured window, % of one core)",
         "",
         "The supervisor owns the audit file (the workers forward their records to it in batches) and",
-        "the local broker (redis-server) holds the shared limits; the last column is their CPU per",
+        "the limit relay (redis-server) holds the shared limits; the last column is their CPU per",
         "request or connection, in µs: what the workers pay to act as one gateway.",
         "",
         "| row | throughput | supervisor % | broker % | workers % | shared µs per request |",

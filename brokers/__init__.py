@@ -1,7 +1,7 @@
 """sandgate brokers: secret sources, placeholders, credential injection and response scrubbing.
 
 Pure Python on plain values (no mitmproxy import): the gateway's addon turns a flow into a
-`BrokerRequest`, asks `Broker.decide`, applies the returned mutations, and runs the
+`BrokerRequest`, asks `Broker.plan`, applies the returned mutations, and runs the
 response through `Broker.scrubber(tenant, sandbox)`.
 """
 

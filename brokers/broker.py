@@ -2,7 +2,7 @@
 
     broker = Broker(placeholder_key=key)            # env:, file:, cmd: sources; httpx for token endpoints
     broker.configure(tenants)                       # on every policy (re)load
-    decision = await broker.decide(tenant, sandbox, request)
+    decision = await broker.plan(tenant, sandbox, request)
     BrokerDenial → 403 with decision.reason; BrokerAllow → apply decision.mutations, feed
     decision.body_guard a streamed body, and run the response through broker.scrubber(...)
 
@@ -242,8 +242,9 @@ class Broker:
 
     # --- requests ------------------------------------------------------------------
 
-    async def decide(self, tenant: str, sandbox: str, request: BrokerRequest) -> BrokerDecision:
-        """Decide one request that policy already allowed (see `planner` for the order)."""
+    async def plan(self, tenant: str, sandbox: str, request: BrokerRequest) -> BrokerDecision:
+        """Plan the credential injection of one request the policy already allowed: the
+        mutations and body guard to apply, or the denial (see `planner` for the order)."""
         state = self._state
         table = state.tenants.get(tenant) or CompiledTenant(tenant, (sandbox,), {}, ())
         await self._ensure_primed(tenant, state)

@@ -8,7 +8,7 @@ set -euo pipefail
 
 # The package manager's locks. A fresh cloud machine holds them for minutes after boot
 # (cloud-init, apt-daily, unattended-upgrades), and apt-get stops at once on a held one:
-# wait for them instead. SANDGATE_APT_LOCKS: other files to wait on (tests/deploy/test_install.py).
+# wait for them instead. SANDGATE_APT_LOCKS: other files to wait on (tests/e2e/deploy/test_install.py).
 read -r -a apt_locks <<< "${SANDGATE_APT_LOCKS:-/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock}"
 apt_lock_wait=${SANDGATE_APT_LOCK_WAIT:-900}   # seconds
 
@@ -58,7 +58,7 @@ wait_for_apt_locks() {
     return 0
 }
 
-# Sourced (tests/deploy/test_install.py): the functions only.
+# Sourced (tests/e2e/deploy/test_install.py): the functions only.
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
 
 cd "$(dirname "$0")/.."
@@ -74,7 +74,7 @@ while (( $# )); do
     shift
 done
 
-# redis-server: workers > 1 share limit counts through a private one (proxy/fleet/local_broker.py).
+# redis-server: workers > 1 share limit counts through a private one (proxy/workers/limit_relay.py).
 packages=(curl ca-certificates iproute2 nftables redis-server)
 if (( dev )); then packages+=(wrk nginx-light); fi
 missing=()

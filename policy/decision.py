@@ -124,6 +124,20 @@ class Decision:
     # The addresses refused on the way (step 2 or 5), in the order they were checked.
     refused: tuple[Refusal, ...] = field(default=(), compare=False)
 
+    @classmethod
+    def internal_error(
+        cls, policy_version: str, detail: str = "", *, mode: Mode = Mode.ENFORCE, address: str | None = None
+    ) -> Decision:
+        """A gateway fault's denial (`internal_error`): never a policy's answer. `mode` and
+        `address`: those of the decision the fault interrupted, when there was one."""
+        return cls(
+            reason=Reason.INTERNAL_ERROR,
+            policy_version=policy_version,
+            mode=mode,
+            address=address,
+            detail=detail,
+        )
+
     def as_denial(self, reason: Reason, detail: str = "") -> Decision:
         """This decision turned into a denial for `reason`, keeping its rule, policy version,
         mode and address (the context an audit record of a later refusal carries)."""
@@ -140,7 +154,7 @@ class Decision:
     @property
     def verdict(self) -> str:
         """`allow`, `deny` or `would_deny`, as written to the audit trail (a held request's
-        record says `ask`: sandgate.proxy.addons.gate writes it)."""
+        record says `ask`: sandgate.proxy.approvals.holds writes it)."""
         if self.report_only:
             return "would_deny"
         return "allow" if self.allowed else "deny"

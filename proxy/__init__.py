@@ -1,9 +1,10 @@
 """sandgate proxy: the mitmproxy side. `runtime` builds the master and its addons in pipeline
 order from the subsystems `assembly/` builds; `front/` passes allowed TLS tunnels through
 before mitmproxy's layers, `addons/` are the hooks, `mitm/` what sandgate changes inside
-mitmproxy, `net/` host plumbing, `audit/` the trail, `stores/` credential and sandbox stores,
-`fleet/` redis sync, `admin/` the admin API, `workers/` the supervisor of N gateway processes
-and `cli/` the `sandgate` command.
+mitmproxy, `net/` host plumbing, `dns/` the guests' DNS, `audit/` the trail, `stores/`
+credential and sandbox stores, `fleet/` fleet sync, `redis/` the redis client and its outage
+state, `admin/` the admin API, `workers/` the supervisor of N gateway processes and `cli/`
+the `sandgate` command.
 """
 
 # The public modules, named but not imported: re-exporting their names here would make any
@@ -15,36 +16,26 @@ __all__ = [
     "approvals",
     "assembly",
     "audit",
-    "banner",
-    "bindcheck",
-    "broker_setup",
-    "ca",
     "cli",
     "config",
     "connection_table",
     "context",
+    "dns",
     "errors",
-    "fd_budget",
     "fleet",
     "front",
-    "logsetup",
     "metrics",
     "mitm",
     "net",
-    "registration",
-    "reloader",
-    "resolver_setup",
+    "redis",
+    "refresh",
     "respond",
     "runtime",
-    "sandbox_listing",
-    "secret_refresh",
-    "state_lock",
-    "statusfile",
+    "sandboxes",
+    "startup",
+    "state",
     "stores",
-    "table_name",
     "tasks",
-    "unix_sockets",
-    "upstream_trust",
     "version",
     "worker_role",
     "workers",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -18,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sandgate.policy.addresses import parse_network
 from sandgate.policy.errors import HostError, PolicyLoadError
 from sandgate.policy.hosts import normalise_host
-from sandgate.policy.model.yamlsource import load_yaml, validate
+from sandgate.policy.model.yamlsource import YamlDocument, load_yaml, validate
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.statusfile import STATUS_FILE
-from sandgate.proxy.table_name import default_table
-from sandgate.proxy.unix_sockets import internal_socket_folder
+from sandgate.proxy.state.statusfile import STATUS_FILE
+from sandgate.proxy.state.table_name import default_table
+from sandgate.proxy.state.unix_sockets import internal_socket_folder
 from sandgate.proxy.worker_role import SINGLE, WorkerRole
 
 __all__ = [
@@ -34,7 +36,7 @@ __all__ = [
     "GatewayConfig",
     "HeadsConfig",
     "Http2Config",
-    "LimitsConfig",
+    "LimitsSyncConfig",
     "ListenerConfig",
     "PassthroughConfig",
     "RedisConfig",
@@ -427,10 +429,12 @@ class RedisConfig(_Strict):
     )
 
 
-class LimitsConfig(_Strict):
-    """How tenants' `limits:` are enforced across a fleet (one machine needs nothing here)."""
+class LimitsSyncConfig(_Strict):
+    """How often tenants' `limits:` counts are shared with the fleet's other gateways (or the
+    gateway's other workers); a single process needs nothing here. Written `limits:` with
+    `sync_interval_seconds` before (still read, with a warning)."""
 
-    sync_interval_seconds: Annotated[float, Field(gt=0, le=10)] = Field(
+    interval_seconds: Annotated[float, Field(gt=0, le=10)] = Field(
         default=0.2,
         description=(
             "fleet mode: how often each gateway adds its counts to redis and reads the fleet's back; "
@@ -805,7 +809,7 @@ class GatewayConfig(_Strict):
     reload: ReloadConfig = Field(default_factory=ReloadConfig)
     redis: RedisConfig | None = Field(default=None, description="fleet mode's shared state (off when unset)")
     admin: AdminConfig = Field(default_factory=AdminConfig)
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    limits_sync: LimitsSyncConfig = Field(default_factory=LimitsSyncConfig)
     shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     http2: Http2Config = Field(default_factory=Http2Config)
@@ -953,11 +957,53 @@ def load_config(path: Path | None) -> GatewayConfig:
     if path is None:
         return GatewayConfig(base_dir=str(Path.cwd()))
     try:
-        doc = load_yaml(path)
+        doc = _renamed_keys(load_yaml(path))
         config = validate(GatewayConfig, doc)
     except PolicyLoadError as e:
         raise ConfigError(str(e)) from None
     return _anchor_references(config.model_copy(update={"base_dir": str(path.resolve().parent)}))
+
+
+# Config keys renamed, still read: (old path, new path), each a key under the top level.
+RENAMED_KEYS: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = (
+    (("limits", "sync_interval_seconds"), ("limits_sync", "interval_seconds")),
+)
+
+
+def _renamed_keys(doc: YamlDocument) -> YamlDocument:
+    """The document with renamed keys under their new names (a warning on stderr names the
+    file, line and key); positions follow, so an error still points at what was written."""
+    data = doc.data
+    if not isinstance(data, dict):
+        return doc
+    positions = dict(doc.positions)
+    for (old_section, old_key), (new_section, new_key) in RENAMED_KEYS:
+        if old_section not in data:
+            continue
+        where = doc.locate((old_section,))
+        if new_section in data:
+            raise ConfigError(
+                f"{where}: `{old_section}` is the old name of `{new_section}`: keep only `{new_section}`"
+            )
+        print(
+            f"sandgate: warning: {where}: `{old_section}: {{{old_key}: ...}}` is deprecated; "
+            f"write `{new_section}: {{{new_key}: ...}}` (the same setting)",
+            file=sys.stderr,
+        )
+        section = data[old_section]
+        if isinstance(section, dict):
+            section = {new_key if k == old_key else k: v for k, v in section.items()}
+        data = {
+            (new_section if k == old_section else k): (section if k == old_section else v)
+            for k, v in data.items()
+        }
+        for loc in list(positions):
+            if loc[:1] == (old_section,):
+                rest = loc[1:]
+                if rest[:1] == (old_key,):
+                    rest = (new_key, *rest[1:])
+                positions[(new_section, *rest)] = positions.pop(loc)
+    return replace(doc, data=data, positions=positions)
 
 
 def _anchor_reference(config: GatewayConfig, reference: str | None) -> str | None:

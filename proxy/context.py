@@ -21,10 +21,10 @@ from sandgate.proxy.approvals.reserved import ReservedName
 from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.audit.refusals import RefusalAudit
 from sandgate.proxy.audit.trail import AuditLog
+from sandgate.proxy.dns.name_bindings import NameBindings
 from sandgate.proxy.metrics import METRICS
-from sandgate.proxy.net.name_bindings import NameBindings
 
-__all__ = ["ConnectionState", "GatewayContext", "decision_context"]
+__all__ = ["ConnectionState", "FrontDecision", "GatewayContext", "decision_context"]
 
 
 @dataclass(slots=True)
@@ -39,7 +39,7 @@ class ConnectionState:
         raw_approved(address, port, name) transparent: a `protocol: tcp` rule allowed it at connect
         tunnel_approved(host, port, d)    a CONNECT (or transparent ClientHello) was allowed
         tls_accepted(sni, passthrough)    the ClientHello fits the tunnel
-        approve(address, port, host)      an absolute-form request was allowed to this address
+        permit_dial(address, port, host)  a request outside a tunnel was allowed to this address
         refused(reason)                   a layer denied: no upstream connection opens after this
     """
 
@@ -59,8 +59,8 @@ class ConnectionState:
     sni: str | None = None
     # Set when a later layer denies: no upstream connection may be opened after this.
     denied: Reason | None = None
-    # Addresses this connection may dial, and the name each was approved for (upstream SNI).
-    approved: dict[tuple[str, int], str] = field(default_factory=dict)
+    # Addresses this connection may dial, and the name each was allowed for (upstream SNI).
+    dial_permits: dict[tuple[str, int], str] = field(default_factory=dict)
 
     @property
     def in_tunnel(self) -> bool:
@@ -80,33 +80,33 @@ class ConnectionState:
     def raw_approved(self, address: str, port: int, name: str) -> None:
         """Transparent raw TCP allowed at connect: bytes to address:port pass (upstream SNI `name`)."""
         self.raw = True
-        self.approved[(address, port)] = name
+        self.dial_permits[(address, port)] = name
 
     def tunnel_approved(self, host: str, port: int, decision: Decision) -> None:
         """A tunnel to host:port was allowed: it may dial the address the decision checked."""
         if decision.address is None:
             raise ValueError("an approved tunnel needs the checked address")
         self.tunnel_host, self.tunnel_port, self.tunnel_decision = host, port, decision
-        self.approved[(decision.address, port)] = host
+        self.dial_permits[(decision.address, port)] = host
 
     def tls_accepted(self, sni: str | None, *, passthrough: bool) -> None:
         """The tunnel's ClientHello fits it: intercepted, or passed through untouched."""
         self.sni = sni
         self.passthrough = passthrough
 
-    def approve(self, address: str, port: int, host: str) -> str | None:
+    def permit_dial(self, address: str, port: int, host: str) -> str | None:
         """A request to `host` was allowed: the connection may dial address:port for it.
-        Returns the host approved there before (for `withdraw`)."""
-        before = self.approved.get((address, port))
-        self.approved[(address, port)] = host
+        Returns the host permitted there before (for `withdraw`)."""
+        before = self.dial_permits.get((address, port))
+        self.dial_permits[(address, port)] = host
         return before
 
     def withdraw(self, address: str, port: int, before: str | None) -> None:
-        """A request approved by `approve` was refused after all: back to what was approved before."""
+        """A request permitted by `permit_dial` was refused after all: back to what was permitted before."""
         if before is None:
-            self.approved.pop((address, port), None)
+            self.dial_permits.pop((address, port), None)
         else:
-            self.approved[(address, port)] = before
+            self.dial_permits[(address, port)] = before
 
     def refused(self, reason: Reason) -> None:
         """A layer denied: the chokepoint opens no upstream connection for it from now on."""
@@ -131,6 +131,35 @@ def decision_context(state: ConnectionState | None, phase: Phase, listener: str 
     if state is None:
         return DecisionContext(phase=phase, listener=listener, client="-")
     return state.decision_context(phase)
+
+
+@dataclass(frozen=True, slots=True)
+class FrontDecision:
+    """A CONNECT the passthrough front decided before it handed the connection to mitmproxy
+    (sandgate.proxy.front): the tunnel gate goes on with it instead of deciding again."""
+
+    identity: Identity
+    host: str
+    port: int
+    # Allowed, with the credential broker's interception applied.
+    decision: Decision
+    # The front answered the CONNECT itself and wrote its record (the tunnel's first bytes
+    # were no ClientHello it reads): mitmproxy's answer to the replayed CONNECT is not the
+    # guest's, and the tunnel gate does not record it twice.
+    recorded: bool
+
+    def reusable(
+        self, identity: Identity | None, host: str, port: int, policy_version: str
+    ) -> Decision | None:
+        """The decision, when it is about this CONNECT under the policy in force; else None."""
+        if (identity, host, port, policy_version) != (
+            self.identity,
+            self.host,
+            self.port,
+            self.decision.policy_version,
+        ):
+            return None
+        return self.decision
 
 
 class GatewayContext:
@@ -165,9 +194,9 @@ class GatewayContext:
         # a fleet): swapped whole by sandgate.proxy.approvals.GrantBook.
         self.grants: Grants = EMPTY_GRANTS
         self.connections: dict[str, ConnectionState] = {}
-        # Guests' addresses whose CONNECT the passthrough front recorded before it handed the
-        # tunnel to mitmproxy (sandgate.proxy.front): the Gate does not record it twice.
-        self.front_recorded: dict[object, str] = {}
+        # CONNECTs the passthrough front decided before it handed their connection to mitmproxy,
+        # by the guest's address (sandgate.proxy.front): the tunnel gate reuses the decision.
+        self.front_decided: dict[object, FrontDecision] = {}
         # Tenants' rate and size limits: local counters (merged with the fleet's by LimitSync).
         self.limiter = Limiter()
         # Fleet mode: learn the fleet's counts before the first decisions on a sandbox new here.

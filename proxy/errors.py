@@ -5,7 +5,7 @@ SandgateError                 (sandgate.policy.errors)
       ├── CAError        the gateway's CA is missing, unreadable, inconsistent or not private
       ├── ConfigError    gateway options or files that cannot be turned into a running proxy
       ├── ListenerError  an address the gateway listens on cannot be bound (port taken, ...)
-      └── StateDirInUse  another gateway holds the state folder (proxy/state_lock.py)
+      └── StateDirInUse  another gateway holds the state folder (proxy/state/state_lock.py)
 """
 
 from __future__ import annotations

@@ -21,11 +21,13 @@ from sandgate.policy.reasons import Reason
 
 __all__ = [
     "ASKABLE",
+    "SHUTTING_DOWN",
     "decision_response",
     "denied_response",
     "json_body",
     "limited_response",
     "proxy_auth_required",
+    "shutdown_response",
     "status_for",
     "upstream_error_response",
 ]
@@ -40,6 +42,8 @@ _STATUS = {
     Reason.UPSTREAM_UNREACHABLE: 502,
     Reason.UPSTREAM_PROTOCOL_ERROR: 502,
 }
+# What a request refused by a draining gateway (or a hold the drain ended) is told.
+SHUTTING_DOWN = "gateway shutting down"
 _ERROR_TEXT = {400: "invalid request", 403: "egress denied", 502: "bad gateway", 504: "gateway timeout"}
 
 
@@ -188,5 +192,21 @@ def proxy_auth_required(decision_id: str) -> http.Response:
             "Proxy-Authenticate": 'Basic realm="sandgate"',
             REASON_HEADER: Reason.NO_IDENTITY.value,
             DECISION_HEADER: decision_id,
+        },
+    )
+
+
+def shutdown_response(decision_id: str) -> http.Response:
+    """503 `internal_error` "gateway shutting down", `Connection: close`: try again shortly."""
+    body = {"error": SHUTTING_DOWN, "reason": Reason.INTERNAL_ERROR.value, "decision_id": decision_id}
+    return http.Response.make(
+        503,
+        json_body(body),
+        {
+            "Content-Type": "application/json",
+            REASON_HEADER: Reason.INTERNAL_ERROR.value,
+            DECISION_HEADER: decision_id,
+            "Retry-After": "1",
+            "Connection": "close",
         },
     )

@@ -28,16 +28,15 @@ from mitmproxy.addons import proxyserver
 from sandgate.policy.model.grants import Grants
 from sandgate.policy.model.policyset import TenantPolicy
 from sandgate.policy.resolver import Resolver
-from sandgate.proxy import banner
 from sandgate.proxy.addons.connection_limits import ConnectionLimits
 from sandgate.proxy.addons.drain import Drainer
 from sandgate.proxy.addons.h2_guard import H2Guard
 from sandgate.proxy.addons.pipeline import Shared, pipeline
-from sandgate.proxy.admin.access_requests import sweep_file_grants
 from sandgate.proxy.admin.fanout import confirm_reload
 from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
+from sandgate.proxy.approvals.operator_decisions import sweep_file_grants
 from sandgate.proxy.assembly.approvals import build_approvals
 from sandgate.proxy.assembly.audit import build_audit
 from sandgate.proxy.assembly.broker import build_broker
@@ -50,24 +49,26 @@ from sandgate.proxy.assembly.rego import build_engine
 from sandgate.proxy.assembly.services import Calls, Service, Services, Stage
 from sandgate.proxy.assembly.stores import build_stores
 from sandgate.proxy.audit.leftovers import read_cut_count
-from sandgate.proxy.bindcheck import check_endpoints, endpoints, failure_line
-from sandgate.proxy.ca import ensure_ca
 from sandgate.proxy.config import DnsListenerConfig, GatewayConfig
 from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.dns.listener import DnsListener
 from sandgate.proxy.errors import ListenerError
-from sandgate.proxy.fd_budget import raise_fd_limit
 from sandgate.proxy.fleet.channel import publish_reload_with
 from sandgate.proxy.metrics import METRICS, GatewayGauges
 from sandgate.proxy.mitm.closer import ConnectionCloser
-from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
-from sandgate.proxy.registration import prepare_host_table
-from sandgate.proxy.reloader import PolicyReloader, problem_view, report_problems
-from sandgate.proxy.statusfile import STATUS_FILE, read_status, remove_status, write_status
+from sandgate.proxy.redis.outage import REDIS_OUTAGE
+from sandgate.proxy.refresh.reloader import PolicyReloader, problem_view, report_problems
+from sandgate.proxy.sandboxes.registration import prepare_host_table
+from sandgate.proxy.startup import banner
+from sandgate.proxy.startup.bindcheck import check_endpoints, endpoints, failure_line
+from sandgate.proxy.startup.ca import ensure_ca
+from sandgate.proxy.startup.fd_budget import raise_fd_limit
+from sandgate.proxy.startup.upstream_trust import upstream_trust_file
+from sandgate.proxy.state.statusfile import STATUS_FILE, read_status, remove_status, write_status
 from sandgate.proxy.stores.credentials import RekeyableStore
 from sandgate.proxy.stores.registry import load_registry, registry_digest
 from sandgate.proxy.tasks import spawn
-from sandgate.proxy.upstream_trust import upstream_trust_file
 from sandgate.proxy.version import version_of
 from sandgate.proxy.worker_role import SUPERVISOR_GONE
 
@@ -356,7 +357,7 @@ class Gateway:
         if state.role.lead:
             # The lead takes expired grants out of the tenants' grants files (and records it).
             self.approvals.grants.sweep_files = partial(
-                sweep_file_grants, state, partial(self.reloader.reload, "grant_expired", with_peers=True)
+                sweep_file_grants, state.ctx, partial(self.reloader.reload, "grant_expired", with_peers=True)
             )
         if state.role.lead and state.role.count > 1:
             # The lead answers for the gateway: it fans changes and reads out to the other workers.
@@ -367,7 +368,8 @@ class Gateway:
             state.gateway_id = fleet.gateway_id
 
             async def publish(_version: str) -> int:
-                return await publish_reload_with(fleet.client, fleet.keys)
+                with REDIS_OUTAGE.track("fleet.publish"):
+                    return await publish_reload_with(fleet.client, fleet.keys)
 
             state.publish_reload = publish
             # A registry change is read back from redis, so it is in force here before the answer.

@@ -74,6 +74,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+E2E = REPO / "tests" / "e2e"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests under tests/e2e/ start real gateways (or the CLI, or a namespace lab): marked
+    `e2e`, so `-m "not e2e"` runs the in-process part alone, in seconds."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)
+
+
 DEMO_TOKEN = REPO / "rules" / "tenants" / "demo-1.token"
 _DEMO_TOKEN_MADE = pytest.StashKey[bool]()
 

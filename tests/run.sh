@@ -17,32 +17,32 @@ MYPYPATH=.typecheck .venv/bin/mypy docs/tools/reference.py docs/tools/model_refe
 # The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
 MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
 echo "== pytest" >&2
-# The part run again with two workers per gateway (below). Not in it: tests/proxy/workers,
-# tests/proxy/fleet/test_worker_limits.py and tests/proxy/test_hostnet_workers.py: each of their
+# The part run again with two workers per gateway (below). Not in it: tests/e2e/workers,
+# tests/e2e/fleet/test_worker_limits.py and tests/e2e/test_hostnet_workers.py: each of their
 # gateways sets its own count (`--workers 2`, SANDGATE_WORKERS=2 in its env, or SANDGATE_WORKER=i/2
 # for one worker of two), so the first run already runs them with two workers, and a second run
 # would only repeat them exactly.
 WORKERS_SUBSET=(
-    tests/proxy/addons/test_identify.py
-    tests/proxy/test_runtime.py
-    tests/proxy/test_audit_durability.py
-    tests/proxy/addons/test_drain.py
+    tests/e2e/addons/test_identify.py
+    tests/e2e/test_runtime.py
+    tests/e2e/test_audit_durability.py
+    tests/e2e/addons/test_drain.py
     # The passthrough front in every worker: records, handoffs, refusals (its limits, caps and
     # drain file starts six gateways; it passes with two workers too, but is left to stage one).
-    tests/proxy/front/test_front.py
+    tests/e2e/front/test_front.py
     # Issue 23's refusals and streams with two workers: small-chunk streams through the
     # scrubber, a refused 101 with HTTP/2 behind it, TLS at the proxy port, h2 rapid reset.
-    tests/proxy/addons/test_streamed_responses.py
-    tests/proxy/addons/test_upgrades.py::test_a_101_to_a_stripped_h2c_offer_in_a_tunnel_is_denied_as_upgrade_not_allowed
-    tests/proxy/test_resources_conns.py::test_tls_sent_straight_to_the_proxy_port_is_audited_per_source_as_invalid_request
-    tests/proxy/test_resources_conns.py::test_http2_rapid_reset_gets_goaway_and_other_tenants_stay_served
+    tests/e2e/addons/test_streamed_responses.py
+    tests/e2e/addons/test_upgrades.py::test_a_101_to_a_stripped_h2c_offer_in_a_tunnel_is_denied_as_upgrade_not_allowed
+    tests/e2e/test_resources_conns.py::test_tls_sent_straight_to_the_proxy_port_is_audited_per_source_as_invalid_request
+    tests/e2e/test_resources_conns.py::test_http2_rapid_reset_gets_goaway_and_other_tenants_stay_served
     # Fleet: two of the file's tests (the whole file takes 5 minutes with two workers).
-    tests/proxy/test_fleet_registry.py::test_one_published_reload_is_in_force_on_both_gateways
-    tests/proxy/test_fleet_registry.py::test_a_redis_replaced_by_an_empty_one_is_detected_loudly_and_fails_closed
+    tests/e2e/test_fleet_registry.py::test_one_published_reload_is_in_force_on_both_gateways
+    tests/e2e/test_fleet_registry.py::test_a_redis_replaced_by_an_empty_one_is_detected_loudly_and_fails_closed
 )
 # It asserts one process's metric: not yet written for a gateway of several workers.
 WORKERS_SUBSET+=(
-    --deselect tests/proxy/test_audit_durability.py::test_a_full_queue_denies_before_anything_goes_upstream
+    --deselect tests/e2e/test_audit_durability.py::test_a_full_queue_denies_before_anything_goes_upstream
 )
 # Two worker processes (pytest-xdist), a test file's tests on one of them (module fixtures such
 # as a shared gateway or a namespace lab start once, and never run beside their own twin:
@@ -56,7 +56,7 @@ status=0
 # Every gateway above that does not set its count ran as one process (tests/conftest.py:
 # SANDGATE_TEST_WORKERS, default 1).
 # Then a representative end-to-end part again with two workers per gateway (a supervisor,
-# SO_REUSEPORT, one audit writer, the local broker): identity, reloads, audit, SIGTERM drain,
+# SO_REUSEPORT, one audit writer, the limit relay): identity, reloads, audit, SIGTERM drain,
 # fleet. Only on a whole run: with arguments (a selection), the run above is the one asked for.
 if [ "$#" -eq 0 ]; then
     echo "== pytest, two workers per gateway" >&2

@@ -1,20 +1,24 @@
 """The mitmproxy addons, one concern each, in the one order `pipeline` gives them (the
-gateway's and the in-process tests'): identify the sandbox, decide at every layer (gate),
-count tenant limits (limits), complete the audit record (audit_completion), broker
-credentials, and the guards on connections, heads, HTTP/2 streams, upgrades and trailers;
-`drain` lets requests in flight finish on shutdown.
+gateway's and the in-process tests'): identify the sandbox, decide each tunnel (tunnel_gate)
+and each request (request_gate), dial only what they allowed (dial_guard), count tenant
+limits (limits), complete the audit record (audit_completion), broker credentials
+(credential_broker), and the guards on connections, heads, HTTP/2 streams, upgrades and
+trailers; `drain` lets requests in flight finish on shutdown. One request's facts and its one
+record travel in its `exchange`; what the front shares with them is in plain modules
+(`guest_peer`, `tunnel_rules`).
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
     "audit_completion",
     "connection_limits",
-    "credentials",
+    "credential_broker",
+    "dial_guard",
     "drain",
-    "flow_keys",
-    "gate",
+    "exchange",
+    "guest_peer",
     "h2_guard",
-    "head_caps",
+    "heads",
     "hop_by_hop",
     "http_seam",
     "identify",
@@ -22,7 +26,10 @@ __all__ = [
     "limits",
     "pipeline",
     "refusal",
+    "request_gate",
     "trailers",
     "transparent",
+    "tunnel_gate",
+    "tunnel_rules",
     "upgrades",
 ]

@@ -1,13 +1,13 @@
-"""Addon: finish the audit record of every request the Gate allowed, when its exchange ends.
+"""Addon: finish the audit record of every request the request gate allowed, when it ends.
 
-The Gate leaves an allowed request's (context, decision) on the flow (`PENDING_KEY`) with a
-place reserved in the audit queue; here, on `response` or `error`, that becomes its one
-record: status, bytes each way, the credentials injected, and the failure when the upstream
-failed after the policy allowed. An addon that refused the exchange itself (a limit, a
-head cap, a placeholder) takes the pending decision off the flow and records the denial:
-then nothing is recorded here, so every decision has exactly one record.
-After the Gate in the chain, and before the broker's `response` (its scrubbing changes the
-body whose size the record counts).
+The request gate leaves an allowed request pending on its exchange (sandgate.proxy.addons.
+exchange) with a place reserved in the audit queue; here, on `response` or `error`, that
+becomes its one record: status, bytes each way, the credentials injected, and the failure when
+the upstream failed after the policy allowed. An addon that refused the exchange itself (a
+limit, a head cap, a placeholder) recorded the denial through the exchange: then nothing is
+recorded here, so every decision has exactly one record.
+After the request gate in the chain, and before the broker's `response` (its scrubbing changes
+the body whose size the record counts).
 """
 
 from __future__ import annotations
@@ -17,15 +17,9 @@ from dataclasses import replace
 import structlog
 from mitmproxy import http
 
-from sandgate.proxy.addons.flow_keys import (
-    CREDENTIALS_KEY,
-    FAILURE_KEY,
-    HEAD_BYTES_KEY,
-    PENDING_KEY,
-    STREAMED_BYTES_KEY,
-    StreamedBytes,
-)
-from sandgate.proxy.audit.records import decision_record
+from sandgate.policy.decision import Decision
+from sandgate.proxy.addons.exchange import Exchange, Record
+from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.mitm.wire_errors import Failure, failure_of_text
 
@@ -48,39 +42,47 @@ class AuditCompletion:
         await self._complete(flow, _flagged(flow) or failure_of_text(flow.error.msg if flow.error else ""))
 
     async def _complete(self, flow: http.HTTPFlow, failure: Failure | None) -> None:
-        pending = flow.metadata.pop(PENDING_KEY, None)
+        exchange = Exchange.of(flow)
+        pending = exchange.pending
         if pending is None:
             return
-        dctx, decision = pending
-        credentials, injectors = flow.metadata.get(CREDENTIALS_KEY, ((), ()))
-        streamed = flow.metadata.get(STREAMED_BYTES_KEY) or StreamedBytes()
         try:
-            status = flow.response.status_code if flow.response else None
-            if failure is not None and failure.reason is not None:
-                # Allowed, then the upstream failed: the reason, and the status the guest got
-                # (the upstream's when its head was already streamed to the guest).
-                decision = replace(decision, reason=failure.reason)
-                if flow.response is None or not flow.response.stream:
-                    status = failure.status
-            record = decision_record(
-                dctx,
-                decision,
-                credentials=credentials,
-                status=status,
-                bytes_up=flow.metadata.get(HEAD_BYTES_KEY, 0)
-                + len(flow.request.raw_content or b"")
-                + streamed.up,
-                bytes_down=len(flow.response.raw_content or b"") + streamed.down if flow.response else None,
-                error=failure.text if failure is not None else None,
-            )
-            if injectors:
-                record["injectors"] = list(injectors)
-            await self.ctx.audit.emit(record)
+            await exchange.complete(self.ctx.audit, lambda dctx, d: _record(flow, exchange, dctx, d, failure))
         except Exception:
-            log.exception("hook_failed", hook="response", decision_id=dctx.decision_id)
+            log.exception("hook_failed", hook="response", decision_id=pending[0].decision_id)
+
+
+def _record(
+    flow: http.HTTPFlow,
+    exchange: Exchange,
+    dctx: DecisionContext,
+    decision: Decision,
+    failure: Failure | None,
+) -> Record:
+    """The allowed exchange's one record, as it ended."""
+    status = flow.response.status_code if flow.response else None
+    if failure is not None and failure.reason is not None:
+        # Allowed, then the upstream failed: the reason, and the status the guest got
+        # (the upstream's when its head was already streamed to the guest).
+        decision = replace(decision, reason=failure.reason)
+        if flow.response is None or not flow.response.stream:
+            status = failure.status
+    streamed = exchange.streamed
+    record = decision_record(
+        dctx,
+        decision,
+        credentials=exchange.credentials,
+        status=status,
+        bytes_up=exchange.head_bytes + len(flow.request.raw_content or b"") + streamed.up,
+        bytes_down=len(flow.response.raw_content or b"") + streamed.down if flow.response else None,
+        error=failure.text if failure is not None else None,
+    )
+    if exchange.injectors:
+        record["injectors"] = list(exchange.injectors)
+    return record
 
 
 def _flagged(flow: http.HTTPFlow) -> Failure | None:
-    """A failure another addon noted on the flow (a fixed text, e.g. trailers refused)."""
-    text = flow.metadata.get(FAILURE_KEY)
+    """A failure another addon noted on the exchange (a fixed text, e.g. trailers refused)."""
+    text = Exchange.of(flow).failure
     return Failure(str(text)) if text else None

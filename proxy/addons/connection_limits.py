@@ -53,11 +53,7 @@ upgrade that moves it fails loudly.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import ipaddress
 import resource
-import struct
-import termios
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -69,72 +65,26 @@ from mitmproxy.proxy import mode_servers, mode_specs, server, server_hooks
 
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.identify import IDENTITY_KEY
-from sandgate.proxy.addons.refusal import refuse
+from sandgate.proxy.addons.exchange import Exchange, exchange_context
+from sandgate.proxy.addons.guest_peer import RECLAIM_AFTER_SECONDS, source_key, stream_buffer_of, unread
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.audit.refusals import Record
 from sandgate.proxy.config import ConnectionsConfig
 from sandgate.proxy.connection_table import ConnectionTable, Reclaimable, Shares
-from sandgate.proxy.context import GatewayContext, decision_context
-from sandgate.proxy.fd_budget import FdBudget
+from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.net.listen_backlog import widen_listen_backlog
 from sandgate.proxy.respond import denied_response, limited_response
+from sandgate.proxy.startup.fd_budget import FdBudget
 from sandgate.proxy.tasks import BackgroundTask
 
-__all__ = [
-    "RECLAIM_AFTER_SECONDS",
-    "ConnectionLimits",
-    "SandboxConnectionCap",
-    "check_seams",
-    "source_key",
-    "unread",
-]
+__all__ = ["ConnectionLimits", "SandboxConnectionCap", "check_seams"]
 
 log = structlog.get_logger("sandgate.connlimits")
 
 # Under fd pressure (past the soft mark) a source holding fewer unidentified connections than
 # this gets in as it is; one holding more trades an idle one for the new one.
 LIGHT_SOURCE = 4
-# A connection quiet for less than this is not idle for eviction: it may be about to send.
-RECLAIM_AFTER_SECONDS = 1.0
 _EVICTED = "oldest idle connection closed"
-
-
-def source_key(peer: tuple[Any, ...] | None) -> str:
-    """The address a per-source cap counts: the IPv4 address, or the IPv6 /64 (one host's usual share)."""
-    if not peer:
-        return "-"
-    try:
-        addr = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
-    except ValueError:
-        return str(peer[0])
-    if isinstance(addr, ipaddress.IPv6Address):
-        if addr.ipv4_mapped is not None:
-            return str(addr.ipv4_mapped)
-        return str(ipaddress.IPv6Network((addr, 64), strict=False))
-    return str(addr)
-
-
-def unread(reader: object, writer: object) -> bool:
-    """Whether bytes the client sent wait unread (asyncio's stream buffer, the socket's queue).
-    True when it cannot be told: such a connection is never taken for an idle one."""
-    try:
-        if isinstance(reader, asyncio.StreamReader) and _stream_buffer(reader):
-            return True
-        sock = writer.get_extra_info("socket")  # type: ignore[attr-defined]
-        queued = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-    except (AttributeError, OSError, RuntimeError, ValueError):
-        return True
-    return bool(struct.unpack("i", queued)[0] > 0)
-
-
-def _stream_buffer(reader: asyncio.StreamReader) -> bytearray:
-    """What the stream read from its socket and has not handed out (asyncio's private buffer,
-    which the passthrough front reads too; `check_seams` checks it is still there)."""
-    buffer = vars(reader).get("_buffer")
-    if not isinstance(buffer, bytearray):
-        raise RuntimeError("asyncio.StreamReader moved its buffer")
-    return buffer
 
 
 @dataclass(slots=True)
@@ -461,18 +411,15 @@ class SandboxConnectionCap:
             return
         share = self.limits.shares.per_sandbox
         try:
-            identity = flow.metadata.get(IDENTITY_KEY)
+            exchange = Exchange.of(flow)
+            identity = exchange.identity
             state = self.ctx.connections.get(flow.client_conn.id)
-            if not isinstance(identity, Identity) or state is None or state.transparent:
+            if identity is None or state is None or state.transparent:
                 return  # transparent connections were counted at connect
             if self.limits.table.attribute(flow.client_conn.id, identity.sandbox, share):
                 return
-            dctx = decision_context(state, phase)
             # The request's own host, in a tunnel too, and the identity its credential named.
-            dctx.host, dctx.port = flow.request.host, flow.request.port
-            dctx.method = flow.request.method
-            dctx.path = None if phase is Phase.CONNECT else flow.request.path
-            dctx.identity = identity
+            dctx = exchange_context(state, flow.client_conn, phase, flow=flow, own_target=True)
             limit = f"connections.max_per_sandbox ({self.limits.cfg.max_per_sandbox})"
             decision = Decision(
                 reason=Reason.CONNECTION_LIMIT, policy_version=self.ctx.policy.version, detail=limit
@@ -482,7 +429,7 @@ class SandboxConnectionCap:
                 Reason.CONNECTION_LIMIT, "connections.max_per_sandbox", 1, dctx.host, dctx.decision_id
             )
             response.headers["Connection"] = "close"
-            if not await refuse(self.ctx.audit, flow, response, dctx, decision):
+            if not await exchange.refuse(self.ctx.audit, flow, response, decision, dctx):
                 flow.response = denied_response(Reason.INTERNAL_ERROR, None, dctx.decision_id)
                 flow.response.headers["Connection"] = "close"
         except Exception:
@@ -525,7 +472,7 @@ def _has_stream_buffer() -> bool:
     try:
         reader = asyncio.StreamReader(loop=loop)
         reader.feed_data(b"x")
-        return bytes(_stream_buffer(reader)) == b"x"
+        return bytes(stream_buffer_of(reader)) == b"x"
     except RuntimeError:
         return False
     finally:

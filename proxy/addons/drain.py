@@ -9,7 +9,7 @@ or the drain time passed, or a second signal came, what is left is cut: the requ
 flight get their record (`error: "cut by shutdown"`) before their connections are closed, so
 nothing decided goes unrecorded. One `gateway.shutdown` line says what was drained and cut.
 
-Two addons share one Drainer: `DrainStart` (before the Gate: registers each request, refuses
+Two addons share one Drainer: `DrainStart` (before the gates: registers each request, refuses
 new ones while draining) and `DrainEnd` (after every addon that records: a request is done
 only once its record was emitted).
 """
@@ -18,29 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import structlog
 from mitmproxy import http, master
 
-from sandgate.policy.decision import Decision, Identity, Phase
-from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.flow_keys import PENDING_KEY
-from sandgate.proxy.addons.identify import IDENTITY_KEY
-from sandgate.proxy.audit.records import decision_record
-from sandgate.proxy.context import ConnectionState, GatewayContext, decision_context
-from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
+from sandgate.policy.decision import Decision, Phase
+from sandgate.proxy.addons.exchange import CUT_BY_SHUTDOWN, Exchange, Record, exchange_context
+from sandgate.proxy.audit.records import DecisionContext, decision_record
+from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.respond import SHUTTING_DOWN, shutdown_response
 
-__all__ = ["CUT_BY_SHUTDOWN", "SHUTTING_DOWN", "DrainEnd", "DrainStart", "Drainer", "shutdown_response"]
+__all__ = ["DrainEnd", "DrainStart", "Drainer"]
 
 log = structlog.get_logger("sandgate.runtime")
 
-CUT_BY_SHUTDOWN = "cut by shutdown"
-SHUTTING_DOWN = "gateway shutting down"
 _POLL = 0.02
 
 
@@ -181,20 +177,13 @@ class Drainer:
         """Record the requests still in flight (their connections close next); how many."""
         cut = 0
         for flow in list(self._inflight.values()):
-            pending = flow.metadata.pop(PENDING_KEY, None)
+            exchange = Exchange.of(flow)
+            pending = exchange.pending
             if pending is not None:
-                dctx, decision = pending
                 try:
-                    record = decision_record(
-                        dctx,
-                        decision,
-                        status=flow.response.status_code if flow.response else None,
-                        bytes_up=len(flow.request.raw_content or b""),
-                        error=CUT_BY_SHUTDOWN,
-                    )
-                    self.ctx.audit.emit_nowait(record)
+                    exchange.complete_nowait(self.ctx.audit, partial(_cut_record, flow))
                 except Exception:
-                    log.exception("gateway.cut_record_failed", decision_id=dctx.decision_id)
+                    log.exception("gateway.cut_record_failed", decision_id=pending[0].decision_id)
             cut += 1
         self._inflight.clear()
         self._by_client.clear()
@@ -205,36 +194,21 @@ class Drainer:
     def refuse(self, flow: http.HTTPFlow) -> None:
         """503 with `Connection: close` for a request that starts while draining (recorded)."""
         state = self.ctx.connections.get(flow.client_conn.id)
-        dctx = decision_context(state, Phase.REQUEST)
-        if state is None or not state.in_tunnel:
-            dctx.host, dctx.port = flow.request.host, flow.request.port
-        dctx.method, dctx.path = flow.request.method, flow.request.path
-        # The request's identity (Identify sets it per request), not only the connection's.
-        identity = flow.metadata.get(IDENTITY_KEY)
-        dctx.identity = identity if isinstance(identity, Identity) else None
-        decision = Decision(
-            reason=Reason.INTERNAL_ERROR,
-            policy_version=self.ctx.policy.version,
-            detail=SHUTTING_DOWN,
-        )
+        dctx = exchange_context(state, flow.client_conn, Phase.REQUEST, flow=flow)
+        decision = Decision.internal_error(self.ctx.policy.version, SHUTTING_DOWN)
         self.refused += 1
-        flow.response = shutdown_response(dctx.decision_id)
-        self.ctx.audit.emit_nowait(decision_record(dctx, decision, status=503))
+        response = shutdown_response(dctx.decision_id)
+        Exchange.of(flow).refuse_now(self.ctx.audit, flow, response, decision, dctx, status=503)
 
 
-def shutdown_response(decision_id: str) -> http.Response:
-    """503 `internal_error` "gateway shutting down", `Connection: close`: try again shortly."""
-    body = {"error": SHUTTING_DOWN, "reason": Reason.INTERNAL_ERROR.value, "decision_id": decision_id}
-    return http.Response.make(
-        503,
-        json.dumps(body).encode() + b"\n",
-        {
-            "Content-Type": "application/json",
-            REASON_HEADER: Reason.INTERNAL_ERROR.value,
-            DECISION_HEADER: decision_id,
-            "Retry-After": "1",
-            "Connection": "close",
-        },
+def _cut_record(flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision) -> Record:
+    """The record of an allowed request the drain cut."""
+    return decision_record(
+        dctx,
+        decision,
+        status=flow.response.status_code if flow.response else None,
+        bytes_up=len(flow.request.raw_content or b""),
+        error=CUT_BY_SHUTDOWN,
     )
 
 
@@ -252,7 +226,7 @@ def _close(handler: Any) -> bool:
 
 
 class DrainStart:
-    """Addon, before the Gate: registers each request; while draining, refuses new ones."""
+    """Addon, before the gates: registers each request; while draining, refuses new ones."""
 
     def __init__(self, drainer: Drainer) -> None:
         self.drainer = drainer

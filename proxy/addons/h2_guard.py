@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import h2.connection
 import h2.errors
@@ -42,10 +43,10 @@ from mitmproxy.proxy.layers.http._http2 import Http2Server
 
 from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.flow_keys import PENDING_KEY
+from sandgate.proxy.addons.exchange import Exchange, exchange_context
 from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.config import Http2Config
-from sandgate.proxy.context import GatewayContext, decision_context
+from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.tasks import TaskSet
 
 __all__ = ["GuardedHttp2Server", "H2Guard", "check_seam"]
@@ -164,9 +165,9 @@ class H2Guard:
         state = self.ctx.connections.get(client.id)
         if state is not None:
             state.refused(Reason.PROTOCOL_ABUSE)
-        dctx = decision_context(state, Phase.REQUEST, client.proxy_mode.full_spec)
+        dctx = exchange_context(state, client, Phase.REQUEST)
         if state is not None:
-            dctx.sni = state.sni
+            dctx = replace(dctx, sni=state.sni)
         decision = Decision(
             reason=Reason.PROTOCOL_ABUSE, policy_version=self.ctx.policy.version, detail=detail
         )
@@ -181,10 +182,8 @@ def _take_pending(flows: list[http.HTTPFlow], release: Callable[[str], None]) ->
     reserved for them given back)."""
     taken = []
     for flow in flows:
-        pending = flow.metadata.pop(PENDING_KEY, None)
-        if pending is not None:
-            decision_id = pending[0].decision_id
-            release(decision_id)
+        decision_id = Exchange.of(flow).covered(release)
+        if decision_id is not None:
             taken.append(decision_id)
     return taken
 

@@ -22,6 +22,7 @@ and fails loudly when it has moved.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from dataclasses import replace
 from typing import Any, cast
 
 import structlog
@@ -47,12 +48,11 @@ from mitmproxy.proxy.layers.http._http1 import Http1Server
 from sandgate.brokers.decoding import UndecodableBody
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.credentials import StreamDenied
-from sandgate.proxy.addons.flow_keys import PENDING_KEY, STREAMED_BYTES_KEY, StreamedBytes
-from sandgate.proxy.addons.identify import IDENTITY_KEY, client_address
+from sandgate.proxy.addons.credential_broker import StreamDenied
+from sandgate.proxy.addons.exchange import Exchange, exchange_context
 from sandgate.proxy.addons.limits import LimitStreamCut
 from sandgate.proxy.audit.records import decision_record
-from sandgate.proxy.context import GatewayContext, decision_context
+from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.errors import ProxyError
 from sandgate.proxy.mitm.wire_errors import INVALID_REQUEST, KILLED, Failure, failure_for, failure_of_text
 from sandgate.proxy.respond import denied_response
@@ -92,14 +92,12 @@ class _Seam:
     ) -> tuple[str, str | None]:
         """Audit a refusal that no hook decided; (decision id, host) for the answer."""
         state = self.ctx.connections.get(client.id) if self.ctx is not None else None
-        dctx = decision_context(state, Phase.REQUEST, client.proxy_mode.full_spec)
-        if state is None:
-            dctx.client = client_address(client.peername)
-        elif dctx.host is None and state.original_dst is not None:
+        dctx = exchange_context(state, client, Phase.REQUEST)
+        if state is not None and dctx.host is None and state.original_dst is not None:
             # Transparent, before a tunnel: where the guest was connecting.
-            dctx.host, dctx.port = state.original_dst
+            dctx = replace(dctx, host=state.original_dst[0], port=state.original_dst[1])
         if identity is not None:
-            dctx.identity = identity
+            dctx = replace(dctx, identity=identity)
         decision = Decision(
             reason=failure.reason or Reason.INVALID_REQUEST,
             policy_version=self.ctx.policy.version if self.ctx is not None else "",
@@ -215,9 +213,7 @@ class _GuardedStream(HttpStream):
         message = flow.request if up else flow.response
         if message is None or not message.stream:
             return
-        counted = flow.metadata.get(STREAMED_BYTES_KEY)
-        if counted is None:
-            counted = flow.metadata[STREAMED_BYTES_KEY] = StreamedBytes()
+        counted = Exchange.of(flow).streamed
         if up:
             counted.up += len(event.data)
         else:
@@ -230,9 +226,11 @@ class _GuardedStream(HttpStream):
             return
         if flow.error is not None:
             flow.error.msg = failure_of_text(flow.error.msg).text
-        pending = flow.metadata.get(PENDING_KEY)
-        if pending is not None:
-            self.decided = (pending[0].decision_id, pending[0].host)
+        if self.decided is None:
+            # An exchange is allowed once: its decision, once seen, is the one to name.
+            pending = Exchange.of(flow).pending
+            if pending is not None:
+                self.decided = (pending[0].decision_id, pending[0].host)
 
     def _refuse(self, event: ResponseProtocolError) -> Commands:
         failure = failure_for(event.code, event.message)
@@ -244,10 +242,8 @@ class _GuardedStream(HttpStream):
         decided = self.decided
         if decided is None:
             flow = getattr(self, "flow", None)
-            identity = flow.metadata.get(IDENTITY_KEY) if flow is not None else None
-            decided = self.seam.refusal(
-                self.context.client, failure, identity if isinstance(identity, Identity) else None
-            )
+            identity = Exchange.of(flow).identity if flow is not None else None
+            decided = self.seam.refusal(self.context.client, failure, identity)
         decision_id, host = decided
         response = denied_response(
             failure.reason, host, decision_id, status=failure.status, close=not self._h2

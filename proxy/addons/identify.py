@@ -7,39 +7,19 @@ anything is forwarded. No other header, Host or path ever selects a tenant.
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 import structlog
 from mitmproxy import connection, http
 
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.refusal import refuse
-from sandgate.proxy.audit.records import DecisionContext
+from sandgate.proxy.addons.exchange import Exchange, exchange_context
+from sandgate.proxy.addons.guest_peer import client_address, parse_proxy_authorization
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.respond import denied_response, proxy_auth_required
 
-__all__ = ["Identify", "client_address", "parse_proxy_authorization"]
+__all__ = ["Identify"]
 
 log = structlog.get_logger("sandgate.identify")
-
-IDENTITY_KEY = "sandgate.identity"
-
-
-def parse_proxy_authorization(value: str | None) -> tuple[str, str] | None:
-    """(sandbox id, token) from a Basic Proxy-Authorization value, or None."""
-    if not value:
-        return None
-    scheme, _, encoded = value.strip().partition(" ")
-    if scheme.lower() != "basic" or not encoded:
-        return None
-    try:
-        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    user, sep, token = decoded.partition(":")
-    return (user, token) if sep and user and token else None
 
 
 class Identify:
@@ -70,7 +50,7 @@ class Identify:
             # Never let a credential switch a transparent connection's identity.
             flow.request.headers.pop("Proxy-Authorization", None)
             if state.identity is not None:
-                flow.metadata[IDENTITY_KEY] = state.identity
+                Exchange.of(flow).identity = state.identity
             return
         await self._identify(flow)
 
@@ -82,13 +62,13 @@ class Identify:
             # Transparent mode: the identity is the source address's, set at connect.
             flow.request.headers.pop("Proxy-Authorization", None)
             if state.identity is not None:
-                flow.metadata[IDENTITY_KEY] = state.identity
+                Exchange.of(flow).identity = state.identity
             return
         if state is not None and state.in_tunnel:
             # Inside an approved tunnel the identity is the CONNECT's; a header here means nothing.
             flow.request.headers.pop("Proxy-Authorization", None)
             if state.identity is not None:
-                flow.metadata[IDENTITY_KEY] = state.identity
+                Exchange.of(flow).identity = state.identity
             return
         await self._identify(flow)
 
@@ -103,32 +83,18 @@ class Identify:
             if identity is None:
                 await self._refuse(flow, state)
                 return
-            flow.metadata[IDENTITY_KEY] = identity
+            Exchange.of(flow).identity = identity
             if state is not None:
                 state.identified(identity)
         except Exception:
             log.exception("hook_failed", hook="identify")
-            flow.metadata.pop(IDENTITY_KEY, None)
+            Exchange.of(flow).identity = None
             flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
 
     async def _refuse(self, flow: http.HTTPFlow, state: ConnectionState | None) -> None:
-        dctx = DecisionContext(
-            phase=Phase.CONNECT if flow.request.method == "CONNECT" else Phase.REQUEST,
-            listener=state.listener if state else flow.client_conn.proxy_mode.full_spec,
-            client=state.client if state else client_address(flow.client_conn.peername),
-            host=flow.request.host,
-            port=flow.request.port,
-            method=flow.request.method,
-            path=None if flow.request.method == "CONNECT" else flow.request.path,
-        )
+        phase = Phase.CONNECT if flow.request.method == "CONNECT" else Phase.REQUEST
+        dctx = exchange_context(state, flow.client_conn, phase, flow=flow, own_target=True)
         decision = Decision(allowed=False, reason=Reason.NO_IDENTITY, policy_version=self.ctx.policy.version)
-        if not await refuse(self.ctx.audit, flow, proxy_auth_required(dctx.decision_id), dctx, decision):
+        response = proxy_auth_required(dctx.decision_id)
+        if not await Exchange.of(flow).refuse(self.ctx.audit, flow, response, decision, dctx):
             flow.response = denied_response(Reason.INTERNAL_ERROR, None, dctx.decision_id)
-
-
-def client_address(peer: tuple[str, int] | object | None) -> str:
-    """`host:port` (`[v6]:port`) of a peer address as records show it; `-` when unknown."""
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        host = str(peer[0])
-        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
-    return "-"

@@ -1,7 +1,7 @@
 """Addon: tenants' rate, size and byte limits (sandgate.policy.limiter), as they apply to flows.
 
-After the Gate in the chain, and only on what the policy allowed (report mode too):
-- each HTTP request the Gate allowed counts as a request (429 `rate_limited` with
+After the gates in the chain, and only on what the policy allowed (report mode too):
+- each HTTP request the request gate allowed counts as a request (429 `rate_limited` with
   Retry-After); a declared body over `request_body_bytes` is 413 `body_too_large`; a body of
   unknown length is metered as it goes and cut at the body or byte limit;
 - each new passthrough or raw tunnel counts as one request when its upstream is dialled;
@@ -9,8 +9,8 @@ After the Gate in the chain, and only on what the policy allowed (report mode to
   101) or into a passed-through TLS tunnel counts as egress bytes, and the stream is cut at
   the byte limit.
 Egress bytes of an HTTP request: its request line, headers and body as the guest sent them.
-A refused request's pending decision is taken off the flow and its denial recorded here, so
-the request has one record. Every hook is guarded: a fault denies with `internal_error`.
+A refused request's denial is its exchange's one record (sandgate.proxy.addons.exchange).
+Every hook is guarded: a fault denies with `internal_error`.
 """
 
 from __future__ import annotations
@@ -21,13 +21,19 @@ import structlog
 from mitmproxy import http, tcp
 from mitmproxy.proxy import server_hooks
 
-from sandgate.policy.decision import Decision, Identity, Phase
+from sandgate.policy.decision import Decision, Identity
 from sandgate.policy.limiter import Limiter, LimitExceeded
-from sandgate.policy.model.policyset import PolicySet
 from sandgate.policy.model.tenant import Limits
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.flow_keys import APPROVAL_KEY, HEAD_BYTES_KEY, PENDING_KEY
-from sandgate.proxy.addons.refusal import refuse, refuse_now
+from sandgate.proxy.addons.exchange import Exchange
+from sandgate.proxy.addons.tunnel_rules import (
+    admit_tunnel,
+    is_tunnel,
+    limit_decision,
+    tenant_limits,
+    tunnel_base,
+    tunnel_context,
+)
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
@@ -36,14 +42,10 @@ from sandgate.proxy.respond import decision_response, limited_response
 __all__ = [
     "LimitStreamCut",
     "TenantLimits",
-    "admit_tunnel",
     "body_length_unknown",
     "body_meter",
-    "count_tunnel_bytes",
     "declared_length",
     "head_bytes",
-    "tenant_limits",
-    "tunnel_context",
 ]
 
 
@@ -58,40 +60,37 @@ class TenantLimits:
         self.closer = closer
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        pending = flow.metadata.get(PENDING_KEY)
+        exchange = Exchange.of(flow)
+        pending = exchange.pending
         if pending is None or flow.response is not None or flow.error is not None:
-            return  # not allowed by the Gate, or already answered: nothing to count
+            return  # not allowed by the request gate, or already answered: nothing to count
         dctx, decision = pending
+        state = self.ctx.connections.get(flow.client_conn.id)
         try:
             await self._learn_fleet_counts(dctx.identity)
             exceeded = self._admit(flow, dctx, decision)
             if exceeded is not None:
-                flow.metadata.pop(PENDING_KEY, None)
-                self._withdraw_approval(flow)
+                exchange.withdraw_dial(state)
                 response = limited_response(
                     exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
                 )
-                await refuse(self.ctx.audit, flow, response, dctx, _limit_decision(decision, exceeded))
+                await exchange.refuse(self.ctx.audit, flow, response, limit_decision(decision, exceeded))
         except Exception:
             log.exception("hook_failed", hook="limits.requestheaders")
-            flow.metadata.pop(PENDING_KEY, None)
-            fault = Decision(
-                reason=Reason.INTERNAL_ERROR, policy_version=self.ctx.policy.version, detail="hook failed"
-            )
+            fault = Decision.internal_error(self.ctx.policy.version, "hook failed")
             try:
-                await refuse(
-                    self.ctx.audit, flow, decision_response(fault, dctx.host, dctx.decision_id), dctx, fault
-                )
+                response = decision_response(fault, dctx.host, dctx.decision_id)
+                await exchange.refuse(self.ctx.audit, flow, response, fault)
             finally:
                 # Last: the refusal is on the flow before anything else here can fail.
-                self._withdraw_approval(flow)
+                exchange.withdraw_dial(self.ctx.connections.get(flow.client_conn.id))
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         if data.server.error:
-            return  # refused before (the Gate's chokepoint): nothing is dialled, nothing counted
+            return  # refused before (the dial guard): nothing is dialled, nothing counted
         try:
             state = self.ctx.connections.get(data.client.id)
-            if state is not None and _is_tunnel(state):
+            if state is not None and is_tunnel(state):
                 await self._admit_tunnel(state, data)
         except Exception:
             log.exception("hook_failed", hook="limits.server_connect")
@@ -125,14 +124,12 @@ class TenantLimits:
             await self._cut_tunnel(
                 flow,
                 state,
-                _limit_decision(_tunnel_base(self.ctx, state), exceeded, within="in a raw TCP stream"),
+                limit_decision(tunnel_base(self.ctx, state), exceeded, within="in a raw TCP stream"),
             )
         except Exception:
             log.exception("hook_failed", hook="limits.tcp_message")
             message.content = b""
-            fault = Decision(
-                reason=Reason.INTERNAL_ERROR, policy_version=self.ctx.policy.version, detail="hook failed"
-            )
+            fault = Decision.internal_error(self.ctx.policy.version, "hook failed")
             if state is not None and state.denied is None:
                 await self._cut_tunnel(flow, state, fault)
             elif self.closer is not None:
@@ -144,13 +141,6 @@ class TenantLimits:
         if self.closer is not None:
             self.closer.close(flow.client_conn, flow.server_conn)
         await self.ctx.audit.emit(decision_record(tunnel_context(state), denial))
-
-    def _withdraw_approval(self, flow: http.HTTPFlow) -> None:
-        """The Gate approved the dial for this request before its limits were counted: undo it."""
-        approval = flow.metadata.pop(APPROVAL_KEY, None)
-        state = self.ctx.connections.get(flow.client_conn.id)
-        if approval is not None and state is not None:
-            state.withdraw(*approval)
 
     async def _learn_fleet_counts(self, identity: Identity | None) -> None:
         """Fleet mode: decisions on a sandbox new to this gateway wait for one sync, so the
@@ -171,7 +161,7 @@ class TenantLimits:
             identity.sandbox,
             limits,
             body_bytes=declared,
-            egress_bytes=flow.metadata.get(HEAD_BYTES_KEY, 0) + (declared or 0),
+            egress_bytes=Exchange.of(flow).head_bytes + (declared or 0),
         )
         metered = (
             limits.request_body_bytes is not None
@@ -190,17 +180,11 @@ class TenantLimits:
         self, flow: http.HTTPFlow, dctx: DecisionContext, decision: Decision, exceeded: LimitExceeded
     ) -> None:
         # The meter raises next; the HTTP error seam cuts the upstream and sends this answer.
-        flow.metadata.pop(PENDING_KEY, None)
         response = limited_response(
             exceeded.reason, exceeded.limit, exceeded.retry_after, dctx.host, dctx.decision_id
         )
-        refuse_now(
-            self.ctx.audit,
-            flow,
-            response,
-            dctx,
-            _limit_decision(decision, exceeded, within="in a streamed body"),
-        )
+        denial = limit_decision(decision, exceeded, within="in a streamed body")
+        Exchange.of(flow).refuse_now(self.ctx.audit, flow, response, denial)
 
     async def _admit_tunnel(
         self, state: ConnectionState, data: server_hooks.ServerConnectionHookData
@@ -210,73 +194,8 @@ class TenantLimits:
             data.server.error = f"sandgate: {exceeded.reason.value}"
 
 
-async def admit_tunnel(ctx: GatewayContext, state: ConnectionState) -> LimitExceeded | None:
-    """A passthrough or raw tunnel counts as one request at its upstream connect; over a limit
-    it is refused: the connection is marked refused and the denial recorded (returned)."""
-    limits = tenant_limits(ctx.policy, state.identity)
-    if state.identity is None or limits is None:
-        return None
-    learn = ctx.limit_learn
-    if learn is not None:
-        # Fleet mode: a sandbox new to this gateway waits for one sync (see _learn_fleet_counts).
-        await learn(state.identity.tenant, state.identity.sandbox, limits)
-    exceeded = ctx.limiter.admit(state.identity.tenant, state.identity.sandbox, limits)
-    if exceeded is None:
-        return None
-    state.refused(exceeded.reason)
-    await ctx.audit.emit(
-        decision_record(tunnel_context(state), _limit_decision(_tunnel_base(ctx, state), exceeded))
-    )
-    return exceeded
-
-
-def count_tunnel_bytes(ctx: GatewayContext, state: ConnectionState | None, nbytes: int) -> bool:
-    """Count bytes a guest sent into a passed-through tunnel (no flow, no hook: the front's
-    splice and mitmproxy's ignored TCP layer call this per chunk); False: cut the tunnel, it
-    passed a byte limit (its denial queued, once) or was refused before."""
-    if state is None or state.denied is not None:
-        return False  # refused before, or (never expected) not a connection sandgate admitted
-    identity = state.identity
-    limits = tenant_limits(ctx.policy, identity)
-    if identity is None or limits is None:
-        return True
-    exceeded = ctx.limiter.add_egress(identity.tenant, identity.sandbox, limits, nbytes)
-    if exceeded is None:
-        return True
-    state.refused(exceeded.reason)
-    denial = _limit_decision(_tunnel_base(ctx, state), exceeded, within="in a passthrough tunnel")
-    # Not awaited: a relay has no hook to wait in; the record takes a place over the bound.
-    ctx.audit.emit_nowait(decision_record(tunnel_context(state), denial))
-    return False
-
-
-def tunnel_context(state: ConnectionState) -> DecisionContext:
-    """A tunnel's decision context: its CONNECT target (for a transparent raw tunnel, which has
-    none, the original destination) and SNI."""
-    dctx = state.decision_context(Phase.CONNECT)
-    dst_host, dst_port = state.original_dst or (None, None)
-    dctx.host, dctx.port, dctx.sni = (
-        state.tunnel_host or dst_host,
-        state.tunnel_port or dst_port,
-        state.sni,
-    )
-    return dctx
-
-
-def _tunnel_base(ctx: GatewayContext, state: ConnectionState) -> Decision:
-    return state.tunnel_decision or Decision(policy_version=ctx.policy.version)
-
-
 class LimitStreamCut(Exception):
     """Raised from a request body stream to abort it: a body or byte limit was passed."""
-
-
-def tenant_limits(policy: PolicySet, identity: Identity | None) -> Limits | None:
-    """The limits of the identity's tenant, or None (no identity, no tenant, no limits)."""
-    if identity is None:
-        return None
-    tenant = policy.tenant(identity.tenant)
-    return tenant.limits if tenant is not None else None
 
 
 def head_bytes(request: http.Request) -> int:
@@ -332,18 +251,3 @@ def body_meter(
         return chunk
 
     return meter
-
-
-def _is_tunnel(state: ConnectionState) -> bool:
-    """Whether the connection's bytes pass without HTTP requests to count (passthrough or raw TCP)."""
-    return (
-        state.passthrough
-        or state.raw
-        or (state.tunnel_decision is not None and state.tunnel_decision.raw_tcp)
-    )
-
-
-def _limit_decision(decision: Decision, exceeded: LimitExceeded, *, within: str | None = None) -> Decision:
-    """The denial recorded for a limit (`within`: where it was passed, for the detail), keeping
-    the allowing decision's rule and version."""
-    return decision.as_denial(exceeded.reason, exceeded.limit + (f" ({within})" if within else ""))

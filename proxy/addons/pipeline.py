@@ -15,21 +15,24 @@ from mitmproxy.addons.tlsconfig import TlsConfig
 
 from sandgate.proxy.addons.audit_completion import AuditCompletion
 from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
-from sandgate.proxy.addons.credentials import CredentialBroker
+from sandgate.proxy.addons.credential_broker import CredentialBroker
+from sandgate.proxy.addons.dial_guard import DialGuard
 from sandgate.proxy.addons.drain import DrainEnd, Drainer, DrainStart
-from sandgate.proxy.addons.gate import Gate
 from sandgate.proxy.addons.h2_guard import H2Guard
-from sandgate.proxy.addons.head_caps import HeadGuard
+from sandgate.proxy.addons.heads import HeadGuard
 from sandgate.proxy.addons.hop_by_hop import HopByHop
 from sandgate.proxy.addons.http_seam import HttpErrorSeam
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.latency import UpstreamTiming
 from sandgate.proxy.addons.limits import TenantLimits
+from sandgate.proxy.addons.request_gate import RequestGate
 from sandgate.proxy.addons.trailers import Trailers
 from sandgate.proxy.addons.transparent import Transparent
+from sandgate.proxy.addons.tunnel_gate import TunnelGate
 from sandgate.proxy.addons.upgrades import Upgrades
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.approvals.endpoint import AccessEndpoint
+from sandgate.proxy.approvals.holds import Holds
 from sandgate.proxy.config import HeadsConfig, WebSocketConfig
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
@@ -64,6 +67,8 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
     Without `only` every addon is built, and a part it needs that `shared` lacks is a TypeError.
     """
     s = shared
+    holds = _once(lambda: Holds(ctx, s.approvals))  # one, shared by both gates
+    reserved = s.endpoint.reserved if s.endpoint is not None else None
     order: list[tuple[type, Callable[[], Any]]] = [
         (Proxyserver, lambda: _given(s.server, "server")),  # mitmproxy's listeners and connections
         # First: a connection over the caps reaches nothing else.
@@ -81,15 +86,22 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
         (HttpErrorSeam, lambda: HttpErrorSeam(ctx)),
         (H2Guard, lambda: _given(s.h2_guard, "h2_guard")),  # on the layer just chosen
         (TlsConfig, TlsConfig),  # mitmproxy's TLS: certificates and settings of intercepted connections
-        # Before the Gate: every request counts as in flight; a new one is refused while draining.
+        # Before the gates: every request counts as in flight; a new one is refused while draining.
         (DrainStart, lambda: DrainStart(_given(s.drainer, "drainer"))),
-        (HeadGuard, lambda: HeadGuard(ctx, s.heads)),  # before the Gate: a refused head is recorded once
-        # Before the Gate: h2c offers are stripped before a request is decided, and a refused
-        # answer is in place when the Gate records the exchange.
+        (HeadGuard, lambda: HeadGuard(ctx, s.heads)),  # before the gates: a refused head is recorded once
+        # Before the gates: h2c offers are stripped before a request is decided, and a refused
+        # answer is in place when the exchange is recorded.
         (Upgrades, lambda: Upgrades(ctx, _given(s.closer, "closer"), s.websocket)),
-        (Trailers, lambda: Trailers(_given(s.closer, "closer"))),  # its failure is in the Gate's record
-        (Gate, lambda: _gate(ctx, s)),  # decides at every layer
-        # Right after the Gate: counts only what it allowed, before the broker wraps a metered body.
+        (Trailers, lambda: Trailers(_given(s.closer, "closer"))),  # its failure is in the exchange's record
+        # The gates, each hook where the one Gate had it: CONNECT, ClientHello, raw TCP (and the
+        # end of a connection's holds); each request; every upstream dial.
+        (
+            TunnelGate,
+            lambda: TunnelGate(ctx, holds(), require_sni=s.require_sni, closer=s.closer, reserved=reserved),
+        ),
+        (RequestGate, lambda: RequestGate(ctx, holds(), endpoint=s.endpoint)),
+        (DialGuard, lambda: DialGuard(ctx)),
+        # Right after the gates: counts only what they allowed, before the broker wraps a metered body.
         (TenantLimits, lambda: TenantLimits(ctx, s.closer)),
         # Completes the allowed exchange's record before the broker scrubs the response it counts.
         (AuditCompletion, lambda: AuditCompletion(ctx)),
@@ -106,8 +118,16 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
     return addons
 
 
-def _gate(ctx: GatewayContext, s: Shared) -> Gate:
-    return Gate(ctx, require_sni=s.require_sni, closer=s.closer, approvals=s.approvals, endpoint=s.endpoint)
+def _once[T](make: Callable[[], T]) -> Callable[[], T]:
+    """`make`, called on first use only: later calls return the same object."""
+    made: list[T] = []
+
+    def get() -> T:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return get
 
 
 def _given[T](part: T | None, name: str) -> T:

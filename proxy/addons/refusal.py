@@ -1,7 +1,8 @@
-"""Refuse first, record second: how an addon answers a guest's request with a denial.
+"""How the gates answer a denial: the guest's refusal first, then the exchange's one record.
 
-The answer goes on the flow before the record is attempted, so a fault while recording (a
-full audit queue, a crash) never leaves the request going upstream; the record follows.
+A refusal an approval could change says where to ask (sandgate.proxy.approvals.reserved); a
+refused CONNECT also marks its connection refused (no upstream opens for it); a held request
+the drain ended is answered and recorded as other cut requests are (503, `cut by shutdown`).
 """
 
 from __future__ import annotations
@@ -9,30 +10,33 @@ from __future__ import annotations
 from mitmproxy import http
 
 from sandgate.policy.decision import Decision
-from sandgate.proxy.audit.records import DecisionContext, decision_record
-from sandgate.proxy.audit.trail import AuditLog
+from sandgate.policy.reasons import Reason
+from sandgate.proxy.addons.exchange import CUT_BY_SHUTDOWN, Exchange
+from sandgate.proxy.approvals.reserved import ReservedName
+from sandgate.proxy.audit.records import DecisionContext
+from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.respond import SHUTTING_DOWN, decision_response, shutdown_response
 
-__all__ = ["refuse", "refuse_now"]
+__all__ = ["refuse_flow"]
 
 
-async def refuse(
-    audit: AuditLog,
+async def refuse_flow(
+    ctx: GatewayContext,
     flow: http.HTTPFlow,
-    response: http.Response,
     dctx: DecisionContext,
     decision: Decision,
-    *,
-    status: int | None = None,
-    bytes_up: int | None = None,
-) -> bool:
-    """Answer `flow` with `response`, then write the denial's one record; whether it was queued."""
-    flow.response = response
-    return await audit.emit(decision_record(dctx, decision, status=status, bytes_up=bytes_up))
-
-
-def refuse_now(
-    audit: AuditLog, flow: http.HTTPFlow, response: http.Response, dctx: DecisionContext, decision: Decision
+    reserved: ReservedName | None,
 ) -> None:
-    """`refuse` from synchronous code (a body stream): the record is queued without waiting."""
-    flow.response = response
-    audit.emit_nowait(decision_record(dctx, decision))
+    """Answer `flow` with the denial `decision` and record it (once, on its exchange)."""
+    exchange = Exchange.of(flow)
+    if decision.reason is Reason.INTERNAL_ERROR and decision.detail == SHUTTING_DOWN:
+        # A held request the drain ended: answered and recorded as other cut requests are.
+        response = shutdown_response(dctx.decision_id)
+        await exchange.refuse(ctx.audit, flow, response, decision, dctx, status=503, error=CUT_BY_SHUTDOWN)
+        return
+    state = ctx.connections.get(flow.client_conn.id)
+    if flow.request.method == "CONNECT" and state is not None:
+        state.refused(decision.reason)
+    ask = reserved.ask(dctx.host, dctx.port, dctx.method, dctx.path) if reserved is not None else None
+    response = decision_response(decision, dctx.host, dctx.decision_id, ask=ask)
+    await exchange.refuse(ctx.audit, flow, response, decision, dctx)

@@ -8,10 +8,12 @@ address for the name. Anything else is `host_mismatch` (or, with `reroute`, dial
 pinned address anyway): the guest's chosen IP never decides where a name's bytes go.
 A destination without a name (no SNI, no Host) is decided by `cidrs` rules alone.
 The gateway's own name (sandgate.proxy.approvals.reserved) is never looked up: a request with
-it as Host goes to the Gate, which answers it itself; TLS naming it is refused.
+it as Host goes to the request gate, which answers it itself; TLS naming it is refused.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import structlog
 from mitmproxy import connection, http
@@ -22,8 +24,7 @@ from sandgate.policy.decision import Decision, EgressRequest, Phase
 from sandgate.policy.errors import HostError, ResolveError
 from sandgate.policy.hosts import normalise_host, split_authority
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.identify import IDENTITY_KEY
-from sandgate.proxy.addons.refusal import refuse
+from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.approvals.reserved import ENDPOINT_PORT
 from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import ConnectionState, GatewayContext
@@ -121,10 +122,9 @@ class Transparent:
             assert state.original_dst is not None
             ip, port = state.original_dst
             sni = data.client_hello.sni
-            dctx = self._dctx(state, Phase.TLS, ip)
-            dctx.sni = sni
+            dctx = replace(self._dctx(state, Phase.TLS, ip), sni=sni)
             decision, host = await self._decide_claim(state, sni)
-            dctx.host = host
+            dctx = replace(dctx, host=host)
             queued = await self.ctx.audit.emit(decision_record(dctx, decision))
             if not decision.allowed or not queued or decision.address is None:
                 state.refused(decision.reason if queued else Reason.INTERNAL_ERROR)
@@ -142,18 +142,18 @@ class Transparent:
     # -- plaintext HTTP ----------------------------------------------------------------------
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        """Bind the Host claim to the original destination; the Gate then decides the request."""
+        """Bind the Host claim to the original destination; the request gate then decides it."""
         state = self.ctx.connections.get(flow.client_conn.id)
         if state is None or not state.transparent or state.in_tunnel or flow.response is not None:
             return
         try:
             if state.identity is not None:
-                flow.metadata[IDENTITY_KEY] = state.identity
+                Exchange.of(flow).identity = state.identity
             assert state.original_dst is not None
             ip, port = state.original_dst
             claimed = flow.request.host_header
             if claimed is None:
-                return  # no name: the Gate decides the address by `cidrs` rules
+                return  # no name: the request gate decides the address by `cidrs` rules
             try:
                 name, claimed_port = split_authority(claimed, port)
             except HostError as e:
@@ -164,7 +164,7 @@ class Transparent:
                 return
             reserved = self.ctx.reserved
             if reserved is not None and name == reserved.name:
-                flow.request.data.host = name  # answered by the Gate itself, never resolved
+                flow.request.data.host = name  # answered by the request gate itself, never resolved
                 return
             if name != ip and not await self._bound(state, name):
                 await self._deny(
@@ -178,7 +178,7 @@ class Transparent:
             flow.request.data.host = name
         except Exception:
             log.exception("hook_failed", hook="transparent.requestheaders")
-            await self._deny(flow, state, Decision(reason=Reason.INTERNAL_ERROR), None)
+            await self._deny(flow, state, Decision.internal_error(self.ctx.policy.version), None)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -223,18 +223,18 @@ class Transparent:
             return False
 
     def _dctx(self, state: ConnectionState, phase: Phase, host: str | None) -> DecisionContext:
-        dctx = state.decision_context(phase)
-        dctx.host, dctx.port = host, state.original_dst[1] if state.original_dst else None
-        return dctx
+        port = state.original_dst[1] if state.original_dst else None
+        return replace(state.decision_context(phase), host=host, port=port)
 
     async def _deny(
         self, flow: http.HTTPFlow, state: ConnectionState, decision: Decision, host: str | None
     ) -> None:
-        dctx = self._dctx(state, Phase.REQUEST, host)
-        dctx.method, dctx.path = flow.request.method, flow.request.path
+        dctx = replace(
+            self._dctx(state, Phase.REQUEST, host), method=flow.request.method, path=flow.request.path
+        )
         decision = Decision(
             reason=decision.reason, policy_version=self.ctx.policy.version, detail=decision.detail
         )
         response = denied_response(decision.reason, host, dctx.decision_id)
-        if not await refuse(self.ctx.audit, flow, response, dctx, decision):
+        if not await Exchange.of(flow).refuse(self.ctx.audit, flow, response, decision, dctx):
             flow.response = denied_response(Reason.INTERNAL_ERROR, host, dctx.decision_id)

@@ -5,7 +5,7 @@ that no rule, limit, placeholder check or scrubber sees. So:
 
 - Requests: `Upgrade: h2c` (HTTP/2 over cleartext, an offer a server may ignore, RFC 7540
   3.2) is stripped with `HTTP2-Settings`: the request goes on as HTTP/1.1 and every later
-  one is decided as usual. Any other `Upgrade` is decided by the policy (the Gate puts it in
+  one is decided as usual. Any other `Upgrade` is decided by the policy (the request gate puts it in
   `EgressRequest.upgrade`): `websocket` passes only on an allow rule with `websocket: true`;
   everything else is `upgrade_not_allowed` (403).
 - Responses: a 101 the gateway did not approve (not the WebSocket handshake of a request the
@@ -39,13 +39,12 @@ from sandgate.brokers.outcome import DenialCause
 from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import WEBSOCKET, requested_upgrade
-from sandgate.proxy.addons.credentials import broker_request
-from sandgate.proxy.addons.flow_keys import PENDING_KEY
-from sandgate.proxy.addons.limits import tenant_limits
-from sandgate.proxy.addons.refusal import refuse
+from sandgate.proxy.addons.credential_broker import broker_request
+from sandgate.proxy.addons.exchange import Exchange, exchange_context
+from sandgate.proxy.addons.tunnel_rules import tenant_limits
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
 from sandgate.proxy.config import WebSocketConfig
-from sandgate.proxy.context import GatewayContext, decision_context
+from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.mitm.websocket_guard import (
     OPT_MAX_MESSAGE,
@@ -61,8 +60,6 @@ __all__ = ["Upgrades", "strip_h2c"]
 
 log = structlog.get_logger("sandgate.upgrades")
 
-_SESSION_KEY = "sandgate.websocket.session"
-_REFUSED_KEY = "sandgate.upgrade.refused"
 # What the guest's CLOSE says a refusal was (RFC 6455 7.4.1; 1013 is IANA's "Try Again Later").
 _GUEST_CODES = {
     Reason.RATE_LIMITED: CloseReason.TRY_AGAIN_LATER,
@@ -101,7 +98,7 @@ class Upgrades:
             "Largest WebSocket message (all fragments, inflated), in bytes; a larger one closes the session.",
         )
 
-    # -- requests (before the Gate decides) --------------------------------------------------
+    # -- requests (before the request gate decides) --------------------------------------------------
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or flow.error is not None:
@@ -118,26 +115,27 @@ class Upgrades:
         response = flow.response
         if response is None or response.status_code != 101:
             return
-        pending = flow.metadata.get(PENDING_KEY)
+        exchange = Exchange.of(flow)
+        pending = exchange.pending
         try:
             if pending is not None and _websocket_handshake(flow):
                 dctx, decision = pending
-                flow.metadata[_SESSION_KEY] = _Session(dctx, decision, self._guard(flow, dctx))
+                exchange.websocket = _Session(dctx, decision, self._guard(flow, dctx))
                 return
         except Exception:
             log.exception("hook_failed", hook="upgrades.responseheaders")
-        await self._refuse_switch(flow)
+        await self._refuse_switch(flow, exchange)
 
-    async def _refuse_switch(self, flow: http.HTTPFlow) -> None:
+    async def _refuse_switch(self, flow: http.HTTPFlow, exchange: Exchange) -> None:
         """Answer 403 instead of an unapproved 101, close the upstream now and the guest after."""
-        pending = flow.metadata.pop(PENDING_KEY, None)
+        pending = exchange.pending
         if pending is not None:
             dctx, allowed = pending
         else:
             dctx, allowed = self._undecided(flow), Decision(policy_version=self.ctx.policy.version)
         # Set now (no hook or layer may take the 101 for approved) and again in `response`:
         # mitmproxy fills the message it holds with the (empty) body of the 101 it read.
-        flow.metadata[_REFUSED_KEY] = (dctx.host, dctx.decision_id)
+        exchange.switch_refused = (dctx.host, dctx.decision_id)
         response = _refusal(flow, dctx.host, dctx.decision_id)
         flow.response = response  # before the close: the 101 is never what the flow holds
         self.closer.close(flow.client_conn, flow.server_conn, keep_client=True)
@@ -145,19 +143,21 @@ class Upgrades:
             Reason.UPGRADE_NOT_ALLOWED, "the upstream switched protocols without the gateway's approval"
         )
         try:
-            await refuse(self.ctx.audit, flow, response, dctx, denial, status=403)
+            await exchange.refuse(self.ctx.audit, flow, response, denial, dctx, status=403)
         except Exception:
             log.exception("hook_failed", hook="upgrades.record")
 
     def _undecided(self, flow: http.HTTPFlow) -> DecisionContext:
-        """A record's context for a flow the Gate left no decision on."""
-        dctx = decision_context(self.ctx.connections.get(flow.client_conn.id), Phase.REQUEST)
-        dctx.host, dctx.port = flow.request.pretty_host, None
-        dctx.method, dctx.path = flow.request.method, flow.request.path
-        return dctx
+        """A record's context for a flow the request gate left no decision on."""
+        state = self.ctx.connections.get(flow.client_conn.id)
+        dctx = exchange_context(state, flow.client_conn, Phase.REQUEST, flow=flow)
+        return replace(
+            dctx, host=flow.request.pretty_host, port=None, identity=state.identity if state else None
+        )
 
     def response(self, flow: http.HTTPFlow) -> None:
-        refused = flow.metadata.pop(_REFUSED_KEY, None)
+        exchange = Exchange.of(flow)
+        refused, exchange.switch_refused = exchange.switch_refused, None
         if refused is not None:
             flow.response = _refusal(flow, *refused)
 
@@ -170,7 +170,7 @@ class Upgrades:
     # -- WebSocket messages ------------------------------------------------------------------
 
     async def websocket_message(self, flow: http.HTTPFlow) -> None:
-        session = flow.metadata.get(_SESSION_KEY)
+        session = Exchange.of(flow).websocket
         if flow.websocket is None or not flow.websocket.messages:
             return
         messages = flow.websocket.messages
@@ -186,7 +186,7 @@ class Upgrades:
         """A PING, PONG or CLOSE from the guest passes the checks its messages pass (the
         upstream's are scrubbed by the broker addon)."""
         if control.from_client:
-            session = control.flow.metadata.get(_SESSION_KEY)
+            session = Exchange.of(control.flow).websocket
             await self._refused(control.flow, session, control.payload, _CONTROL_NAMES[control.kind])
 
     async def sandgate_websocket_oversize(self, oversized: OversizedMessage) -> None:
@@ -195,7 +195,7 @@ class Upgrades:
         try:
             side = "guest" if oversized.from_client else "upstream"
             detail = f"a WebSocket message from the {side} over {oversized.limit} bytes"
-            session = flow.metadata.get(_SESSION_KEY)
+            session = Exchange.of(flow).websocket
             if isinstance(session, _Session):
                 session.closed = True
                 dctx, base = session.dctx, session.decision
@@ -224,9 +224,7 @@ class Upgrades:
         except Exception:
             log.exception("hook_failed", hook="upgrades.websocket", what=what)
             base = session.decision
-            return Decision(
-                reason=Reason.INTERNAL_ERROR, policy_version=base.policy_version, address=base.address
-            )
+            return Decision.internal_error(base.policy_version, address=base.address)
 
     def _check_message(self, session: _Session, content: bytes, what: str) -> Decision | None:
         """The denial for one guest message or control frame (`what`: a placeholder, a limit),

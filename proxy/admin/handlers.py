@@ -25,11 +25,9 @@ from sandgate.policy.model.tenant import NAME_PATTERN
 from sandgate.proxy.admin.access_requests import (
     GRANTS_REFRESH_PATH,
     INTERNAL_PATH,
-    approve_request,
-    decide_request,
-    list_grants,
+    desk,
     list_requests,
-    revoke_grant,
+    settle_request,
     show_request,
 )
 from sandgate.proxy.admin.fanout import (
@@ -46,12 +44,14 @@ from sandgate.proxy.admin.fanout import (
     workers_status,
 )
 from sandgate.proxy.admin.state import AdminState
-from sandgate.proxy.approvals import DecideError
+from sandgate.proxy.approvals import SettleError
 from sandgate.proxy.approvals.grants import GrantStoreError
+from sandgate.proxy.approvals.operator_decisions import approve, list_grants, revoke_grant
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.sandbox_listeners import SandboxListenersError
-from sandgate.proxy.reloader import problem_view
-from sandgate.proxy.sandbox_listing import sandbox_rows
+from sandgate.proxy.redis.outage import REDIS_OUTAGE
+from sandgate.proxy.refresh.reloader import problem_view
+from sandgate.proxy.sandboxes.sandbox_listing import sandbox_rows
 from sandgate.proxy.stores.protocols import CredentialInfo, StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox
 from sandgate.proxy.stores.registry_change import sandbox_changes, sandbox_update_record
@@ -182,12 +182,16 @@ class Ready(_Handler):
             "listeners_bound": self.state.ready(),
         }
         if self.state.redis is not None:
+            # Its own ping, reported like every other call (REDIS_OUTAGE knows since when).
             try:
                 checks["redis"] = bool(
                     await asyncio.wait_for(self.state.redis.ping(), self.state.redis_timeout)
                 )
-            except Exception:
+            except Exception as e:
+                REDIS_OUTAGE.failed("readyz", e)
                 checks["redis"] = False
+            else:
+                REDIS_OUTAGE.reached("readyz")
         body: dict[str, Any] = {"checks": checks}
         if self.state.peers is not None:
             # The lead answers for the gateway: a worker that is down (restarting) leaves the
@@ -612,28 +616,27 @@ class AccessRequestDecision(_Handler):
     async def post(self, request_id: str, verb: str) -> None:
         """Approve or deny a held request (scope `once`: this request only)."""
         ask = self.parse(AccessDecision)
-        approve = verb == "approve"
+        approving = verb == "approve"
         try:
-            if approve and self.state.role.lead:
-                decided = await approve_request(
-                    self.state,
+            if approving and self.state.role.lead:
+                settled = await approve(
+                    desk(self.state, lambda: _reload(self.state, "grant")),
                     _request_id(request_id),
                     by=ask.by,
                     reason=ask.reason,
                     scope=ask.scope,
                     ttl_seconds=ask.ttl_seconds,
-                    reload=lambda: _reload(self.state, "grant"),
                 )
             else:
-                if not approve and (ask.scope is not None or ask.ttl_seconds is not None):
-                    raise DecideError(400, "scope and ttl_seconds go with approve only")
-                decided = await decide_request(
-                    self.state, _request_id(request_id), approve=approve, by=ask.by, reason=ask.reason
+                if not approving and (ask.scope is not None or ask.ttl_seconds is not None):
+                    raise SettleError(400, "scope and ttl_seconds go with approve only")
+                settled = await settle_request(
+                    self.state, _request_id(request_id), approve=approving, by=ask.by, reason=ask.reason
                 )
-        except DecideError as e:
+        except SettleError as e:
             raise ApiError(e.status, e.message, "id") from None
         log.info("admin.access_request_decided", id=request_id, decision=verb, by=ask.by)
-        self.reply(decided)
+        self.reply(settled)
 
 
 class GrantRevoke(BaseModel):
@@ -647,7 +650,7 @@ class GrantRevoke(BaseModel):
 class GrantsRoute(_Handler):
     def get(self) -> None:
         """The grants in force (the gateway's and the tenants' grants files')."""
-        self.reply(list_grants(self.state))
+        self.reply(list_grants(self.state.grants, self.state.ctx))
 
 
 class GrantRevokeRoute(_Handler):
@@ -655,9 +658,9 @@ class GrantRevokeRoute(_Handler):
         ask = self.parse(GrantRevoke)
         try:
             revoked = await revoke_grant(
-                self.state, _request_id(grant_id), by=ask.by, reload=lambda: _reload(self.state, "grant")
+                desk(self.state, lambda: _reload(self.state, "grant")), _request_id(grant_id), by=ask.by
             )
-        except DecideError as e:
+        except SettleError as e:
             raise ApiError(e.status, e.message, "id") from None
         log.info("admin.grant_revoked", id=grant_id, by=ask.by)
         self.reply(revoked)

@@ -1,9 +1,9 @@
 """The lead worker's calls to the other workers' private admin sockets (asyncio, concurrent).
 
-Worker i > 0 serves its admin API, unauthenticated, on `<state_dir>/workers/w<i>.sock` (proxy/unix_sockets.py)
-(mode 0600). The lead asks every peer at once and gets one answer per peer: what it said,
-or why it did not (not running, no answer within the timeout, an error answer). A peer
-that did not confirm is never counted as done.
+Worker i > 0 serves its admin API, unauthenticated, on `<state_dir>/workers/w<i>.sock`
+(proxy/state/unix_sockets.py) (mode 0600). The lead asks every peer at once and gets one
+answer per peer: what it said, or why it did not (not running, no answer within the
+timeout, an error answer). A peer that did not confirm is never counted as done.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from sandgate.proxy.unix_sockets import internal_socket_folder
+from sandgate.proxy.state.unix_sockets import internal_socket_folder
 from sandgate.proxy.worker_role import WorkerRole
 
 __all__ = ["READ_TIMEOUT", "WRITE_TIMEOUT", "PeerAnswer", "Peers", "peer_socket"]

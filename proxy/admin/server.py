@@ -25,12 +25,12 @@ from sandgate.brokers import Secret
 from sandgate.proxy.admin.handlers import make_app
 from sandgate.proxy.admin.peers import peer_socket
 from sandgate.proxy.admin.state import AdminState
-from sandgate.proxy.bindcheck import Endpoint, failure_line
 from sandgate.proxy.config import GatewayConfig, split_listen
 from sandgate.proxy.errors import ConfigError, ListenerError
-from sandgate.proxy.fleet.redis_client import connect
+from sandgate.proxy.redis.client import connect
+from sandgate.proxy.startup.bindcheck import Endpoint, failure_line
+from sandgate.proxy.state.unix_sockets import answers
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key
-from sandgate.proxy.unix_sockets import answers
 
 __all__ = ["AdminServer"]
 

@@ -13,7 +13,7 @@ from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.approvals.grants import GrantBook
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
-from sandgate.proxy.reloader import PolicyReloader
+from sandgate.proxy.refresh.reloader import PolicyReloader
 from sandgate.proxy.stores.protocols import CredentialStore, SandboxStore
 from sandgate.proxy.worker_role import SINGLE, WorkerRole
 

@@ -4,9 +4,9 @@ store of one worker."""
 from sandgate.proxy.approvals.store import (
     AccessRequest,
     Approvals,
-    DecideError,
     QueueFull,
+    SettleError,
     State,
 )
 
-__all__ = ["AccessRequest", "Approvals", "DecideError", "QueueFull", "State"]
+__all__ = ["AccessRequest", "Approvals", "QueueFull", "SettleError", "State"]

@@ -92,7 +92,7 @@ class AutoApprover:
     async def _release(self, request: AccessRequest, reason: str) -> None:
         """A held request, approved `once` in this worker's own store (the one holding it)."""
         try:
-            self.approvals.decide(request.id, approve=True, by=AUTO_BY, reason=reason)
+            self.approvals.settle(request.id, approve=True, by=AUTO_BY, reason=reason)
         except Exception as e:
             # Decided or gone meanwhile (an operator was quicker, the client hung up and it
             # expired): nothing is released by this.

@@ -47,12 +47,10 @@ from sandgate.proxy.audit.records import DecisionContext, decision_record
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.respond import decision_response, json_body
 
-__all__ = ["ENDPOINT_KEY", "AccessEndpoint", "Invalid", "Proposal", "parse_proposal"]
+__all__ = ["AccessEndpoint", "Invalid", "Proposal", "parse_proposal"]
 
 log = structlog.get_logger("sandgate.endpoint")
 
-# Flow metadata: a proposal whose body the `request` hook answers (the Gate dispatches on it).
-ENDPOINT_KEY = "sandgate.endpoint"
 MAX_BODY = 16 * 1024
 MAX_METHODS = 8
 MAX_PATHS = 16
@@ -191,10 +189,11 @@ class AccessEndpoint:
     def name(self) -> str:
         return self.reserved.name
 
-    # -- the Gate's dispatch -----------------------------------------------------------------
+    # -- the request gate's dispatch ---------------------------------------------------------
 
-    async def headers(self, flow: http.HTTPFlow, dctx: DecisionContext, port: int) -> None:
-        """A request's head arrived: answer it now, or mark it for `answer` once its body is in."""
+    async def headers(self, flow: http.HTTPFlow, dctx: DecisionContext, port: int) -> bool:
+        """A request's head arrived: answer it now (False), or say it is a proposal to `answer`
+        once its body is in (True)."""
         if port != ENDPOINT_PORT or flow.request.scheme != "http":
             refusal = Decision(
                 reason=Reason.RESERVED_HOST,
@@ -202,13 +201,13 @@ class AccessEndpoint:
                 detail=f"the gateway's own name answers plain HTTP on port {ENDPOINT_PORT} only",
             )
             await self._refuse(flow, dctx, refusal)
-            return
+            return False
         identity = dctx.identity
         if identity is None:
             await self._refuse(
                 flow, dctx, Decision(reason=Reason.NO_IDENTITY, policy_version=self.ctx.policy.version)
             )
-            return
+            return False
         path = flow.request.path.partition("?")[0]
         method = flow.request.method
         if path in ("/", ""):
@@ -217,7 +216,7 @@ class AccessEndpoint:
             if method != "POST":
                 flow.response = _error(405, "use POST to propose an access request")
                 flow.response.headers["Allow"] = "POST"
-                return
+                return False
             length = flow.request.headers.get("content-length")
             if length is None or not length.isdigit():
                 flow.response = _error(411, "a Content-Length is required")
@@ -226,20 +225,21 @@ class AccessEndpoint:
             elif flow.request.headers.get("content-encoding"):
                 flow.response = _error(415, "the body must not be encoded")
             else:
-                flow.metadata[ENDPOINT_KEY] = dctx
+                return True
         elif path.startswith(ENDPOINT_PATH + "/"):
             if method != "GET":
                 flow.response = _error(405, "use GET to poll an access request")
                 flow.response.headers["Allow"] = "GET"
-                return
+                return False
             flow.response = await self._poll(identity, path.removeprefix(ENDPOINT_PATH + "/"))
         else:
             flow.response = _error(404, "not found", access_requests=self.reserved.endpoint)
+        return False
 
-    async def answer(self, flow: http.HTTPFlow) -> None:
-        """A proposal's body is in: validate, screen, open it (or refuse), and answer."""
-        dctx = flow.metadata.pop(ENDPOINT_KEY)
-        assert isinstance(dctx, DecisionContext) and dctx.identity is not None
+    async def answer(self, flow: http.HTTPFlow, dctx: DecisionContext) -> None:
+        """A proposal's body is in (`dctx`: its head's context): validate, screen, open it (or
+        refuse), and answer."""
+        assert dctx.identity is not None
         identity = dctx.identity
         body = flow.request.raw_content
         if body is None or len(body) > MAX_BODY:
@@ -324,9 +324,9 @@ class AccessEndpoint:
             # Nothing is open that the trail does not show (nor an end of an unrecorded ask).
             if self.trail is not None:
                 self.trail.forget(request.id)
-            self.approvals.decide(request.id, approve=False, by="sandgate", reason="audit queue full")
+            self.approvals.settle(request.id, approve=False, by="sandgate", reason="audit queue full")
             flow.response = decision_response(
-                Decision(reason=Reason.INTERNAL_ERROR, policy_version=self.ctx.policy.version),
+                Decision.internal_error(self.ctx.policy.version),
                 proposal.host,
                 target.decision_id,
             )

@@ -34,6 +34,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from sandgate.policy.model.grants import EMPTY_GRANTS, Grant, Grants
+from sandgate.proxy.redis.outage import REDIS_OUTAGE
 from sandgate.proxy.tasks import BackgroundTask
 
 __all__ = [
@@ -149,13 +150,15 @@ class RedisGrants:
 
     async def token(self) -> object:
         try:
-            return await self.client.get(self.version_key)
+            with REDIS_OUTAGE.track("grants"):
+                return await self.client.get(self.version_key)
         except (RedisError, OSError) as e:
             raise GrantStoreError(f"redis: {type(e).__name__}") from None
 
     async def load(self) -> list[Grant]:
         try:
-            raw = await self.client.hgetall(self.key)
+            with REDIS_OUTAGE.track("grants"):
+                raw = await self.client.hgetall(self.key)
         except (RedisError, OSError) as e:
             raise GrantStoreError(f"redis: {type(e).__name__}") from None
         entries = []
@@ -168,20 +171,22 @@ class RedisGrants:
 
     async def add(self, grant: Grant) -> None:
         try:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.hset(self.key, grant.id, json.dumps(grant.as_json()))
-                pipe.incr(self.version_key)
-                await pipe.execute()
+            with REDIS_OUTAGE.track("grants"):
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.hset(self.key, grant.id, json.dumps(grant.as_json()))
+                    pipe.incr(self.version_key)
+                    await pipe.execute()
         except (RedisError, OSError) as e:
             raise GrantStoreError(f"redis: {type(e).__name__}") from None
 
     async def remove(self, grant_id: str) -> Grant | None:
         try:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.hget(self.key, grant_id)
-                pipe.hdel(self.key, grant_id)
-                pipe.incr(self.version_key)
-                value, removed, _ = await pipe.execute()
+            with REDIS_OUTAGE.track("grants"):
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.hget(self.key, grant_id)
+                    pipe.hdel(self.key, grant_id)
+                    pipe.incr(self.version_key)
+                    value, removed, _ = await pipe.execute()
         except (RedisError, OSError) as e:
             raise GrantStoreError(f"redis: {type(e).__name__}") from None
         if not removed or value is None:

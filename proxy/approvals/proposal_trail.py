@@ -1,6 +1,6 @@
 """The end of a guest's proposal in the audit trail: approved, denied or expired.
 
-A held request's end is recorded by the hook that held it (sandgate.proxy.addons.gate). A
+A held request's end is recorded by the gate that held it (sandgate.proxy.approvals.holds). A
 proposal (sandgate.proxy.approvals.endpoint) holds nobody: without this, the trail showed its
 `ask` and, when approved with a grant, the grant, but never a denial or an expiry. `opened()`
 keeps what the `ask` record said (who asked, from where, for what); when the store closes the

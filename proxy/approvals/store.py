@@ -29,8 +29,8 @@ __all__ = [
     "NOTE_MAX",
     "AccessRequest",
     "Approvals",
-    "DecideError",
     "QueueFull",
+    "SettleError",
     "State",
     "asked_for",
     "clean_note",
@@ -68,8 +68,9 @@ class QueueFull(Exception):
     """The sandbox already has as many requests held as `approvals.max_held_per_sandbox`."""
 
 
-class DecideError(Exception):
-    """A decision that cannot be taken: 404 (unknown id) or 409 (already decided)."""
+class SettleError(Exception):
+    """An operator's approval or denial that cannot be taken: 404 (unknown id), 409 (already
+    settled), or (proxy/approvals/operator_decisions.py) 400, 501, 503."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -287,15 +288,15 @@ class Approvals:
         if request.state is State.HELD:
             self._close(request, State.EXPIRED)
 
-    def decide(self, request_id: str, *, approve: bool, by: str | None, reason: str | None) -> AccessRequest:
-        """Approve or deny an open request; DecideError 404 or 409."""
+    def settle(self, request_id: str, *, approve: bool, by: str | None, reason: str | None) -> AccessRequest:
+        """Approve or deny an open request; SettleError 404 or 409."""
         self.expire()
         request = self._open.get(request_id)
         if request is None:
             closed = self._closed.get(request_id)
             if closed is None:
-                raise DecideError(404, f"no access request {request_id!r}")
-            raise DecideError(409, f"access request {request_id!r} is already {closed.state.value}")
+                raise SettleError(404, f"no access request {request_id!r}")
+            raise SettleError(409, f"access request {request_id!r} is already {closed.state.value}")
         request.by, request.reason = by, reason
         self._close(request, State.APPROVED if approve else State.DENIED)
         return request

@@ -3,7 +3,8 @@
 Each worker announces the requests it holds: a request lives in exactly one worker's store, so
 it gets exactly one call (with its retries), and no worker depends on another being up to be
 announced. The callback paths in the body name the gateway's public admin API, where the lead
-takes a decision to whichever worker holds the request (proxy/admin/access_requests.py).
+takes an operator's decision (proxy/approvals/operator_decisions.py) to whichever worker holds
+the request (proxy/admin/access_requests.py).
 
 Off the hot path: the store's hook only queues the call (bounded; when full the call is dropped,
 logged and counted); a background task sends it (a few at once), retrying a failed attempt

@@ -15,7 +15,7 @@ from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.audit.spool import Spool
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, StdoutSink, audit_file_sink
 from sandgate.proxy.config import GatewayConfig, RedisConfig
-from sandgate.proxy.fleet.redis_client import Keys, connect_sync
+from sandgate.proxy.redis.client import Keys, connect_sync
 
 __all__ = ["AuditParts", "build_audit"]
 

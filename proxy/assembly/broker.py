@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sandgate.brokers import Broker
 from sandgate.proxy.config import GatewayConfig
-from sandgate.proxy.secret_refresh import SecretRefresher
+from sandgate.proxy.refresh.secret_refresh import SecretRefresher
 from sandgate.proxy.stores.credentials import RekeyableStore
 from sandgate.proxy.stores.credentials_factory import stored_secrets
 from sandgate.proxy.stores.credentials_watch import CredentialWatcher

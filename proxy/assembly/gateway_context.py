@@ -13,9 +13,9 @@ from sandgate.policy.resolver import Resolver
 from sandgate.proxy.audit.trail import AuditLog
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.dns.name_bindings import NameBindings
 from sandgate.proxy.net.host_addresses import OwnAddressWatcher, own_addresses
-from sandgate.proxy.net.name_bindings import NameBindings
-from sandgate.proxy.resolver_setup import build_resolver
+from sandgate.proxy.startup.resolver_setup import build_resolver
 
 __all__ = ["ContextParts", "build_context"]
 

@@ -10,24 +10,24 @@ from collections.abc import Callable
 from mitmproxy import connection
 from mitmproxy.options import Options
 
+from sandgate.proxy.addons import heads
 from sandgate.proxy.addons.connection_limits import check_seams as check_connection_seams
 from sandgate.proxy.addons.h2_guard import check_seam as check_h2_seam
 from sandgate.proxy.addons.http_seam import check_seam as check_http_seam
-from sandgate.proxy.addons.limits import count_tunnel_bytes
-from sandgate.proxy.bindcheck import quiet_mitmproxy_bind_errors
+from sandgate.proxy.addons.trailers import patch_http1_trailers
+from sandgate.proxy.addons.tunnel_rules import count_tunnel_bytes
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.front.handoff import self_test as handoff_self_test
 from sandgate.proxy.mitm import (
     backpressure,
     close_fix,
-    head_caps,
     reuse_port,
     speedups,
     tunnel_meter,
     websocket_guard,
 )
-from sandgate.proxy.mitm.trailers import patch_http1_trailers
+from sandgate.proxy.startup.bindcheck import quiet_mitmproxy_bind_errors
 
 __all__ = ["SelfCheck", "install_mitmproxy_patches"]
 
@@ -39,7 +39,7 @@ def install_mitmproxy_patches(config: GatewayConfig, ctx: GatewayContext) -> lis
     """Install the patches (each once per process) and return the self-checks, to run once the
     master's addons declared their options. A patch that cannot be installed raises here."""
     quiet_mitmproxy_bind_errors()  # a taken port is one line of sandgate's, not mitmproxy's
-    head_caps.install()  # caps on HTTP/1 heads, inside mitmproxy's HTTP/1 layer
+    heads.install()  # caps on HTTP/1 heads, inside mitmproxy's HTTP/1 layer
     close_fix.install()
     # Bytes that pile up behind a pending hook pause the reader (one value per process).
     backpressure.install(config.connections.max_held_bytes)
@@ -55,7 +55,7 @@ def install_mitmproxy_patches(config: GatewayConfig, ctx: GatewayContext) -> lis
         lambda _: check_http_seam(),  # the HTTP error seam's hooks and its 400
         lambda _: check_connection_seams(),  # what the idle sweep reads
         check_h2_seam,  # the HTTP/2 guard, installed and enforcing on a real HttpLayer
-        head_caps.self_test,
+        heads.self_test,
         websocket_guard.self_test,
     ]
     if config.passthrough.front:

@@ -12,11 +12,11 @@ from sandgate.brokers import Broker
 from sandgate.policy.errors import PolicySetError, SandgateError
 from sandgate.policy.model.loader import load_policy_dir, policy_files
 from sandgate.policy.model.policyset import PolicySet
-from sandgate.proxy.broker_setup import configure_broker
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.fleet.registry_sync import FleetRegistrySync
-from sandgate.proxy.registration import gateway_ports, interface_exists, sync_static_rules
-from sandgate.proxy.reloader import RulesKeptError
+from sandgate.proxy.refresh.reloader import RulesKeptError
+from sandgate.proxy.sandboxes.registration import gateway_ports, interface_exists, sync_static_rules
+from sandgate.proxy.startup.broker_setup import configure_broker
 from sandgate.proxy.stores.registry import load_registry, merge_registry, merge_registry_lenient
 
 __all__ = ["PolicyLoader"]

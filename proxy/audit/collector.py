@@ -28,7 +28,7 @@ import structlog
 
 from sandgate.proxy.audit.forward import MAGIC, MAX_BODY, REPLY, REQUEST
 from sandgate.proxy.errors import ListenerError
-from sandgate.proxy.unix_sockets import answers
+from sandgate.proxy.state.unix_sockets import answers
 
 if TYPE_CHECKING:
     from sandgate.proxy.audit.trail import AuditSink

@@ -43,9 +43,10 @@ def redact_query(path: str) -> str:
     return base + "?" + "&".join(f"{k}=REDACTED" for k in keys) if keys else base + "?REDACTED"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class DecisionContext:
-    """What is known about the connection or request a decision is about."""
+    """What is known about the connection or request a decision is about. Frozen: a step that
+    learns more (the request's path, the SNI) makes a new one with `dataclasses.replace`."""
 
     phase: Phase
     listener: str
@@ -58,7 +59,7 @@ class DecisionContext:
     identity: Identity | None = None
     decision_id: str = field(default_factory=new_decision_id)
     started: float = field(default_factory=time.monotonic)
-    # Seconds the request was held for an approval (sandgate.proxy.addons.gate), for its end record.
+    # Seconds the request was held for an approval (sandgate.proxy.approvals.holds), for its end record.
     waited: float | None = None
 
 

@@ -28,7 +28,8 @@ from typing import Any
 import redis
 import structlog
 
-from sandgate.proxy.fleet.redis_client import Keys
+from sandgate.proxy.redis.client import Keys
+from sandgate.proxy.redis.outage import REDIS_OUTAGE
 
 __all__ = ["RedisStreamSink", "record_id"]
 
@@ -176,7 +177,8 @@ class RedisStreamSink:
         ids = [record_id(line) for line in lines]
         args: list[Any] = [self._maxlen, self._ttl, self._gateway, len(self._seen.encode())]
         args += [line.rstrip("\n") for line in lines]
-        added = int(self._script(keys=[self._stream, *(self._seen + i for i in ids)], args=args))
+        with REDIS_OUTAGE.track("audit_stream"):
+            added = int(self._script(keys=[self._stream, *(self._seen + i for i in ids)], args=args))
         self.written += added
         self.duplicates += len(lines) - added
 

@@ -14,8 +14,8 @@ from typing import Any
 from sandgate.proxy.admin import client as admin_client
 from sandgate.proxy.cli import policy_reload
 from sandgate.proxy.config import load_config
-from sandgate.proxy.sandbox_listing import sandboxes_text
-from sandgate.proxy.state_lock import holder
+from sandgate.proxy.sandboxes.sandbox_listing import sandboxes_text
+from sandgate.proxy.state.state_lock import holder
 
 __all__ = [
     "POLICY_COMMANDS",

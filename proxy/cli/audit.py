@@ -93,7 +93,7 @@ def open_stream(settings: dict[str, Any]) -> StreamSource:
     # Lazy: the stream reader, its redis client and config: nothing but the fleet stream uses them.
     from sandgate.proxy.audit.stream_source import BLOCK_MS, StreamSource
     from sandgate.proxy.config import RedisConfig
-    from sandgate.proxy.fleet.redis_client import Keys, connect_sync
+    from sandgate.proxy.redis.client import Keys, connect_sync
 
     # A reader can wait longer than a gateway; XREAD BLOCK holds the socket for BLOCK_MS too.
     timeout = min(max(float(settings.get("timeout_seconds", 0)), 5.0) + BLOCK_MS / 1000, 30.0)

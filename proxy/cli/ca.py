@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sandgate.proxy.ca import export_ca, init_ca
 from sandgate.proxy.config import load_config
+from sandgate.proxy.startup.ca import export_ca, init_ca
 
 __all__ = ["run_ca_command"]
 

@@ -20,9 +20,9 @@ from dataclasses import asdict
 from sandgate.brokers import Broker, Secret
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.proxy.admin.client import AdminApiError, ApiCredentialStore, gateway_running
-from sandgate.proxy.broker_setup import configure_broker
 from sandgate.proxy.config import GatewayConfig, load_config
 from sandgate.proxy.errors import ConfigError
+from sandgate.proxy.startup.broker_setup import configure_broker
 from sandgate.proxy.stores.credentials import RekeyableStore
 from sandgate.proxy.stores.credentials_factory import open_credential_store, stored_secrets
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key

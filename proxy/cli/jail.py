@@ -6,7 +6,7 @@ gateway CA, and can reach only what its tenant's policy allows. Everything is un
 command ends, fails or is interrupted (SIGINT, SIGTERM). It needs root.
 
 One state folder, one gateway: a jail goes through the gateway that holds its state folder's
-lock (proxy/state_lock.py), waiting for one that is starting, and starts a private gateway of
+lock (proxy/state/state_lock.py), waiting for one that is starting, and starts a private gateway of
 its own only when none holds it (which then holds it: a gateway started meanwhile on the same
 folder refuses to start, and one that took the folder first is waited for instead).
 """
@@ -43,9 +43,9 @@ from sandgate.proxy.cli.credentials import placeholder_environment
 from sandgate.proxy.config import DnsListenerConfig, GatewayConfig, ListenerConfig
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.net.host_addresses import own_addresses
-from sandgate.proxy.registration import register, unregister
-from sandgate.proxy.state_lock import holder, holder_text
-from sandgate.proxy.statusfile import STATUS_FILE, read_status
+from sandgate.proxy.sandboxes.registration import register, unregister
+from sandgate.proxy.state.state_lock import holder, holder_text
+from sandgate.proxy.state.statusfile import STATUS_FILE, read_status
 from sandgate.proxy.stores.registry import DynamicSandbox, load_registry, registry_digest
 from sandgate.proxy.worker_role import WorkerRole
 

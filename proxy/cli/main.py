@@ -2,7 +2,7 @@
 
 Each command's module is imported inside `_dispatch`, so a command loads only its own code:
 `--version` and `status` do not pay for mitmproxy, regopy or opa_client, which only `run`,
-`ca`, `jail` and `policy` use (tests/proxy/cli/test_startup_cost.py keeps it so).
+`ca`, `jail` and `policy` use (tests/e2e/cli/test_startup_cost.py keeps it so).
 
 Exit codes: 0 ok; 1 a policy test failure or a denied explain, a listener that cannot start
 (or a state folder another gateway holds), a gateway that does not serve (`status`), none to

@@ -1,7 +1,7 @@
 """The `sandgate` argument tree, apart from the commands' code: parsing an argument line (and
 `--version`, `--help`) loads none of it, and `main` imports only the one command it runs.
 
-Standard library and two enums only: tests/proxy/cli/test_startup_cost.py keeps it so.
+Standard library and two enums only: tests/e2e/cli/test_startup_cost.py keeps it so.
 """
 
 from __future__ import annotations

@@ -43,13 +43,13 @@ from sandgate.policy.rego.opa import OpaEngine
 from sandgate.policy.rego.program import RegoModule
 from sandgate.policy.rego.protocol import EngineError
 from sandgate.policy.resolver import ChainResolver, Resolver, StaticResolver, SystemResolver
-from sandgate.proxy.broker_setup import PolicyCredentials
 from sandgate.proxy.cli import admin as admin_cli
 from sandgate.proxy.cli.policy_prove import run_prove
 from sandgate.proxy.config import GatewayConfig, ResolverConfig, load_config
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.net.host_addresses import own_addresses
-from sandgate.proxy.resolver_setup import build_resolver
+from sandgate.proxy.startup.broker_setup import PolicyCredentials
+from sandgate.proxy.startup.resolver_setup import build_resolver
 
 __all__ = ["run"]
 

@@ -35,8 +35,8 @@ from sandgate.proxy.fleet.channel import (
     gateway_versions,
     publish_reload,
 )
-from sandgate.proxy.fleet.redis_client import connect
-from sandgate.proxy.statusfile import read_status
+from sandgate.proxy.redis.client import connect
+from sandgate.proxy.state.statusfile import read_status
 
 __all__ = ["problem_line", "reload_command", "status_command", "wait_for_fleet"]
 

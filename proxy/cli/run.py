@@ -3,7 +3,7 @@
 One worker (`--workers 1`, or a one-core host): the gateway runs in this process. More: this
 process becomes the supervisor (proxy/workers/supervisor.py) of that many gateway processes,
 each `sandgate run` again with `SANDGATE_WORKER=i/N` in its environment. Either holds the
-state folder's lock (proxy/state_lock.py) from before it touches the folder until it exits.
+state folder's lock (proxy/state/state_lock.py) from before it touches the folder until it exits.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from sandgate.policy.errors import PolicySetError
 from sandgate.proxy.config import GatewayConfig, for_worker, load_config
 from sandgate.proxy.errors import ConfigError, ListenerError, StateDirInUse
-from sandgate.proxy.logsetup import configure_logging
 from sandgate.proxy.mitm.lean_import import skip_default_addons
-from sandgate.proxy.state_lock import hold
+from sandgate.proxy.startup.logsetup import configure_logging
+from sandgate.proxy.state.state_lock import hold
 from sandgate.proxy.worker_role import WorkerRole
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def run_command(args: argparse.Namespace) -> int:
     from sandgate.proxy.workers.count import worker_count
 
     count = worker_count(getattr(args, "workers", None), config)
-    # Before anything touches the state folder (CA, keys, a stale local broker it would stop).
+    # Before anything touches the state folder (CA, keys, a stale limit relay it would stop).
     # Never let go: the kernel does when this process (the supervisor, or the gateway itself)
     # has exited, so `sandgate stop`, waiting for the lock, returns only once it is gone.
     try:
@@ -128,9 +128,9 @@ def _supervise(args: argparse.Namespace, config: GatewayConfig, count: int) -> i
 
 
 def _stopping(services: SharedServices) -> None:
-    """The gateway stops: its local broker's exit from now on is expected, not restarted."""
-    if services.broker is not None:
-        services.broker.gateway_stopping()
+    """The gateway stops: its limit relay's exit from now on is expected, not restarted."""
+    if services.limit_relay is not None:
+        services.limit_relay.gateway_stopping()
 
 
 def worker_argv(config_path: Path | None, port: int | None, *, strict: bool) -> list[str]:

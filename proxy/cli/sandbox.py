@@ -19,9 +19,15 @@ from sandgate.proxy.cli.jail import run_jail
 from sandgate.proxy.config import GatewayConfig, load_config
 from sandgate.proxy.errors import ConfigError
 from sandgate.proxy.fleet.channel import FleetKeys
-from sandgate.proxy.fleet.redis_client import connect
-from sandgate.proxy.registration import apply_host_rules, interface_exists, register, registered, unregister
-from sandgate.proxy.sandbox_listing import load_error_text, rows_from_files, sandboxes_text
+from sandgate.proxy.redis.client import connect
+from sandgate.proxy.sandboxes.registration import (
+    apply_host_rules,
+    interface_exists,
+    register,
+    registered,
+    unregister,
+)
+from sandgate.proxy.sandboxes.sandbox_listing import load_error_text, rows_from_files, sandboxes_text
 from sandgate.proxy.stores.protocols import StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox
 from sandgate.proxy.stores.registry_redis import RedisSandboxStore, rules_checker

@@ -7,7 +7,7 @@ agree on "ready". With the admin API off, the status file (written once every li
 bound, trusted while its pid lives) answers instead.
 
 The pid it names is the gateway's: the process that holds the state folder's lock
-(proxy/state_lock.py), which a SIGTERM (`sandgate stop`) stops. With workers that is the
+(proxy/state/state_lock.py), which a SIGTERM (`sandgate stop`) stops. With workers that is the
 supervisor, not the lead worker that answers on the admin socket; the workers are listed
 beside it. A lock held with nothing answering yet is a gateway that is starting.
 
@@ -35,8 +35,8 @@ import httpx
 
 from sandgate.proxy.admin import client as admin_client
 from sandgate.proxy.config import GatewayConfig, load_config
-from sandgate.proxy.state_lock import holder, holder_text
-from sandgate.proxy.statusfile import read_status
+from sandgate.proxy.state.state_lock import holder, holder_text
+from sandgate.proxy.state.statusfile import read_status
 
 __all__ = ["Readiness", "check", "run_status_command"]
 

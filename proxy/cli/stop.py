@@ -1,6 +1,6 @@
 """`sandgate stop [--config F] [--timeout S]`: stop the local gateway and wait until it is gone.
 
-The gateway is the process that holds its state folder's lock (proxy/state_lock.py): the
+The gateway is the process that holds its state folder's lock (proxy/state/state_lock.py): the
 supervisor of several workers, or the gateway process itself. It gets one SIGTERM, as from
 `kill` or systemd, and drains (shutdown.drain_seconds; a supervisor forwards the signal to
 every worker and kills what is left workers.stop_margin_seconds later) before it exits. A
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandgate.proxy.config import GatewayConfig, load_config
-from sandgate.proxy.state_lock import holder
-from sandgate.proxy.statusfile import read_status
+from sandgate.proxy.state.state_lock import holder
+from sandgate.proxy.state.statusfile import read_status
 
 __all__ = ["default_timeout", "run_stop_command"]
 

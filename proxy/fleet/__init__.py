@@ -1,12 +1,11 @@
-"""Fleet mode: one redis client setup, the registry sync, the reload channel and shared
-rate-limit counts; nothing here is on the request path.
+"""Fleet mode: the registry sync, the reload channel and shared rate-limit counts (which the
+workers of one gateway also share through their limit relay); nothing here is on the request
+path. The redis client and its outage state are sandgate.proxy.redis.
 """
 
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
     "channel",
     "limits_sync",
-    "local_broker",
-    "redis_client",
     "registry_sync",
 ]

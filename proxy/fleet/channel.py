@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from sandgate.proxy.config import RedisConfig
-from sandgate.proxy.fleet.redis_client import Keys, connect
+from sandgate.proxy.redis.client import Keys, connect
 
 __all__ = [
     "LIVE_SECONDS",

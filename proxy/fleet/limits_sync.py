@@ -1,4 +1,5 @@
-"""Fleet mode: share rate-limit counts through redis, off the request path.
+"""Share rate-limit counts with the other processes of a fleet (its redis) or, without redis,
+of one gateway (its workers' limit relay, proxy/workers/limit_relay.py), off the request path.
 
 Every `interval` seconds (and before the first decisions on a sandbox new here) one pipelined round trip adds
 this gateway's unsynced counts to the per-window fleet keys (INCRBY, with an expiry of two
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import redis.asyncio as aioredis
@@ -21,12 +23,22 @@ import structlog
 
 from sandgate.policy.limiter import Limiter, SyncItem
 from sandgate.policy.model.tenant import Limits
-from sandgate.proxy.fleet.redis_client import Keys
+from sandgate.proxy.config import RedisConfig
+from sandgate.proxy.redis.client import Keys, connect
+from sandgate.proxy.redis.outage import RedisOutage
 from sandgate.proxy.tasks import BackgroundTask
+from sandgate.proxy.worker_role import WorkerRole
 
-__all__ = ["LimitSync"]
+__all__ = ["RELAY_ENV", "RELAY_PREFIX", "LimitSync", "relay_limit_sync", "relay_url_from_env"]
 
 log = structlog.get_logger("sandgate.limits")
+
+# Set by the supervisor in each worker's environment: the limit relay's URL (unix:///...).
+RELAY_ENV = "SANDGATE_LIMIT_RELAY"
+# Key prefix of the counts shared through the relay (the fleet's default is "sandgate:").
+RELAY_PREFIX = "sandgate:local:"
+# The relay's failures and recoveries (another server than the fleet's `redis:`).
+RELAY_OUTAGE = RedisOutage("limit_relay")
 
 # Keys outlive their window long enough for the next window's sliding estimate, plus slack.
 _EXPIRY_SLACK_SECONDS = 60
@@ -39,10 +51,19 @@ class LimitSync:
     """The background task that merges this gateway's limit counters with the fleet's."""
 
     def __init__(
-        self, limiter: Limiter, client: aioredis.Redis, keys: Keys, interval: float, gateway_id: str = ""
+        self,
+        limiter: Limiter,
+        client: aioredis.Redis,
+        keys: Keys,
+        interval: float,
+        gateway_id: str = "",
+        *,
+        outage: RedisOutage,
     ) -> None:
         self.limiter = limiter
         self.client = client
+        # Told of each round trip's outcome: the fleet's redis, or the workers' limit relay.
+        self.outage = outage
         self.keys = keys
         self.interval = interval
         self.gateway_id = gateway_id
@@ -107,6 +128,7 @@ class LimitSync:
                 pipe.zcard(presence)
             results = await pipe.execute()
         except Exception as e:  # redis down, timeout, protocol error: keep the local view
+            self.outage.failed("limits", e)
             self.limiter.outage_peers = max(0, self.gateways_seen - 1)
             if self.healthy:
                 log.warning(
@@ -122,6 +144,7 @@ class LimitSync:
         if refresh:
             self.gateways_seen = max(1, int(results[-1]))
         self.limiter.outage_peers = 0
+        self.outage.reached("limits")
         if not self.healthy:
             log.info("limits.fleet_sync_restored")
         self.healthy = True
@@ -145,3 +168,23 @@ class LimitSync:
             await asyncio.wait_for(self.sync_once(), timeout=1.0)
         with contextlib.suppress(Exception):
             await self.client.aclose()
+
+
+def relay_url_from_env() -> str | None:
+    """The limit relay's URL the supervisor gave this worker, or None."""
+    return os.environ.get(RELAY_ENV) or None
+
+
+def relay_limit_sync(limiter: Limiter, interval: float, role: WorkerRole) -> LimitSync | None:
+    """For worker i of several (without `redis:`): the fleet's LimitSync against the workers'
+    limit relay, as member `w<i>`; None for a process that is the whole gateway."""
+    url = relay_url_from_env()
+    if role.count <= 1:
+        return None
+    if url is None:
+        log.warning("limits.per_worker", reason=f"{RELAY_ENV} is not set: each worker counts on its own")
+        return None
+    cfg = RedisConfig(url=url, prefix=RELAY_PREFIX)
+    return LimitSync(
+        limiter, connect(cfg), Keys(cfg.prefix), interval, gateway_id=f"w{role.index}", outage=RELAY_OUTAGE
+    )

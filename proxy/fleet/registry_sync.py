@@ -5,7 +5,8 @@ trigger a sync: the registry is read in one transaction, kept in memory, and the
 reloaded with it (the reloader builds the PolicySet in a worker thread and swaps it). The
 request path reads only the in-memory PolicySet: zero redis round trips per request.
 
-Losing redis: the last snapshot keeps being served; once `max_staleness_seconds` pass
+Losing redis (reported to sandgate.proxy.redis.outage, which logs it once): the last snapshot
+keeps being served; once `max_staleness_seconds` pass
 without a successful read, the redis-registered sandboxes are dropped (their requests get
 `no_identity`) and restored by the first successful sync after redis answers again.
 
@@ -32,7 +33,8 @@ from redis.exceptions import RedisError
 
 from sandgate.proxy.config import RedisConfig
 from sandgate.proxy.fleet.channel import FleetKeys, ReloadReport, record_gateway
-from sandgate.proxy.fleet.redis_client import connect
+from sandgate.proxy.redis.client import connect
+from sandgate.proxy.redis.outage import REDIS_OUTAGE
 from sandgate.proxy.stores.protocols import StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox
 from sandgate.proxy.stores.registry_redis import RedisSandboxStore
@@ -117,8 +119,8 @@ class FleetRegistrySync:
         async with self._lock:
             try:
                 snap = await self.store.snapshot()
-            except StoreError:
-                await self._failed()
+            except StoreError as e:
+                await self._failed(e.args[0] if e.args else "StoreError")
                 return False
             self._succeeded()
             changed = snap.version != self.version or self.stale or snap.sandboxes != self._snapshot
@@ -172,8 +174,8 @@ class FleetRegistrySync:
     async def _poll_once(self) -> None:
         try:
             raw, epoch = await self.client.mget(self.keys.version, self.keys.epoch)
-        except RedisError:
-            await self._failed()
+        except RedisError as e:
+            await self._failed(e)
             return
         await self._check_epoch(epoch)
         if self.stale or int(raw or 0) != self.version:
@@ -186,14 +188,17 @@ class FleetRegistrySync:
 
     def _succeeded(self) -> None:
         self._last_ok = time.monotonic()
+        REDIS_OUTAGE.reached("fleet.registry")
         if self._unreachable_logged:
             log.warning("fleet.redis_reachable")
             self._unreachable_logged = False
 
-    async def _failed(self) -> None:
+    async def _failed(self, error: BaseException | str) -> None:
         """Redis did not answer: keep the snapshot until it is too old, then drop it (once)."""
         now = time.monotonic()
+        REDIS_OUTAGE.failed("fleet.registry", error)
         if not self._unreachable_logged:
+            # What the registry does about it (the outage itself is logged by REDIS_OUTAGE).
             log.error("fleet.redis_unreachable", snapshot_sandboxes=len(self._snapshot), version=self.version)
             self._unreachable_logged = True
         since = now - self._last_ok if self._last_ok is not None else None
@@ -248,6 +253,7 @@ class FleetRegistrySync:
                 reload=self.last_reload(),
             )
         except RedisError as e:
+            REDIS_OUTAGE.failed("fleet.registry", e)
             log.warning("fleet.report_failed", error=type(e).__name__)
 
 

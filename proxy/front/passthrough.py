@@ -11,11 +11,13 @@ records mitmproxy's path writes for the same tunnel.
 Handed to mitmproxy (its `handle_stream`, the bytes read so far put back first) before the
 front has answered: a first request that is not a plain CONNECT, or not complete within
 FIRST_HEAD_WAIT; a missing or wrong credential; a refusal of any kind; a tunnel that is
-intercepted or raw TCP; a gateway that is draining. mitmproxy decides and records those again.
+intercepted or raw TCP; a gateway that is draining. mitmproxy decides and records those again,
+except a CONNECT the front allowed: its tunnel gate goes on with the front's decision
+(`GatewayContext.front_decided`) instead of deciding it a second time.
 After the front answered 200, a tunnel whose first bytes are not a TLS ClientHello it can
 read (plain HTTP in the tunnel, say) is handed over too: the CONNECT is replayed, mitmproxy's
-answer to it is swallowed (the guest has one already) and the Gate skips the CONNECT record
-the front wrote (`GatewayContext.front_recorded`); a different answer closes the connection.
+answer to it is swallowed (the guest has one already) and the tunnel gate skips the CONNECT
+record the front wrote; a different answer closes the connection.
 """
 
 from __future__ import annotations
@@ -24,24 +26,28 @@ import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import structlog
 from mitmproxy.proxy.layers.tls import parse_client_hello
 
-from sandgate.policy.decision import Decision, EgressRequest, Phase
+from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
 from sandgate.policy.hosts import split_authority
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.connection_limits import RECLAIM_AFTER_SECONDS, ConnectionLimits, unread
+from sandgate.proxy.addons.connection_limits import ConnectionLimits
 from sandgate.proxy.addons.drain import Drainer
-from sandgate.proxy.addons.gate import tls_decision
-from sandgate.proxy.addons.identify import client_address, parse_proxy_authorization
-from sandgate.proxy.addons.limits import admit_tunnel, count_tunnel_bytes
+from sandgate.proxy.addons.guest_peer import (
+    RECLAIM_AFTER_SECONDS,
+    client_address,
+    parse_proxy_authorization,
+    peer_ip,
+    unread,
+)
+from sandgate.proxy.addons.tunnel_rules import admit_tunnel, count_tunnel_bytes, tls_decision
 from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.config import ConnectionsConfig, HeadsConfig
-from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.context import ConnectionState, FrontDecision, GatewayContext
 from sandgate.proxy.front.connect_head import HEAD_END, looks_like_connect, read_connect_head
 from sandgate.proxy.front.handoff import hand_off, stream_buffer
 from sandgate.proxy.front.splice import Splice
@@ -174,7 +180,7 @@ class PassthroughFront:
         self.ctx.connections[key] = state
         handoff: tuple[bytes, bool] | None = None
         try:
-            handoff = await self._front(key, held, state, reader, writer, _ip(peer))
+            handoff = await self._front(key, held, state, reader, writer, peer_ip(peer))
         except Exception:
             log.exception("front.failed", client=state.client)
             writer.transport.abort()
@@ -193,8 +199,8 @@ class PassthroughFront:
                 log.exception("front.handoff_failed", client=state.client)
                 writer.transport.abort()
             finally:
-                # Unused when mitmproxy refused before its Gate: never left for a later connection.
-                self.ctx.front_recorded.pop(peer, None)
+                # Unused when mitmproxy refused before its tunnel gate: never left for a later connection.
+                self.ctx.front_decided.pop(peer, None)
                 self.limits.forget_handoff(peer)
 
     async def _front(
@@ -226,15 +232,15 @@ class PassthroughFront:
         if ":" not in head.authority.rpartition("]")[2]:
             return data, False  # a CONNECT without a port is mitmproxy's to refuse
         state.identified(identity)
-        try:
-            request = EgressRequest(Phase.CONNECT, host, port, client=client_ip)
-            decision = await self.ctx.decide(identity, request)
-            decision = self.ctx.with_credentials(decision, identity, host, port)
-        except Exception:
-            # Nothing answered yet: mitmproxy's Gate decides again, and records what fails.
-            log.exception("front.decide_failed", client=state.client)
+        decision = await self._decide(
+            state, identity, EgressRequest(Phase.CONNECT, host, port, client=client_ip)
+        )
+        if decision is None or not decision.allowed or decision.address is None:
             return data, False
-        if not decision.allowed or decision.address is None or decision.inspect or decision.raw_tcp:
+        peer = writer.get_extra_info("peername")
+        if decision.inspect or decision.raw_tcp:
+            # mitmproxy's to intercept (or relay raw): its tunnel gate goes on with this decision.
+            self.ctx.front_decided[peer] = FrontDecision(identity, host, port, decision, recorded=False)
             return data, False
         state.tunnel_approved(host, port, decision)
         if not await self.ctx.audit.emit(decision_record(state.decision_context(Phase.CONNECT), decision)):
@@ -246,7 +252,7 @@ class PassthroughFront:
             return None  # closed or silent: the CONNECT's record stands, nothing was dialled
         if isinstance(hello, bytes):
             # Not TLS the front can read: mitmproxy takes the tunnel (the CONNECT is replayed).
-            self.ctx.front_recorded[writer.get_extra_info("peername")] = decision.policy_version
+            self.ctx.front_decided[peer] = FrontDecision(identity, host, port, decision, recorded=True)
             return data[: head.size] + hello, True
         hello_data, sni = hello
         if not await self._accept_hello(state, sni, decision):
@@ -257,6 +263,18 @@ class PassthroughFront:
             return None
         await self._splice(held, state, reader, writer, hello_data, decision.address, port)
         return None
+
+    async def _decide(
+        self, state: ConnectionState, identity: Identity, request: EgressRequest
+    ) -> Decision | None:
+        """The CONNECT's decision, the credential broker's interception included; None on a fault
+        (nothing answered yet: mitmproxy's tunnel gate decides again, and records what fails)."""
+        try:
+            decision = await self.ctx.decide(identity, request)
+            return self.ctx.with_credentials(decision, identity, request.host, request.port)
+        except Exception:
+            log.exception("front.decide_failed", client=state.client)
+            return None
 
     async def _read_head(self, reader: asyncio.StreamReader, held: _Held) -> bytes:
         """The bytes of the first request head, or what arrived of it in FIRST_HEAD_WAIT."""
@@ -305,8 +323,7 @@ class PassthroughFront:
 
     async def _accept_hello(self, state: ConnectionState, sni: str | None, decision: Decision) -> bool:
         """Record the TLS decision on the ClientHello; whether the tunnel may go on."""
-        dctx = state.decision_context(Phase.TLS)
-        dctx.sni = sni
+        dctx = replace(state.decision_context(Phase.TLS), sni=sni)
         decision = tls_decision(sni, state.tunnel_host, decision, require_sni=self.require_sni)
         queued = await self.ctx.audit.emit(decision_record(dctx, decision))
         if not decision.allowed or not queued:
@@ -380,7 +397,3 @@ def _buffered(reader: asyncio.StreamReader) -> bytearray:
     taken = bytearray(buffer)
     buffer.clear()
     return taken
-
-
-def _ip(peer: Any) -> str | None:
-    return str(peer[0]) if isinstance(peer, tuple) and peer else None

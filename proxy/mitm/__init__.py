@@ -1,5 +1,5 @@
 """What sandgate changes inside mitmproxy's layers, each checked at start (its seams are no
-promise): head caps, backpressure, close fixes, trailers, wire error texts, the WebSocket
+promise): backpressure, close fixes, wire error texts, the WebSocket
 guard (message cap, control frames, clean closes) and the shared explicit port of workers
 (SO_REUSEPORT); and the per-event costs of mitmproxy's own that it cuts (hook dispatch,
 message field checks, option reads).
@@ -11,13 +11,11 @@ __all__ = [
     "close_fix",
     "closer",
     "dispatch",
-    "head_caps",
     "lean_import",
     "message_check",
     "option_reads",
     "reuse_port",
     "speedups",
-    "trailers",
     "tunnel_meter",
     "websocket_guard",
     "wire_errors",

@@ -41,7 +41,7 @@ MALFORMED = Failure("malformed upstream response", Reason.UPSTREAM_PROTOCOL_ERRO
 UPSTREAM_CLOSED = Failure("upstream closed the connection", Reason.UPSTREAM_PROTOCOL_ERROR, 502)
 TOO_LARGE = Failure("body over the size limit", Reason.BODY_TOO_LARGE, 413)
 UNKNOWN = Failure("protocol error")
-# sandgate.proxy.mitm.trailers' own fixed text (a request with HTTP/1 trailers is cut).
+# sandgate.proxy.addons.trailers' own fixed text (a request with HTTP/1 trailers is cut).
 TRAILERS = Failure("HTTP/1 trailers cannot be relayed")
 
 _FIXED = {

@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.statusfile import STATUS_FILE, read_status
+from sandgate.proxy.state.statusfile import STATUS_FILE, read_status
 
 # Re-exported: the config derives the name (proxy.table_name), callers have read it from here.
 

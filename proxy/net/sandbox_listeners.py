@@ -34,8 +34,8 @@ from mitmproxy.master import Master
 from mitmproxy.proxy.mode_specs import ProxyMode
 
 from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.dns.listener import DnsListener
 from sandgate.proxy.errors import ProxyError
-from sandgate.proxy.net.dns_listener import DnsListener
 from sandgate.proxy.net.listen_backlog import widen_listen_backlog
 
 __all__ = ["ANY_IPV4", "SandboxListeners", "SandboxListenersError"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sandgate.brokers import SecretRegistry, default_registry
 from sandgate.brokers.sources.stored import StoredSource
 from sandgate.proxy.config import GatewayConfig
-from sandgate.proxy.fleet.redis_client import Keys, connect
+from sandgate.proxy.redis.client import Keys, connect
 from sandgate.proxy.stores.credentials import RekeyableStore
 from sandgate.proxy.stores.credentials_file import FileCredentialStore
 from sandgate.proxy.stores.credentials_redis import RedisCredentialStore

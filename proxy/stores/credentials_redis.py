@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from sandgate.brokers import Secret
 from sandgate.brokers.sealing import Keyring
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.fleet.redis_client import Keys
+from sandgate.proxy.redis.client import Keys
 from sandgate.proxy.stores.credentials import StoredRecord, check_names, entry_key, split_entry_key, utc_now
 from sandgate.proxy.stores.protocols import CredentialInfo, StoreError
 from sandgate.proxy.stores.sealing_keys import StoreKeys

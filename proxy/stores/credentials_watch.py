@@ -17,6 +17,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from sandgate.brokers.sources.stored import StoredSource
+from sandgate.proxy.redis.outage import REDIS_OUTAGE
 from sandgate.proxy.stores.credentials import RekeyableStore
 from sandgate.proxy.stores.credentials_file import FileCredentialStore
 from sandgate.proxy.stores.credentials_redis import CHANGE_MESSAGE, RedisCredentialStore
@@ -88,6 +89,7 @@ class CredentialWatcher:
             pubsub = store.client.pubsub()
             try:
                 await pubsub.subscribe(store.channel)
+                REDIS_OUTAGE.reached("credentials.watch")
                 # Subscribed: whatever changed while we were not is read afresh. redis-py also
                 # reconnects and resubscribes on its own (no exception reaches us): the same then.
                 self.source.invalidate()
@@ -101,6 +103,8 @@ class CredentialWatcher:
                         self.source.invalidate()
                         log.info("credentials.changed", store="redis")
             except Exception as e:  # never let the watcher die: a dead one would leave stale values
+                if isinstance(e, RedisError | OSError):
+                    REDIS_OUTAGE.failed("credentials.watch", e)
                 level = log.warning if isinstance(e, RedisError | OSError) else log.exception
                 level("credentials.watch_lost", error=type(e).__name__, retry_in=backoff)
                 await asyncio.sleep(backoff)

@@ -11,7 +11,7 @@ import builtins
 
 from sandgate.policy.errors import PolicyLoadError, SandgateError
 from sandgate.proxy.config import GatewayConfig
-from sandgate.proxy.registration import SandboxExists, register, registered, unregister
+from sandgate.proxy.sandboxes.registration import SandboxExists, register, registered, unregister
 from sandgate.proxy.stores.protocols import StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox
 

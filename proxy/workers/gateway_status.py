@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sandgate.proxy.statusfile import read_status, write_status
+from sandgate.proxy.state.statusfile import read_status, write_status
 
 __all__ = ["GatewayStatus", "worker_status"]
 

@@ -13,19 +13,20 @@ import socket
 import subprocess
 import sys
 
-from sandgate.proxy.bindcheck import Endpoint, endpoints, failure_line, probe
 from sandgate.proxy.config import GatewayConfig, for_worker
 from sandgate.proxy.errors import CAError, ConfigError, ListenerError
+from sandgate.proxy.startup.bindcheck import Endpoint, endpoints, failure_line, probe
 from sandgate.proxy.stores.placeholder_key import load_placeholder_key
 from sandgate.proxy.stores.sealing_keys import StoreKeys
 from sandgate.proxy.worker_role import WorkerRole
 
 __all__ = ["check_all_endpoints", "check_worker_ports", "free_port", "make_shared_files"]
 
-# Made in a short-lived child: sandgate.proxy.ca loads mitmproxy's certs module, which the
+# Made in a short-lived child: sandgate.proxy.startup.ca loads mitmproxy's certs module, which the
 # supervisor (a long-lived process that serves nothing) does not carry.
 _MAKE_CA = (
-    "import sys, pathlib; from sandgate.proxy.ca import ensure_ca; ensure_ca(pathlib.Path(sys.argv[1]))"
+    "import sys, pathlib; from sandgate.proxy.startup.ca import ensure_ca; "
+    "ensure_ca(pathlib.Path(sys.argv[1]))"
 )
 
 

@@ -1,10 +1,10 @@
 """What the supervisor runs for all its workers: the audit collector and, without redis, the
-local broker.
+limit relay.
 
 The audit file has one writer: the supervisor's collector owns config.audit_path (rotation,
 fsync) and each worker forwards its batches to it (proxy/audit/forward.py), so every `audit`
 command reads one trail. Without `redis:`, the workers share limit counts through a private
-redis-server on a unix socket (proxy/fleet/local_broker.py); with `redis:`, each worker is a
+redis-server on a unix socket (proxy/workers/limit_relay.py); with `redis:`, each worker is a
 member of the fleet instead.
 """
 
@@ -19,9 +19,9 @@ from sandgate.proxy.audit.collector import AuditCollector
 from sandgate.proxy.audit.leftovers import Settled, settle_dead_processes, write_cut_count
 from sandgate.proxy.audit.trail import audit_file_sink
 from sandgate.proxy.config import GatewayConfig
-from sandgate.proxy.fleet.local_broker import ENV as BROKER_ENV
-from sandgate.proxy.fleet.local_broker import LocalBroker
-from sandgate.proxy.unix_sockets import ensure_private_folder
+from sandgate.proxy.fleet.limits_sync import RELAY_ENV
+from sandgate.proxy.state.unix_sockets import ensure_private_folder
+from sandgate.proxy.workers.limit_relay import LimitRelay
 
 __all__ = ["SharedServices"]
 
@@ -33,18 +33,18 @@ class SharedServices:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.broker: LocalBroker | None = None
+        self.limit_relay: LimitRelay | None = None
         self.collector: AuditCollector | None = None
         self.cut_by_exit = 0  # records written for intents a dead worker left open
 
     def env(self) -> dict[str, str]:
         """What the workers' environment needs to reach these services."""
-        return {BROKER_ENV: self.broker.url} if self.broker is not None else {}
+        return {RELAY_ENV: self.limit_relay.url} if self.limit_relay is not None else {}
 
     def start(self) -> SharedServices:
-        """Start both; ListenerError or ConfigError (LocalBrokerError) when one cannot start."""
+        """Start both; ListenerError or ConfigError (LimitRelayError) when one cannot start."""
         cfg = self.config
-        # The internal sockets' folder (audit collector, local broker, peers' admin APIs).
+        # The internal sockets' folder (audit collector, limit relay, peers' admin APIs).
         ensure_private_folder(cfg.audit_socket_path.parent)
         sink = audit_file_sink(cfg)
         try:
@@ -55,7 +55,7 @@ class SharedServices:
             self.settle()
             self.collector.start()
             if cfg.redis is None:
-                self.broker = LocalBroker(cfg.audit_socket_path.parent).start()
+                self.limit_relay = LimitRelay(cfg.audit_socket_path.parent).start()
         except BaseException:
             self.close()
             raise
@@ -82,11 +82,11 @@ class SharedServices:
         return settled
 
     def close(self) -> None:
-        """Stop the broker, then the collector (which closes the audit file)."""
-        broker, self.broker = self.broker, None
-        if broker is not None:
+        """Stop the limit relay, then the collector (which closes the audit file)."""
+        relay, self.limit_relay = self.limit_relay, None
+        if relay is not None:
             with contextlib.suppress(Exception):
-                broker.stop()
+                relay.stop()
         collector, self.collector = self.collector, None
         if collector is not None:
             collector.close()

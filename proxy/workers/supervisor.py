@@ -13,7 +13,7 @@ session of its own, so that a terminal's Ctrl-C (SIGINT to the whole foreground 
 reaches it once, forwarded, not twice (which would cut its drain short at once).
 
 Once every worker serves, the supervisor prints the gateway's one start-up block (the lead's
-rows under the supervisor's pid: proxy/banner.py) and writes `<state_dir>/gateway.json`.
+rows under the supervisor's pid: proxy/startup/banner.py) and writes `<state_dir>/gateway.json`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from sandgate.proxy import banner
 from sandgate.proxy.config import GatewayConfig
-from sandgate.proxy.statusfile import remove_status
+from sandgate.proxy.startup import banner
+from sandgate.proxy.state.statusfile import remove_status
 from sandgate.proxy.tasks import TaskSet
 from sandgate.proxy.worker_role import ENV, WorkerRole
 from sandgate.proxy.workers.child import PARENT_ENV, failure_path

@@ -121,7 +121,7 @@ async def test_a_streamed_placeholder_is_denied_in_the_chunk_that_completes_it(
             TenantCredentials("t2", ("x",), (header_credential("openai"),)),
         ],
     )
-    decision = await broker.decide("t1", "sb1", request(host, body=None, body_too_large=True))
+    decision = await broker.plan("t1", "sb1", request(host, body=None, body_too_large=True))
     assert isinstance(decision, BrokerAllow)
     guard = decision.body_guard
     assert guard is not None
@@ -134,7 +134,7 @@ async def test_a_streamed_placeholder_is_denied_in_the_chunk_that_completes_it(
 
 async def test_a_clean_stream_passes(registry: SecretRegistry) -> None:
     broker = make_broker(registry, [TenantCredentials("t1", ("sb1",), (header_credential("openai"),))])
-    decision = await broker.decide("t1", "sb1", request("evil.example", body=None))
+    decision = await broker.plan("t1", "sb1", request("evil.example", body=None))
     assert isinstance(decision, BrokerAllow) and decision.body_guard is not None
     for _ in range(50):
         assert decision.body_guard.feed(b"sgph_ lorem ipsum " * 4000) is None
@@ -142,4 +142,4 @@ async def test_a_clean_stream_passes(registry: SecretRegistry) -> None:
 
 async def test_a_buffered_body_needs_no_guard(registry: SecretRegistry) -> None:
     broker = make_broker(registry, [TenantCredentials("t1", ("sb1",), (header_credential("openai"),))])
-    assert await broker.decide("t1", "sb1", request("evil.example", body=b"hello")) == BrokerAllow()
+    assert await broker.plan("t1", "sb1", request("evil.example", body=b"hello")) == BrokerAllow()

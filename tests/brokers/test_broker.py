@@ -270,7 +270,7 @@ async def test_exfiltration_attempts_are_denied(
     names: tuple[str, ...],
     where: tuple[str, ...],
 ) -> None:
-    decision = await broker.decide("t1", "sb1", req)
+    decision = await broker.plan("t1", "sb1", req)
     assert decision == BrokerDenial(cause, credentials=names, where=where)
     expected_reason = (
         Reason.BODY_TOO_LARGE if cause is DenialCause.BODY_TOO_LARGE else Reason.CREDENTIAL_HOST_MISMATCH
@@ -308,7 +308,7 @@ FOREIGN: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
 async def test_foreign_placeholders_are_denied_and_flagged(
     broker: Broker, host: str, placeholder: str, names: tuple[str, ...], owners: tuple[str, ...]
 ) -> None:
-    decision = await broker.decide(
+    decision = await broker.plan(
         "t1", "sb1", request(host, headers=(("Authorization", f"Bearer {placeholder}"),))
     )
     assert decision == BrokerDenial(
@@ -360,7 +360,7 @@ NOT_MINTED_HERE = [
 async def test_a_placeholder_this_gateway_did_not_mint_is_refused(
     broker: Broker, memory: MemorySource, parts: dict[str, Any]
 ) -> None:
-    decision = await broker.decide("t1", "sb1", request(EVIL, **parts))
+    decision = await broker.plan("t1", "sb1", request(EVIL, **parts))
     assert isinstance(decision, BrokerDenial)
     assert (decision.cause, decision.reason) == (DenialCause.UNKNOWN_PLACEHOLDER, Reason.UNKNOWN_PLACEHOLDER)
     assert decision.foreign and "not minted here" in decision.foreign_owners
@@ -372,25 +372,25 @@ async def test_a_placeholder_this_gateway_did_not_mint_is_refused(
     ids=["the bare prefix", "a short word", "seven characters", "prefix and a space", "another separator"],
 )
 async def test_text_too_short_to_be_a_placeholder_passes(broker: Broker, text: str) -> None:
-    decision = await broker.decide("t1", "sb1", request(EVIL, headers=(("X", text),), body=text.encode()))
+    decision = await broker.plan("t1", "sb1", request(EVIL, headers=(("X", text),), body=text.encode()))
     assert decision == BrokerAllow()
 
 
 async def test_a_request_without_placeholders_passes_untouched(broker: Broker, memory: MemorySource) -> None:
-    decision = await broker.decide("t1", "sb1", request(headers=(("Authorization", "Bearer guest-own-key"),)))
+    decision = await broker.plan("t1", "sb1", request(headers=(("Authorization", "Bearer guest-own-key"),)))
     assert decision == BrokerAllow()
     assert memory.reads == 0
 
 
 async def test_a_sandbox_unknown_to_the_broker_gets_no_credentials(broker: Broker) -> None:
-    decision = await broker.decide("t3", "sb", request(headers=(("Authorization", f"Bearer {OPENAI}"),)))
+    decision = await broker.plan("t3", "sb", request(headers=(("Authorization", f"Bearer {OPENAI}"),)))
     assert isinstance(decision, BrokerDenial)
     assert decision.foreign
 
 
 async def test_the_bound_request_gets_the_secret_and_the_guest_header_is_replaced(broker: Broker) -> None:
     req = request(headers=(("Authorization", f"Bearer {OPENAI}"), ("authorization", "Bearer second-copy")))
-    decision = await broker.decide("t1", "sb1", req)
+    decision = await broker.plan("t1", "sb1", req)
     assert isinstance(decision, BrokerAllow)
     assert (decision.credentials, decision.injectors) == (("openai",), ("header",))
     applied = apply_mutations(req, decision.mutations)
@@ -413,13 +413,13 @@ async def test_a_rotated_file_secret_is_used_by_the_next_request(tmp_path: Path)
     broker = Broker(placeholder_key=KEY)
     broker.configure([TenantCredentials("t1", ("sb1",), (cred,), base_dir=tmp_path)])
     req = request(headers=(("Authorization", f"Bearer {OPENAI}"),))
-    first = await broker.decide("t1", "sb1", req)
+    first = await broker.plan("t1", "sb1", req)
     assert isinstance(first, BrokerAllow)
     assert ("Authorization", "Bearer first-secret-0123456789") in apply_mutations(
         req, first.mutations
     ).headers
     secret_file.write_text("second-secret-0123456789")
-    second = await broker.decide("t1", "sb1", req)
+    second = await broker.plan("t1", "sb1", req)
     assert isinstance(second, BrokerAllow)
     assert ("Authorization", "Bearer second-secret-0123456789") in apply_mutations(
         req, second.mutations
@@ -450,7 +450,7 @@ async def test_an_unavailable_secret_denies_with_internal_error(
     memory.values = values
     broker = make_broker(registry, [TenantCredentials("t1", ("sb1",), (header_credential("openai"),))])
     with capture_logs() as events, caplog.at_level(logging.DEBUG):
-        decision = await broker.decide("t1", "sb1", request(headers=(("Authorization", f"Bearer {OPENAI}"),)))
+        decision = await broker.plan("t1", "sb1", request(headers=(("Authorization", f"Bearer {OPENAI}"),)))
     assert isinstance(decision, BrokerDenial)
     assert (decision.reason, decision.cause, decision.credentials) == (
         Reason.INTERNAL_ERROR,
@@ -481,7 +481,7 @@ async def test_secrets_never_reach_logs_denials_or_reprs(
             ),
             request(EVIL, headers=(("X", OPENAI),)),
         ]:
-            decision = await broker.decide("t1", "sb1", req)
+            decision = await broker.plan("t1", "sb1", req)
             texts += [repr(decision), str(decision)]
     texts += [caplog.text, repr(events), repr(broker.scrubber("t1", "sb1"))]
     for text in texts:
@@ -521,7 +521,7 @@ async def test_a_removed_sandbox_placeholder_becomes_foreign(
     broker: Broker, registry: SecretRegistry
 ) -> None:
     broker.configure([TenantCredentials("t1", ("sb1",), t1_credentials())])
-    decision = await broker.decide("t1", "sb1", request(headers=(("Authorization", f"Bearer {OPENAI_SB2}"),)))
+    decision = await broker.plan("t1", "sb1", request(headers=(("Authorization", f"Bearer {OPENAI_SB2}"),)))
     assert isinstance(decision, BrokerDenial)
     assert decision.foreign_owners == ("unknown",)
 
@@ -533,6 +533,6 @@ async def test_two_placeholders_for_one_managed_header_conflict(registry: Secret
     req = request(
         headers=(("Authorization", f"Bearer {OPENAI}"), ("Authorization", f"Bearer {org_placeholder}"))
     )
-    decision = await broker.decide("t1", "sb1", req)
+    decision = await broker.plan("t1", "sb1", req)
     assert decision == BrokerDenial(DenialCause.CONFLICT, ("openai", "openai-org"), ("header:authorization",))
     assert decision.reason is Reason.INVALID_REQUEST

@@ -117,7 +117,7 @@ async def test_injection(
 ) -> None:
     cred = credential(**{"name": "c", "secret": "mem:c", "hosts": ["api.example.com"], **fields})
     broker = make_broker(registry, [TenantCredentials("t1", ("sb1",), (cred,))])
-    decision = await broker.decide("t1", "sb1", req)
+    decision = await broker.plan("t1", "sb1", req)
     assert isinstance(decision, BrokerAllow), decision
     assert decision.credentials == ("c",)
     assert decision.injectors == (cred.kind,)
@@ -137,8 +137,8 @@ async def test_an_always_credential_stays_off_unbound_hosts(registry: SecretRegi
         name="c", secret="mem:c", hosts=["api.example.com"], inject={"header": "X-Api-Key"}, apply="always"
     )
     broker = make_broker(registry, [TenantCredentials("t1", ("sb1",), (cred,))])
-    assert await broker.decide("t1", "sb1", request("other.example.com")) == BrokerAllow()
-    assert await broker.decide("t1", "sb1", request("api.example.com", port=8443)) == BrokerAllow()
+    assert await broker.plan("t1", "sb1", request("other.example.com")) == BrokerAllow()
+    assert await broker.plan("t1", "sb1", request("api.example.com", port=8443)) == BrokerAllow()
 
 
 async def test_a_streamed_body_for_a_body_credential_is_checked_by_the_guard(
@@ -146,7 +146,7 @@ async def test_a_streamed_body_for_a_body_credential_is_checked_by_the_guard(
 ) -> None:
     cred = credential(name="c", secret="mem:c", hosts=["api.example.com"], inject={"body": True})
     broker = make_broker(registry, [TenantCredentials("t1", ("sb1",), (cred,))])
-    decision = await broker.decide("t1", "sb1", request("api.example.com", body=None, body_too_large=True))
+    decision = await broker.plan("t1", "sb1", request("api.example.com", body=None, body_too_large=True))
     assert isinstance(decision, BrokerAllow)
     assert decision.body_guard is not None
     assert decision.body_guard.feed(b"x" * 1000 + P[:10].encode()) is None

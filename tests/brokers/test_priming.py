@@ -48,7 +48,7 @@ async def test_a_request_that_injects_nothing_waits_until_its_tenants_secrets_ar
 ) -> None:
     broker = make_broker(registry, tenants())
     assert broker.scrubber("t1", "sb1").empty, "nothing resolved yet"
-    decision = await broker.decide("t1", "sb1", request("api.openai.com"))  # no placeholder
+    decision = await broker.plan("t1", "sb1", request("api.openai.com"))  # no placeholder
     assert decision == BrokerAllow()
     echo = f"key={OURS} basic={base64.b64encode(f'u:{OURS}'.encode()).decode()} cs={CLIENT_SECRET}"
     scrubbed = broker.scrubber("t1", "sb1").scrub(echo.encode()).decode()
@@ -71,7 +71,7 @@ async def test_a_changed_value_is_known_before_the_next_request_and_the_old_one_
     await broker.refresh()
     memory.values["openai"] = ROTATED
     broker.secrets_changed()  # a stored credential was rotated
-    await broker.decide("t1", "sb1", request("api.openai.com"))
+    await broker.plan("t1", "sb1", request("api.openai.com"))
     placeholder = MINTER.mint("t1", "sb1", "openai")
     assert (
         broker.scrubber("t1", "sb1").scrub(f"{OURS} {ROTATED}".encode())
@@ -88,7 +88,7 @@ async def test_a_secret_that_cannot_be_resolved_is_logged_once_and_known_once_it
         for _ in range(3):
             await broker.refresh()
         placeholder = MINTER.mint("t1", "sb1", "openai")
-        denied = await broker.decide(
+        denied = await broker.plan(
             "t1", "sb1", request(headers=(("Authorization", f"Bearer {placeholder}"),))
         )
         memory.values["openai"] = OURS
@@ -108,7 +108,7 @@ async def test_a_secret_resolved_by_refresh_is_not_read_again_by_a_request_that_
     await broker.refresh()
     reads = memory.reads
     for _ in range(5):
-        await broker.decide("t1", "sb1", request("api.openai.com"))
+        await broker.plan("t1", "sb1", request("api.openai.com"))
     assert memory.reads == reads, "the request path resolved nothing"
 
 
@@ -119,5 +119,5 @@ async def test_a_credential_added_by_a_reload_is_known_before_the_next_request_i
     await broker.refresh()
     broker.configure(tenants())  # t1 appears with its credentials
     memory.values["openai"] = ROTATED
-    await broker.decide("t1", "sb1", request("api.openai.com"))
+    await broker.plan("t1", "sb1", request("api.openai.com"))
     assert broker.scrubber("t1", "sb1").scrub(ROTATED.encode()) == MINTER.mint("t1", "sb1", "openai").encode()

@@ -1,5 +1,5 @@
 """The manual's pages under docs/ follow the README's block convention, and are read in the
-order of mkdocs.yml's nav (fast, no root; tests/docs/test_docs_walkthrough.py runs them)."""
+order of mkdocs.yml's nav (fast, no root; tests/e2e/docs/test_docs_walkthrough.py runs them)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from sandgate.brokers import Broker, Secret
 from sandgate.policy.decide import CredentialBindings
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
-from sandgate.proxy.broker_setup import PolicyCredentials, configure_broker
+from sandgate.proxy.startup.broker_setup import PolicyCredentials, configure_broker
 
 ACME = """
 tenant: acme

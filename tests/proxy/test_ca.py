@@ -14,7 +14,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from mitmproxy.certs import CertStore
 
-from sandgate.proxy.ca import (
+from sandgate.proxy.errors import CAError, ProxyError, SandgateError
+from sandgate.proxy.startup.ca import (
     ca_paths,
     ensure_ca,
     export_ca,
@@ -22,7 +23,6 @@ from sandgate.proxy.ca import (
     issue_leaf,
     new_ca,
 )
-from sandgate.proxy.errors import CAError, ProxyError, SandgateError
 
 
 def _mode(path: Path) -> int:

@@ -25,14 +25,14 @@ def test_an_approved_tunnel_may_dial_only_the_checked_address() -> None:
     s = state()
     s.tunnel_approved("api.test", 443, ALLOWED)
     assert (s.in_tunnel, s.tunnel_host, s.tunnel_port, s.tunnel_decision) == (True, "api.test", 443, ALLOWED)
-    assert s.approved == {("127.0.0.2", 443): "api.test"}
+    assert s.dial_permits == {("127.0.0.2", 443): "api.test"}
 
 
 def test_a_tunnel_without_a_checked_address_is_not_approved() -> None:
     s = state()
     with pytest.raises(ValueError, match="checked address"):
         s.tunnel_approved("api.test", 443, Decision(allowed=True, reason=Reason.ALLOWED))
-    assert (s.in_tunnel, s.approved) == (False, {})
+    assert (s.in_tunnel, s.dial_permits) == (False, {})
 
 
 def test_transitions_set_what_they_name() -> None:
@@ -41,11 +41,11 @@ def test_transitions_set_what_they_name() -> None:
     s.arrived(("10.0.0.9", 5432), Identity("t1", "sb2"))
     s.raw_approved("10.0.0.9", 5432, "db.test")
     s.tls_accepted("api.test", passthrough=True)
-    s.approve("127.0.0.2", 80, "api.test")
+    s.permit_dial("127.0.0.2", 80, "api.test")
     s.refused(Reason.RATE_LIMITED)
     assert s.identity == Identity("t1", "sb2") and s.original_dst == ("10.0.0.9", 5432)
     assert (s.raw, s.sni, s.passthrough, s.denied) == (True, "api.test", True, Reason.RATE_LIMITED)
-    assert s.approved == {("10.0.0.9", 5432): "db.test", ("127.0.0.2", 80): "api.test"}
+    assert s.dial_permits == {("10.0.0.9", 5432): "db.test", ("127.0.0.2", 80): "api.test"}
 
 
 def test_the_decision_context_names_the_connection_and_its_tunnel() -> None:
@@ -65,7 +65,7 @@ def test_the_decision_context_names_the_connection_and_its_tunnel() -> None:
 
 
 def _field_writes(tree: ast.AST) -> list[int]:
-    """Lines assigning a ConnectionState field on a name `state` (or an item of its `approved`)."""
+    """Lines assigning a ConnectionState field on a name `state` (or an item of its `dial_permits`)."""
     lines: list[int] = []
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
@@ -102,7 +102,7 @@ def test_no_module_assigns_a_connection_state_field_directly() -> None:
 
 
 def test_the_write_check_sees_a_direct_assignment() -> None:
-    assert _field_writes(ast.parse("state.denied = x\nstate.approved[k] = h\nstate.sni, a = 1, 2\n")) == [
+    assert _field_writes(ast.parse("state.denied = x\nstate.dial_permits[k] = h\nstate.sni, a = 1, 2\n")) == [
         1,
         2,
         3,

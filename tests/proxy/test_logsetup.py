@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from sandgate.proxy.logsetup import RepeatLimiter, _RepeatFilter, configure_logging, redact_literals
+from sandgate.proxy.startup.logsetup import RepeatLimiter, _RepeatFilter, configure_logging, redact_literals
 
 
 def test_a_kind_of_line_passes_its_burst_then_is_dropped_and_counted() -> None:
@@ -131,7 +131,7 @@ def test_redaction_keeps_the_words_around_the_literals() -> None:
 WRITER = """
 import sys
 import structlog
-from sandgate.proxy.logsetup import configure_logging
+from sandgate.proxy.startup.logsetup import configure_logging
 configure_logging("info", "json")
 log = structlog.get_logger("t")
 for i in range(int(sys.argv[1])):

@@ -13,8 +13,8 @@ from conftest import write_gateway_files
 
 from sandgate.proxy.config import GatewayConfig, for_worker, load_config
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.registration import gateway_ports, listener_ports
-from sandgate.proxy.statusfile import write_status
+from sandgate.proxy.sandboxes.registration import gateway_ports, listener_ports
+from sandgate.proxy.state.statusfile import write_status
 from sandgate.proxy.worker_role import WorkerRole
 
 T, D = 18081, 18053

@@ -11,13 +11,13 @@ from mitmproxy import http
 
 from sandgate.policy.decision import Decision
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.drain import shutdown_response
-from sandgate.proxy.mitm.head_caps import refused_response
+from sandgate.proxy.addons.heads import refused_response
 from sandgate.proxy.respond import (
     decision_response,
     denied_response,
     limited_response,
     proxy_auth_required,
+    shutdown_response,
     upstream_error_response,
 )
 

@@ -26,7 +26,7 @@ def test_a_gateway_run_by_another_user_is_alive() -> None:
         status.write_text(json.dumps({"pid": os.getpid(), "policy_version": "v"}))
         status.chmod(0o644)
         code = (
-            "import os, sys; from pathlib import Path; from sandgate.proxy.statusfile import read_status\n"
+            "import os, sys; from pathlib import Path; from sandgate.proxy.state.statusfile import read_status\n"
             "os.setgid(65534); os.setuid(65534)\n"
             "sys.exit(0 if read_status(Path(sys.argv[1])) is not None else 3)"
         )
@@ -39,7 +39,7 @@ def test_a_gateway_run_by_another_user_is_alive() -> None:
 
 
 def test_a_gone_gateway_is_not_alive(tmp_path: Path) -> None:
-    from sandgate.proxy.statusfile import read_status
+    from sandgate.proxy.state.statusfile import read_status
 
     p = subprocess.Popen(["true"])
     p.wait()

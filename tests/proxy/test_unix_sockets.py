@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.proxy.errors import ConfigError
-from sandgate.proxy.unix_sockets import MAX_SOCKET_PATH, ensure_private_folder, internal_socket_folder
+from sandgate.proxy.state.unix_sockets import MAX_SOCKET_PATH, ensure_private_folder, internal_socket_folder
 
 
 def test_a_short_state_dir_keeps_its_sockets_beside_it() -> None:
@@ -21,15 +21,15 @@ def test_a_deep_state_dir_gets_a_private_folder_under_tmp_that_every_process_fin
     assert folder.parent == Path("/tmp") and folder.name.startswith("sandgate-")
     assert folder == internal_socket_folder(Path(str(deep)))  # derived from the path alone
     assert folder != internal_socket_folder(deep / "other")
-    assert len(os.fsencode(folder / "broker.sock")) <= MAX_SOCKET_PATH
+    assert len(os.fsencode(folder / "limits.sock")) <= MAX_SOCKET_PATH
 
 
 def test_the_longest_name_that_still_fits_stays_beside_the_state_dir() -> None:
-    # "<state>/workers/broker.sock" (and w<i>.sock up to 4 digits) must fit in 107 bytes.
+    # "<state>/workers/limits.sock" (and w<i>.sock up to 4 digits) must fit in 107 bytes.
     for length in range(60, 110):
         state = Path("/" + "s" * (length - 1))
         folder = internal_socket_folder(state)
-        for name in ("broker.sock", "audit.sock", "w9999.sock"):
+        for name in ("limits.sock", "audit.sock", "w9999.sock"):
             assert len(os.fsencode(folder / name)) <= MAX_SOCKET_PATH, (length, name)
 
 

@@ -73,7 +73,7 @@ def decision(
 
 
 def reload_record(name: str, when: float) -> dict[str, Any]:
-    """A policy_reload record as `proxy/reloader.py` writes it."""
+    """A policy_reload record as `proxy/refresh/reloader.py` writes it."""
     return {
         "event": "policy_reload",
         "v": 1,

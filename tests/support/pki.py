@@ -12,7 +12,7 @@ from typing import Self
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from sandgate.proxy.ca import PrivateKey, issue_leaf, new_ca
+from sandgate.proxy.startup.ca import PrivateKey, issue_leaf, new_ca
 
 __all__ = ["DEFAULT_NAMES", "TestPKI"]
 

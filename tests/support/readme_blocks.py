@@ -7,7 +7,7 @@ README.md and every page of docs/:
 - Every fence names a language. Shell blocks are `sh` (or `bash`/`shell`); a transcript of
   commands and their output is `console` (`$ ` starts a command); output, files and formats
   are `text`, `http`, `yaml`, `json`, ...
-- Every shell or console block is run by tests/docs/test_readme_walkthrough.py, top to
+- Every shell or console block is run by tests/e2e/docs/test_readme_walkthrough.py, top to
   bottom, in one shell session, unless the line just before its fence is a marker:
   - `<!-- illustration: WHY -->`: not run; WHY (say what it needs: systemd, a cluster, ...)
     is required.
@@ -16,9 +16,9 @@ README.md and every page of docs/:
 - A block in another language whose lines start with `$ ` holds commands: it is refused, so a
   command cannot hide from the runner as "text".
 
-README.md runs as one session (tests/docs/test_readme_walkthrough.py); the pages of docs/ run
+README.md runs as one session (tests/e2e/docs/test_readme_walkthrough.py); the pages of docs/ run
 as another, in the order of mkdocs.yml's nav (`manual_pages`), as a reader goes through the
-manual (tests/docs/test_docs_walkthrough.py).
+manual (tests/e2e/docs/test_docs_walkthrough.py).
 """
 
 from __future__ import annotations

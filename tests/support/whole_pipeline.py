@@ -107,7 +107,7 @@ def whole_pipeline(
         path.chmod(0o600)  # secret files must be the owner's alone
     policy: PolicySet = load_policy_dir(rules)
     if broker is not None:
-        from sandgate.proxy.broker_setup import configure_broker
+        from sandgate.proxy.startup.broker_setup import configure_broker
 
         configure_broker(broker, policy)
     audit_path = tmp_path / "audit.jsonl"

@@ -86,7 +86,7 @@ async def test_an_installation_token_is_minted_injected_and_cached(
 ) -> None:
     broker = gh_broker(tmp_path, server, http, clock)
     req = request("api.github.com", "/repos/o/r/issues", headers=(("Authorization", f"token {P}"),))
-    decision = await broker.decide("t1", "sb1", req)
+    decision = await broker.plan("t1", "sb1", req)
     assert isinstance(decision, BrokerAllow)
     assert decision.injectors == ("github_app",)
     [received] = server.requests
@@ -98,11 +98,11 @@ async def test_an_installation_token_is_minted_injected_and_cached(
     assert ("Authorization", f"Bearer {token}") in apply_mutations(req, decision.mutations).headers
     # Cached: another request within the hour does not mint again.
     clock.advance(3600 - 301)
-    await broker.decide("t1", "sb1", req)
+    await broker.plan("t1", "sb1", req)
     assert len(server.requests) == 1
     # Five minutes (the skew) before expiry a new one is minted.
     clock.advance(1)
-    decision = await broker.decide("t1", "sb1", req)
+    decision = await broker.plan("t1", "sb1", req)
     assert isinstance(decision, BrokerAllow)
     assert len(server.issued) == 2
     assert ("Authorization", f"Bearer {server.issued[1]}") in apply_mutations(req, decision.mutations).headers
@@ -117,7 +117,7 @@ async def test_repositories_and_permissions_narrow_the_token(
     tmp_path: Path, server: GitHubAppServer, http: HttpxClient, clock: Clock
 ) -> None:
     broker = gh_broker(tmp_path, server, http, clock, repositories=["r1"], permissions={"contents": "read"})
-    await broker.decide("t1", "sb1", request("api.github.com", headers=(("Authorization", f"Bearer {P}"),)))
+    await broker.plan("t1", "sb1", request("api.github.com", headers=(("Authorization", f"Bearer {P}"),)))
     [received] = server.requests
     assert json.loads(received.body) == {"repositories": ["r1"], "permissions": {"contents": "read"}}
 
@@ -127,16 +127,16 @@ async def test_a_rotated_key_file_is_used_for_the_next_mint(
 ) -> None:
     broker = gh_broker(tmp_path, server, http, clock)
     req = request("api.github.com", headers=(("Authorization", f"Bearer {P}"),))
-    assert isinstance(await broker.decide("t1", "sb1", req), BrokerAllow)
+    assert isinstance(await broker.plan("t1", "sb1", req), BrokerAllow)
     write_key(tmp_path / "app.pem", KEY_B)
     clock.advance(3600)
-    denial = await broker.decide("t1", "sb1", req)  # the server still trusts only key A
+    denial = await broker.plan("t1", "sb1", req)  # the server still trusts only key A
     assert isinstance(denial, BrokerDenial)
     assert denial.cause is DenialCause.SECRET_UNAVAILABLE
     assert f"answered HTTP 401 for installation {INSTALLATION}" in denial.detail
     server.public_key = KEY_B.public_key()
     clock.advance(2)  # past the failure backoff
-    assert isinstance(await broker.decide("t1", "sb1", req), BrokerAllow)
+    assert isinstance(await broker.plan("t1", "sb1", req), BrokerAllow)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ async def test_an_unusable_key_fails_closed(
         (tmp_path / "app.pem").unlink()
     else:
         (tmp_path / "app.pem").write_bytes(content)
-    decision = await broker.decide(
+    decision = await broker.plan(
         "t1", "sb1", request("api.github.com", headers=(("Authorization", f"Bearer {P}"),))
     )
     assert isinstance(decision, BrokerDenial)

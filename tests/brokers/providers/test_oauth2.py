@@ -189,7 +189,7 @@ async def test_token_failures_fail_closed_without_echoing(
         http=http,
         clock=clock,
     )
-    decision = await broker.decide(
+    decision = await broker.plan(
         "t1", "sb1", request("api.example.com", headers=(("Authorization", f"Bearer {P}"),))
     )
     assert isinstance(decision, BrokerDenial)
@@ -237,7 +237,7 @@ async def test_the_guest_sends_a_placeholder_and_never_sees_either_token(
         clock=clock,
     )
     req = request("api.example.com", headers=(("Authorization", f"Bearer {P}"),))
-    decision = await broker.decide("t1", "sb1", req)
+    decision = await broker.plan("t1", "sb1", req)
     assert isinstance(decision, BrokerAllow)
     assert decision.injectors == ("oauth2",)
     token = oauth_server.issued[0]
@@ -248,7 +248,7 @@ async def test_the_guest_sends_a_placeholder_and_never_sees_either_token(
     )
     assert echoed == f'{{"auth": "Bearer {P}", "cs": "{P}"}}'.encode()
     # The next request within the token's life reuses it.
-    await broker.decide("t1", "sb1", req)
+    await broker.plan("t1", "sb1", req)
     assert len(oauth_server.requests) == 1
 
 

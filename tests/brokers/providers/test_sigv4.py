@@ -186,7 +186,7 @@ async def test_resigning_matches_botocore(
         [TenantCredentials("t1", ("sb1",), (cred,))],
         clock=Clock(GATEWAY_TIME.timestamp()),
     )
-    decision = await broker.decide("t1", "sb1", broker_request)
+    decision = await broker.plan("t1", "sb1", broker_request)
     assert isinstance(decision, BrokerAllow), decision
     assert decision.injectors == ("aws_sigv4",)
     ours = dict((k.lower(), v) for k, v in apply_mutations(broker_request, decision.mutations).headers)
@@ -253,7 +253,7 @@ def guest_request(body: bytes | None, **headers: str) -> BrokerRequest:
 async def test_requests_that_cannot_be_re_signed_are_denied(
     body: bytes | None, headers: dict[str, str], cause: DenialCause
 ) -> None:
-    decision = await aws_broker(MemorySource(aws=SECRET_KEY), access_key_id=AKID).decide(
+    decision = await aws_broker(MemorySource(aws=SECRET_KEY), access_key_id=AKID).plan(
         "t1", "sb1", guest_request(body, **headers)
     )
     assert isinstance(decision, BrokerDenial)
@@ -262,7 +262,7 @@ async def test_requests_that_cannot_be_re_signed_are_denied(
 
 async def test_a_streamed_body_with_a_declared_hash_is_signed() -> None:
     req = guest_request(None, x_amz_content_sha256="UNSIGNED-PAYLOAD")
-    decision = await aws_broker(MemorySource(aws=SECRET_KEY), access_key_id=AKID).decide("t1", "sb1", req)
+    decision = await aws_broker(MemorySource(aws=SECRET_KEY), access_key_id=AKID).plan("t1", "sb1", req)
     assert isinstance(decision, BrokerAllow)
     assert decision.body_guard is not None
 
@@ -277,7 +277,7 @@ async def test_a_streamed_body_with_a_declared_hash_is_signed() -> None:
 )
 async def test_key_id_sources(secret: str, spec: dict[str, Any], key_id: str) -> None:
     memory = MemorySource(aws=secret, akid="AKIAREFERENCED000001")
-    decision = await aws_broker(memory, **spec).decide("t1", "sb1", guest_request(b"data"))
+    decision = await aws_broker(memory, **spec).plan("t1", "sb1", guest_request(b"data"))
     assert isinstance(decision, BrokerAllow)
     auth = dict(
         (k.lower(), v) for k, v in apply_mutations(guest_request(b"data"), decision.mutations).headers

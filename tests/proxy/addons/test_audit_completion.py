@@ -14,9 +14,11 @@ from mitmproxy.test import tflow
 from support.inprocess import InProcess, in_process, proxy_flow
 
 from sandgate.proxy.addons.audit_completion import AuditCompletion
-from sandgate.proxy.addons.flow_keys import CREDENTIALS_KEY, FAILURE_KEY, PENDING_KEY
-from sandgate.proxy.addons.gate import Gate
+from sandgate.proxy.addons.dial_guard import DialGuard
+from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.identify import Identify
+from sandgate.proxy.addons.request_gate import RequestGate
+from sandgate.proxy.addons.tunnel_gate import TunnelGate
 
 HOSTS = {"api.test": ["127.0.0.2"]}
 PORT = 8080
@@ -25,7 +27,9 @@ PORT = 8080
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[InProcess]:
     tenants = {"t1.yaml": tenant_yaml("t1", [{"id": "api", "hosts": ["api.test"], "ports": [PORT]}])}
-    with in_process(tmp_path, tenants, HOSTS, {Identify, Gate, AuditCompletion}) as running:
+    with in_process(
+        tmp_path, tenants, HOSTS, {Identify, TunnelGate, RequestGate, DialGuard, AuditCompletion}
+    ) as running:
         yield running
 
 
@@ -36,13 +40,13 @@ async def allowed(gw: InProcess, content: bytes = b"") -> http.HTTPFlow:
         client, f"http://api.test:{PORT}/x", method="POST", sandbox="sb1", token=TOKEN, content=content
     )
     await gw.hook(HttpRequestHeadersHook(flow))
-    assert flow.response is None and PENDING_KEY in flow.metadata
+    assert flow.response is None and Exchange.of(flow).pending is not None
     return flow
 
 
 async def test_a_response_completes_the_record_with_status_bytes_and_credentials(gw: InProcess) -> None:
     flow = await allowed(gw, b"12345")
-    flow.metadata[CREDENTIALS_KEY] = (("gh",), ("bearer",))
+    Exchange.of(flow).credentials, Exchange.of(flow).injectors = ("gh",), ("bearer",)
     flow.response = http.Response.make(201, b"created!")
     await gw.hook(HttpResponseHook(flow))
     await gw.hook(HttpResponseHook(flow))  # a second end (no pending decision): nothing more
@@ -64,7 +68,7 @@ async def test_an_upstream_failure_after_the_allow_records_its_reason_and_status
 
 async def test_a_failure_another_addon_flagged_is_the_records_error(gw: InProcess) -> None:
     flow = await allowed(gw)
-    flow.metadata[FAILURE_KEY] = "HTTP/1 trailers cannot be relayed"
+    Exchange.of(flow).failure = "HTTP/1 trailers cannot be relayed"
     flow.response = http.Response.make(200, b"")
     await gw.hook(HttpResponseHook(flow))
     (record,) = gw.records()

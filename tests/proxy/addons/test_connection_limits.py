@@ -14,11 +14,12 @@ from mitmproxy import master, options
 from mitmproxy.addons import proxyserver
 
 from sandgate.proxy.addons import h2_guard as h2guard
-from sandgate.proxy.addons.connection_limits import ConnectionLimits, check_seams, source_key, unread
+from sandgate.proxy.addons.connection_limits import ConnectionLimits, check_seams
+from sandgate.proxy.addons.guest_peer import source_key, unread
 from sandgate.proxy.audit.refusals import RefusalAudit
 from sandgate.proxy.config import ConnectionsConfig
 from sandgate.proxy.context import GatewayContext
-from sandgate.proxy.fd_budget import FdBudget
+from sandgate.proxy.startup.fd_budget import FdBudget
 
 
 @pytest.mark.parametrize(

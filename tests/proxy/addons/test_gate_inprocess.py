@@ -1,4 +1,4 @@
-"""The Gate in process (taddons, tflow): allowed, denied, fail closed, one record per decision."""
+"""The gates in process (taddons, tflow): allowed, denied, fail closed, one record per decision."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from mitmproxy.test import tflow
 from support.inprocess import InProcess, connect_flow, in_process, proxy_flow, server_connect
 
 from sandgate.proxy.addons.audit_completion import AuditCompletion
-from sandgate.proxy.addons.flow_keys import PENDING_KEY
-from sandgate.proxy.addons.gate import Gate
+from sandgate.proxy.addons.dial_guard import DialGuard
+from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.limits import TenantLimits
+from sandgate.proxy.addons.request_gate import RequestGate
+from sandgate.proxy.addons.tunnel_gate import TunnelGate
 
 HOSTS = {"api.test": ["127.0.0.2"], "other.test": ["127.0.0.3"], "raw.test": ["127.0.0.2"]}
 PORT = 8080
@@ -35,7 +37,7 @@ def gw(tmp_path: Path) -> Iterator[InProcess]:
         tmp_path,
         {"t1.yaml": tenant_yaml("t1", RULES)},
         HOSTS,
-        {Identify, Gate, TenantLimits, AuditCompletion},
+        {Identify, TunnelGate, RequestGate, DialGuard, TenantLimits, AuditCompletion},
     ) as running:
         yield running
 
@@ -52,8 +54,8 @@ async def test_an_allowed_request_is_pinned_and_recorded_once_when_it_ends(gw: I
     flow = await request(gw, f"http://api.test:{PORT}/v1/x?token=abc")
     assert flow.response is None
     assert flow.request.host == "127.0.0.2"  # dialled at the checked address
-    assert gw.ctx.connections[flow.client_conn.id].approved == {("127.0.0.2", PORT): "api.test"}
-    assert flow.metadata[PENDING_KEY][1].allowed  # recorded when the exchange ends, not before
+    assert gw.ctx.connections[flow.client_conn.id].dial_permits == {("127.0.0.2", PORT): "api.test"}
+    assert Exchange.of(flow).pending[1].allowed  # type: ignore[index]  # recorded when the exchange ends, not before
     flow.response = http.Response.make(200, b"hello")
     await gw.hook(HttpResponseHook(flow))
     (record,) = gw.records()
@@ -79,7 +81,7 @@ async def test_a_denied_request_gets_403_and_exactly_one_deny_record(
     flow = await request(gw, url, headers=headers)
     assert flow.response is not None and flow.response.status_code == 403
     assert flow.response.headers["X-Sandgate-Reason"] == reason
-    assert PENDING_KEY not in flow.metadata
+    assert Exchange.of(flow).pending is None
     await gw.hook(HttpResponseHook(flow))  # the exchange ends: no second record
     (record,) = gw.records()
     assert (record["decision"], record["reason"]) == ("deny", reason)
@@ -89,7 +91,7 @@ async def test_a_denied_request_gets_403_and_exactly_one_deny_record(
 async def test_a_request_on_a_connection_the_gateway_never_saw_is_denied_internal_error(
     gw: InProcess,
 ) -> None:
-    # No client_connected: the Gate's hook fails on the missing state, and denies (fail closed).
+    # No client_connected: the request gate's hook fails on the missing state, and denies (fail closed).
     flow = proxy_flow(tflow.tclient_conn(), f"http://api.test:{PORT}/", sandbox="sb1", token=TOKEN)
     await gw.hook(HttpRequestHeadersHook(flow))
     assert flow.response is not None and flow.response.status_code == 403

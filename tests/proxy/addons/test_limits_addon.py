@@ -1,4 +1,4 @@
-"""TenantLimits in process: requests and tunnels counted after the Gate allowed, one record each."""
+"""TenantLimits in process: requests and tunnels counted after the gates allowed, one record each."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ from mitmproxy.test import tflow
 from support.inprocess import InProcess, connect_flow, in_process, proxy_flow, server_connect
 
 from sandgate.proxy.addons.audit_completion import AuditCompletion
-from sandgate.proxy.addons.flow_keys import PENDING_KEY
-from sandgate.proxy.addons.gate import Gate
+from sandgate.proxy.addons.dial_guard import DialGuard
+from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.limits import LimitStreamCut, TenantLimits
+from sandgate.proxy.addons.request_gate import RequestGate
+from sandgate.proxy.addons.tunnel_gate import TunnelGate
 
 HOSTS = {"api.test": ["127.0.0.2"], "raw.test": ["127.0.0.2"]}
 PORT = 8080
@@ -47,7 +49,10 @@ def start(tmp_path: Path) -> Iterator[Any]:
 
     def run(**limits: int) -> InProcess:
         cm = in_process(
-            tmp_path, {"t1.yaml": limited(**limits)}, HOSTS, {Identify, Gate, TenantLimits, AuditCompletion}
+            tmp_path,
+            {"t1.yaml": limited(**limits)},
+            HOSTS,
+            {Identify, TunnelGate, RequestGate, DialGuard, TenantLimits, AuditCompletion},
         )
         stack.append(cm)
         return cm.__enter__()
@@ -111,7 +116,7 @@ async def test_a_body_of_unknown_length_is_metered_and_cut_at_the_limit(start: A
         meter(b"67890")
     refused = answer(flow)  # set by the meter's cut
     assert refused is not None and refused.status_code == 413
-    assert PENDING_KEY not in flow.metadata
+    assert Exchange.of(flow).pending is None
     await gw.hook(HttpErrorHook(flow))  # the cut exchange ends: no second record
     (record,) = gw.records()
     assert (record["reason"], record["detail"]) == (
@@ -181,7 +186,7 @@ async def test_a_request_refused_by_a_limit_leaves_no_dial_approval_behind(start
     await gw.hook(HttpRequestHeadersHook(flow))
     assert flow.response is not None and flow.response.status_code == 429
     state = gw.ctx.connections.get(client.id)
-    assert state is not None and state.approved == {}
+    assert state is not None and state.dial_permits == {}
 
 
 async def test_a_refused_request_keeps_what_its_connection_had_approved_before(start: Any) -> None:
@@ -193,4 +198,4 @@ async def test_a_refused_request_keeps_what_its_connection_had_approved_before(s
         await gw.hook(HttpRequestHeadersHook(flow))
         assert (flow.response.status_code if flow.response else None) == expected
     state = gw.ctx.connections.get(client.id)
-    assert state is not None and state.approved == {("127.0.0.2", PORT): "api.test"}
+    assert state is not None and state.dial_permits == {("127.0.0.2", PORT): "api.test"}

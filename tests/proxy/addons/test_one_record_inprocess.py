@@ -23,7 +23,7 @@ from support.whole_pipeline import Pipeline, whole_pipeline
 
 from sandgate.brokers import Broker, Secret
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.mitm.head_caps import HeadRefusal, SandgateHeadRefusedHook, refused_response
+from sandgate.proxy.addons.heads import HeadRefusal, SandgateHeadRefusedHook, refused_response
 
 PORT = 8080
 HOSTS = {"api.test": ["127.0.0.2"], "other.test": ["127.0.0.3"]}

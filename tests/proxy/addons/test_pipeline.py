@@ -11,11 +11,13 @@ from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.resolver import StaticResolver
 from sandgate.proxy.addons.audit_completion import AuditCompletion
-from sandgate.proxy.addons.gate import Gate
-from sandgate.proxy.addons.head_caps import HeadGuard
+from sandgate.proxy.addons.dial_guard import DialGuard
+from sandgate.proxy.addons.heads import HeadGuard
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.limits import TenantLimits
 from sandgate.proxy.addons.pipeline import Shared, pipeline
+from sandgate.proxy.addons.request_gate import RequestGate
+from sandgate.proxy.addons.tunnel_gate import TunnelGate
 from sandgate.proxy.addons.upgrades import Upgrades
 from sandgate.proxy.audit.trail import AuditLog, JsonlFileSink
 from sandgate.proxy.context import GatewayContext
@@ -31,9 +33,18 @@ def ctx(tmp_path: Path) -> GatewayContext:
 
 def test_a_subset_keeps_the_pipeline_order_whatever_order_it_is_named_in(ctx: GatewayContext) -> None:
     shared = Shared(closer=ConnectionCloser(Proxyserver()))
-    only = [AuditCompletion, Gate, Upgrades, TenantLimits, HeadGuard, Identify]
+    only = [AuditCompletion, DialGuard, RequestGate, Upgrades, TenantLimits, HeadGuard, TunnelGate, Identify]
     names = [type(a).__name__ for a in pipeline(ctx, shared, only=only)]
-    assert names == ["Identify", "HeadGuard", "Upgrades", "Gate", "TenantLimits", "AuditCompletion"]
+    assert names == [
+        "Identify",
+        "HeadGuard",
+        "Upgrades",
+        "TunnelGate",
+        "RequestGate",
+        "DialGuard",
+        "TenantLimits",
+        "AuditCompletion",
+    ]
 
 
 def test_a_class_not_in_the_pipeline_is_refused(ctx: GatewayContext) -> None:

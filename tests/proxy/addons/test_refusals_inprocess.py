@@ -1,4 +1,4 @@
-"""Refusals after the Gate allowed, in process: a response head over the cap, an unapproved 101.
+"""Refusals after the gates allowed, in process: a response head over the cap, an unapproved 101.
 
 Each keeps the allowing decision's rule (Decision.as_denial), answers before it records
 (refuse), and leaves the exchange exactly one record.
@@ -23,14 +23,15 @@ from support.inprocess import InProcess, in_process, proxy_flow
 
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.audit_completion import AuditCompletion
-from sandgate.proxy.addons.flow_keys import PENDING_KEY
-from sandgate.proxy.addons.gate import Gate
-from sandgate.proxy.addons.head_caps import HeadGuard
+from sandgate.proxy.addons.dial_guard import DialGuard
+from sandgate.proxy.addons.exchange import Exchange
+from sandgate.proxy.addons.heads import HeadGuard, refused_response
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.pipeline import Shared
+from sandgate.proxy.addons.request_gate import RequestGate
+from sandgate.proxy.addons.tunnel_gate import TunnelGate
 from sandgate.proxy.addons.upgrades import Upgrades
 from sandgate.proxy.mitm.closer import ConnectionCloser
-from sandgate.proxy.mitm.head_caps import refused_response
 
 PORT = 8080
 
@@ -38,8 +39,8 @@ PORT = 8080
 @pytest.fixture
 def gw(tmp_path: Path) -> Iterator[InProcess]:
     tenants = {"t1.yaml": tenant_yaml("t1", [{"id": "api", "hosts": ["api.test"], "ports": [PORT]}])}
-    # In the pipeline's order: head caps and upgrades before the Gate, completion after it.
-    chain = {Identify, HeadGuard, Upgrades, Gate, AuditCompletion}
+    # In the pipeline's order: head caps and upgrades before the gates, completion after them.
+    chain = {Identify, HeadGuard, Upgrades, TunnelGate, RequestGate, DialGuard, AuditCompletion}
     shared = Shared(closer=ConnectionCloser(Proxyserver()))
     with in_process(tmp_path, tenants, {"api.test": ["127.0.0.2"]}, chain, shared=shared) as running:
         yield running
@@ -50,7 +51,7 @@ async def allowed(gw: InProcess) -> http.HTTPFlow:
     await gw.connect(client)
     flow = proxy_flow(client, f"http://api.test:{PORT}/chat", sandbox="sb1", token=TOKEN)
     await gw.hook(HttpRequestHeadersHook(flow))
-    assert flow.response is None and PENDING_KEY in flow.metadata
+    assert flow.response is None and Exchange.of(flow).pending is not None
     return flow
 
 

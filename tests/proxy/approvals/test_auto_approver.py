@@ -109,7 +109,7 @@ async def test_a_request_an_operator_decided_first_stays_as_decided(tmp_path: Pa
     before = count("not_applied")
     request = hold(store)
     # The operator's denial lands before the approval task runs.
-    store.decide(request.id, approve=False, by="alice", reason=None)
+    store.settle(request.id, approve=False, by="alice", reason=None)
     await settle()
     assert (request.state, request.by) == (State.DENIED, "alice")
     assert count("not_applied") == before + 1

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sandgate.proxy.approvals import AccessRequest, Approvals, DecideError, QueueFull, State
+from sandgate.proxy.approvals import AccessRequest, Approvals, QueueFull, SettleError, State
 from sandgate.proxy.approvals.store import NOTE_MAX, clean_note
 
 
@@ -97,8 +97,8 @@ def test_a_proposal_expires_at_its_deadline() -> None:
     time.sleep(0.1)
     assert store.listing() == []
     assert store.get(request.id) is request and request.state is State.EXPIRED
-    with pytest.raises(DecideError) as e:
-        store.decide(request.id, approve=True, by="op", reason=None)
+    with pytest.raises(SettleError) as e:
+        store.settle(request.id, approve=True, by="op", reason=None)
     assert e.value.status == 409
 
 
@@ -112,7 +112,7 @@ def test_every_end_is_told_once_and_a_late_expiry_waited_its_timeout() -> None:
 
     store.on_closed.insert(0, broken)
     late, decided = propose(store), propose(store, "sb2")
-    store.decide(decided.id, approve=False, by="op", reason=None)
+    store.settle(decided.id, approve=False, by="op", reason=None)
     time.sleep(0.2)  # noticed well after its deadline
     store.expire()
     store.expire()
@@ -124,11 +124,11 @@ def test_every_end_is_told_once_and_a_late_expiry_waited_its_timeout() -> None:
 async def test_a_proposal_is_decided_once() -> None:
     store = Recording()
     request = propose(store)
-    decided = store.decide(request.id, approve=True, by="op", reason="fine")
+    decided = store.settle(request.id, approve=True, by="op", reason="fine")
     assert decided.state is State.APPROVED and decided.by == "op"
     await asyncio.wait_for(request.done.wait(), 1)
-    with pytest.raises(DecideError) as e:
-        store.decide(request.id, approve=False, by="op", reason=None)
+    with pytest.raises(SettleError) as e:
+        store.settle(request.id, approve=False, by="op", reason=None)
     assert e.value.status == 409
     assert store.open_for("sb1") == 0
 

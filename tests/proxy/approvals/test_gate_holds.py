@@ -1,4 +1,4 @@
-"""The Gate holding `ask` decisions in process (taddons, tflow): released once, refused without a
+"""The gates holding `ask` decisions in process (taddons, tflow): released once, refused without a
 store (transparent mode, no approvals), capped per sandbox, never left open by a fault."""
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from mitmproxy.proxy.layers.http._hooks import HttpRequestHeadersHook
 from mitmproxy.test import tflow
 from support.inprocess import InProcess, in_process, proxy_flow
 
-from sandgate.proxy.addons.flow_keys import PENDING_KEY
-from sandgate.proxy.addons.gate import Gate
+from sandgate.proxy.addons.dial_guard import DialGuard
+from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.pipeline import Shared
+from sandgate.proxy.addons.request_gate import RequestGate
+from sandgate.proxy.addons.tunnel_gate import TunnelGate
 from sandgate.proxy.approvals import Approvals, State
 
 HOSTS = {"api.test": ["127.0.0.2"]}
@@ -40,7 +42,11 @@ def approvals() -> Approvals:
 @pytest.fixture
 def gw(tmp_path: Path, approvals: Approvals) -> Iterator[InProcess]:
     with in_process(
-        tmp_path, {"t1.yaml": TENANT}, HOSTS, {Identify, Gate}, shared=Shared(approvals=approvals)
+        tmp_path,
+        {"t1.yaml": TENANT},
+        HOSTS,
+        {Identify, TunnelGate, RequestGate, DialGuard},
+        shared=Shared(approvals=approvals),
     ) as running:
         yield running
 
@@ -65,11 +71,13 @@ async def test_an_approved_request_goes_on_as_an_allowed_one(gw: InProcess, appr
     await until_held(approvals, 1)
     assert not hook.done() and flow.response is None
     [held] = approvals.listing()
-    approvals.decide(held.id, approve=True, by="alice", reason=None)
+    approvals.settle(held.id, approve=True, by="alice", reason=None)
     await asyncio.wait_for(hook, 5)
     assert flow.response is None
     assert flow.request.host == "127.0.0.2", "dialled at the checked address"
-    decision = flow.metadata[PENDING_KEY][1]
+    pending = Exchange.of(flow).pending
+    assert pending is not None
+    decision = pending[1]
     assert (decision.allowed, decision.approval) == (True, (held.id, "alice"))
     [record] = gw.records()
     assert (record["decision"], record["approval_id"]) == ("ask", held.id)
@@ -84,7 +92,7 @@ async def test_past_the_cap_the_next_request_is_refused_at_once(gw: InProcess, a
         second.response is not None and second.response.headers["X-Sandgate-Reason"] == "approval_queue_full"
     )
     [held] = approvals.listing()
-    approvals.decide(held.id, approve=False, by=None, reason=None)
+    approvals.settle(held.id, approve=False, by=None, reason=None)
     await asyncio.wait_for(hook, 5)
     assert first.response is not None and first.response.headers["X-Sandgate-Reason"] == "approval_denied"
 
@@ -97,11 +105,13 @@ async def test_a_cancelled_hold_is_never_left_open(gw: InProcess, approvals: App
     with pytest.raises(asyncio.CancelledError):
         await hook
     assert held.state is State.EXPIRED and approvals.listing() == []
-    assert PENDING_KEY not in flow.metadata
+    assert Exchange.of(flow).pending is None
 
 
 async def test_without_a_store_an_ask_is_refused_approval_required(tmp_path: Path) -> None:
-    with in_process(tmp_path, {"t1.yaml": TENANT}, HOSTS, {Identify, Gate}) as gw:
+    with in_process(
+        tmp_path, {"t1.yaml": TENANT}, HOSTS, {Identify, TunnelGate, RequestGate, DialGuard}
+    ) as gw:
         flow, hook = await start(gw, "/v1")
         await asyncio.wait_for(hook, 5)
         assert flow.response is not None and flow.response.status_code == 403

@@ -16,7 +16,7 @@ from sandgate.proxy.audit.records import new_decision_id
 from sandgate.proxy.audit.redis_stream import RedisStreamSink, record_id
 from sandgate.proxy.audit.trail import AuditLog, JsonlFileSink
 from sandgate.proxy.config import RedisConfig
-from sandgate.proxy.fleet.redis_client import Keys, connect_sync
+from sandgate.proxy.redis.client import Keys, connect_sync
 
 PREFIX = "t:"
 

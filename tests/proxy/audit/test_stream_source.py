@@ -19,7 +19,7 @@ from support.audit_trail import DECISIONS, TRAIL, line
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.cli.main import main
 from sandgate.proxy.config import RedisConfig
-from sandgate.proxy.fleet.redis_client import Keys, connect_sync
+from sandgate.proxy.redis.client import Keys, connect_sync
 
 PREFIX = "fleet1:"
 

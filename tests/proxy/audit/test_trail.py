@@ -16,7 +16,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id, redact_query
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.audit.trail import AuditLog, JsonlFileSink
-from sandgate.proxy.fleet.redis_client import Keys
+from sandgate.proxy.redis.client import Keys
 
 
 def _lines(path: Path) -> list[dict[str, object]]:

@@ -17,7 +17,8 @@ from mitmproxy.proxy.layers.tls import TlsClienthelloHook
 from mitmproxy.proxy.server_hooks import ClientConnectedHook
 from mitmproxy.test import tflow
 
-from sandgate.proxy.mitm import backpressure, dispatch, head_caps, message_check, option_reads, speedups
+from sandgate.proxy.addons import heads as head_caps
+from sandgate.proxy.mitm import backpressure, dispatch, message_check, option_reads, speedups
 
 speedups.install()
 

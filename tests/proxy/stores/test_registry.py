@@ -17,7 +17,7 @@ from sandgate.policy.errors import PolicySetError
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.proxy.config import RedisConfig, load_config
 from sandgate.proxy.fleet.channel import FleetKeys, gateway_versions, publish_reload, record_gateway
-from sandgate.proxy.fleet.redis_client import connect
+from sandgate.proxy.redis.client import connect
 from sandgate.proxy.stores.protocols import StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox, merge_registry, merge_registry_lenient
 from sandgate.proxy.stores.registry_file import FileSandboxStore

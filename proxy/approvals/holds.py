@@ -1,0 +1,133 @@
+"""Holds: a CONNECT or request an `ask` rule matched, held open until an operator decides.
+
+The tunnel gate and the request gate share one `Holds` (built once, with the pipeline): it holds
+a decision in the pending store (`Approvals.hold`, then `wait`), writes the held request's own
+record (decision `ask`, tied to its end's by `approval_id`), and remembers, per client
+connection, what it holds (released when the client hangs up) and the tunnel an approval
+opened (its requests are not asked about again). Approved, a held decision goes on exactly as
+an allowed one; denied, timed out, over the sandbox's cap or cut by the drain, it is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import structlog
+from mitmproxy import connection
+from mitmproxy.connection import ConnectionState as WireState
+
+from sandgate.policy.decision import Decision
+from sandgate.policy.overrides import Decide
+from sandgate.policy.reasons import Reason
+from sandgate.proxy.approvals.store import AccessRequest, Approvals, QueueFull, State
+from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
+from sandgate.proxy.context import ConnectionState, GatewayContext
+from sandgate.proxy.respond import SHUTTING_DOWN
+
+__all__ = ["Holds", "asks_released", "released"]
+
+log = structlog.get_logger("sandgate.gate")
+
+# An approval as records carry it: (the access request's id, who approved it).
+Approval = tuple[str, str | None]
+
+
+class Holds:
+    """Decisions held for an operator, per client connection, and the tunnels approvals opened."""
+
+    def __init__(self, ctx: GatewayContext, approvals: Approvals | None) -> None:
+        self.ctx = ctx
+        # None: `ask` decisions are refused (approval_required).
+        self.approvals = approvals
+        self._held: dict[str, set[AccessRequest]] = {}
+        self._tunnels: dict[str, tuple[str, int, Approval]] = {}
+
+    async def hold(
+        self, client: connection.Client, dctx: DecisionContext, decision: Decision, state: ConnectionState
+    ) -> tuple[Decision, DecisionContext]:
+        """Hold an `ask` decision until an operator decides: the decision to go on with (allowed,
+        carrying the approval, when approved) or the denial to answer with, and the context
+        with the time it waited."""
+        approvals, identity = self.approvals, dctx.identity
+        if approvals is None or state.transparent or identity is None:
+            # Transparent mode cannot hold a request yet: refused, saying what it would need.
+            denial = decision.as_denial(Reason.APPROVAL_REQUIRED, "this request cannot be held for approval")
+            return denial, dctx
+        try:
+            request = approvals.hold(
+                tenant=identity.tenant,
+                sandbox=identity.sandbox,
+                phase=dctx.phase.value,
+                host=dctx.host or "",
+                port=dctx.port or 0,
+                method=dctx.method,
+                path=dctx.path,
+                rule_id=decision.rule_id,
+            )
+        except QueueFull:
+            return decision.as_denial(Reason.APPROVAL_QUEUE_FULL, "too many requests held for approval"), dctx
+        held = self._held.setdefault(client.id, set())
+        try:
+            # The held request's own record (decision `ask`), tied to its end's by `approval_id`.
+            record = decision_record(replace(dctx, decision_id=new_decision_id()), decision)
+            record["decision"] = "ask"
+            record["approval_id"] = request.id
+            if not await self.ctx.audit.emit(record):
+                return Decision.internal_error(self.ctx.policy.version, "audit queue full"), dctx
+            log.info("approval.held", id=request.id, sandbox=request.sandbox, host=request.host)
+            held.add(request)
+            # A client that hung up has its read side closed (mitmproxy sees the EOF at once).
+            ended = await approvals.wait(request, lambda: not client.state & WireState.CAN_READ)
+        finally:
+            held.discard(request)
+            # A fault or a cancelled hook ends the hold undecided: never left open, never released.
+            approvals.drop(request)
+        return _ended(decision, request, ended), replace(dctx, waited=request.waited)
+
+    def approved_tunnel(self, client: connection.Client, host: str, port: int, decision: Decision) -> None:
+        """A held CONNECT was approved: the tunnel's requests are not asked about again."""
+        if decision.approval is not None and decision.allowed:
+            self._tunnels[client.id] = (host, port, decision.approval)
+
+    def tunnel_approval(self, client: connection.Client, host: str, port: int) -> Approval | None:
+        """The approval that opened this client's tunnel to host:port, or None."""
+        tunnel = self._tunnels.get(client.id)
+        return tunnel[2] if tunnel is not None and tunnel[:2] == (host, port) else None
+
+    def client_gone(self, client: connection.Client) -> None:
+        """The client hung up: what it has held ends (an operator can no longer release it)."""
+        self._tunnels.pop(client.id, None)
+        held = self._held.pop(client.id, None)
+        if held and self.approvals is not None:
+            for request in list(held):
+                self.approvals.client_gone(request)
+
+
+def _ended(decision: Decision, request: AccessRequest, ended: State) -> Decision:
+    """The held decision as its hold ended."""
+    approval = (request.id, request.by)
+    if ended is State.APPROVED:
+        return released(decision, approval)
+    if ended is State.CUT:
+        return replace(decision.as_denial(Reason.INTERNAL_ERROR, SHUTTING_DOWN), approval=approval)
+    reason, detail = {
+        State.DENIED: (Reason.APPROVAL_DENIED, "an operator denied this request"),
+        State.EXPIRED: (Reason.APPROVAL_TIMEOUT, "no decision in time"),
+    }.get(ended, (Reason.APPROVAL_REQUIRED, "the client hung up while the request was held"))
+    return replace(decision.as_denial(reason, detail), approval=approval)
+
+
+def released(decision: Decision, approval: Approval) -> Decision:
+    """An `ask` decision an operator approved: allowed, as it would have been by a rule."""
+    return replace(decision, allowed=True, ask=False, reason=Reason.ALLOWED, approval=approval)
+
+
+def asks_released(decide: Decide, approval: Approval) -> Decide:
+    """`decide` inside a tunnel an operator approved: what it would ask about is allowed."""
+
+    async def in_approved_tunnel(*args: Any, **kwargs: Any) -> Decision:
+        decision = await decide(*args, **kwargs)
+        return released(decision, approval) if decision.ask else decision
+
+    return in_approved_tunnel
