@@ -253,40 +253,46 @@ class AccessEndpoint:
         target = replace(dctx, host=proposal.host, port=proposal.port, method=None, path=None)
         wait = self._admit(identity.sandbox)
         if wait is not None:
-            limited = Decision(
-                reason=Reason.RATE_LIMITED,
-                policy_version=self.ctx.policy.version,
-                detail="approvals.proposals_per_minute",
-            )
-            flow.response = _error(
-                429,
-                "too many access requests proposed",
-                reason=Reason.RATE_LIMITED.value,
-                limit="approvals.proposals_per_minute",
-                retry_after=wait,
-            )
-            flow.response.headers["Retry-After"] = str(wait)
-            await self.ctx.audit.emit(decision_record(target, limited))
+            await self._rate_limited(flow, target, wait)
             return
         verdict = await self._screen(identity, proposal)
         if verdict is not None and not verdict.allowed:
             # Refused for safety: never asked about. The record and the answer say why.
-            response = decision_response(verdict, proposal.host, target.decision_id)
-            flow.response = response
+            flow.response = decision_response(verdict, proposal.host, target.decision_id)
             await self.ctx.audit.emit(decision_record(target, verdict))
             return
         if verdict is not None:
-            flow.response = _json(
-                200,
-                {
-                    "state": "allowed",
-                    "host": proposal.host,
-                    "port": proposal.port,
-                    "detail": "already allowed",
-                },
-            )
+            already = {"state": "allowed", "host": proposal.host, "port": proposal.port}
+            flow.response = _json(200, {**already, "detail": "already allowed"})
             return
+        await self._open(flow, identity, proposal, target)
+
+    async def _rate_limited(self, flow: http.HTTPFlow, target: DecisionContext, wait: int) -> None:
+        """Answer a sandbox over its proposals per minute, then record the denial."""
+        limited = Decision(
+            reason=Reason.RATE_LIMITED,
+            policy_version=self.ctx.policy.version,
+            detail="approvals.proposals_per_minute",
+        )
+        response = _error(
+            429,
+            "too many access requests proposed",
+            reason=Reason.RATE_LIMITED.value,
+            limit="approvals.proposals_per_minute",
+            retry_after=wait,
+        )
+        response.headers["Retry-After"] = str(wait)
+        flow.response = response
+        await self.ctx.audit.emit(decision_record(target, limited))
+
+    async def _open(
+        self, flow: http.HTTPFlow, identity: Identity, proposal: Proposal, target: DecisionContext
+    ) -> None:
+        """Open an access request for a screened proposal, record its `ask` and answer 202 with
+        where to poll it; or answer the refusal when none can be opened or recorded."""
         tenant = self.ctx.policy.tenant(identity.tenant)
+        mode = tenant.mode if tenant is not None else Decision().mode
+        version = self.ctx.policy.version
         try:
             request = self.approvals.propose(
                 tenant=identity.tenant,
@@ -298,21 +304,15 @@ class AccessEndpoint:
                 note=proposal.note,
             )
         except QueueFull:
+            detail = "too many access requests open"
             full = Decision(
-                reason=Reason.APPROVAL_QUEUE_FULL,
-                policy_version=self.ctx.policy.version,
-                mode=tenant.mode if tenant is not None else Decision().mode,
-                detail="too many access requests open",
+                reason=Reason.APPROVAL_QUEUE_FULL, policy_version=version, mode=mode, detail=detail
             )
             flow.response = decision_response(full, proposal.host, target.decision_id)
             await self.ctx.audit.emit(decision_record(target, full))
             return
-        asked = Decision(
-            reason=Reason.APPROVAL_REQUIRED,
-            policy_version=self.ctx.policy.version,
-            mode=tenant.mode if tenant is not None else Decision().mode,
-            detail="proposed by the sandbox",
-        )
+        detail = "proposed by the sandbox"
+        asked = Decision(reason=Reason.APPROVAL_REQUIRED, policy_version=version, mode=mode, detail=detail)
         record = decision_record(target, asked)
         record["decision"] = "ask"
         record["approval_id"] = request.id
@@ -325,17 +325,13 @@ class AccessEndpoint:
             if self.trail is not None:
                 self.trail.forget(request.id)
             self.approvals.settle(request.id, approve=False, by="sandgate", reason="audit queue full")
-            flow.response = decision_response(
-                Decision.internal_error(self.ctx.policy.version),
-                proposal.host,
-                target.decision_id,
-            )
+            failed = Decision.internal_error(version)
+            flow.response = decision_response(failed, proposal.host, target.decision_id)
             return
         log.info("approval.proposed", id=request.id, sandbox=request.sandbox, host=request.host)
+        poll = self.reserved.poll(request.id)
         flow.response = _json(
-            202,
-            {"id": request.id, "state": request.state.value, "poll": self.reserved.poll(request.id)},
-            {"Location": self.reserved.poll(request.id)},
+            202, {"id": request.id, "state": request.state.value, "poll": poll}, {"Location": poll}
         )
 
     # -- helpers -----------------------------------------------------------------------------

@@ -173,7 +173,7 @@ class Jail:
         cfg["listeners"] = [
             ListenerConfig(mode="transparent", host="0.0.0.0", port=_free_port()).model_dump()
         ]
-        cfg["dns"] = DnsListenerConfig(host="0.0.0.0", port=_free_port()).model_dump()
+        cfg["dns"] = DnsListenerConfig(host="0.0.0.0", port=_free_port(udp=True)).model_dump()
         # It fronts this one jail, which the host rules steer to one worker anyway: one worker
         # (and only the two ports found free are taken; worker i would take base + i).
         workers = cfg.get("workers")
@@ -400,10 +400,23 @@ def _absolute_paths(config: GatewayConfig) -> dict[str, object]:
     return cfg
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_port(*, udp: bool = False) -> int:
+    """A port free where the jail's gateway binds it: on every address (a port bound on one
+    address only, such as 127.0.0.2, refuses a bind on 0.0.0.0), for TCP and, with `udp`
+    (the DNS listener), for UDP too."""
+    for _ in range(64):
+        with socket.socket() as tcp:
+            tcp.bind(("0.0.0.0", 0))
+            port = int(tcp.getsockname()[1])
+            if not udp:
+                return port
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as datagram:
+                try:
+                    datagram.bind(("0.0.0.0", port))
+                except OSError:
+                    continue
+                return port
+    raise OSError("no port is free for TCP and UDP on every address")
 
 
 def _free_pair(config: GatewayConfig) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
