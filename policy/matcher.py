@@ -11,11 +11,15 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sandgate.policy.addresses import CidrSet, internal_only, parse_network
 from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import WEBSOCKET
+
+if TYPE_CHECKING:  # pydantic models: loaded with the policy files, not with every decision
+    from sandgate.policy.protocols.rules import JsonRpcSection, McpSection
 
 __all__ = [
     "ANY_HOST",
@@ -53,6 +57,8 @@ class CompiledRule:
     raw_tcp: bool = False
     # `websocket: true`: a WebSocket upgrade may pass (its messages are still checked).
     websocket: bool = False
+    # `mcp:` or `jsonrpc:`: each request's JSON-RPC messages are decided by this section.
+    messages: McpSection | JsonRpcSection | None = field(default=None, compare=False)
 
     def port_ok(self, port: int) -> bool:
         return not self.ports or port in self.ports

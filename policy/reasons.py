@@ -52,6 +52,14 @@ class Reason(StrEnum):
     APPROVAL_QUEUE_FULL = "approval_queue_full"
     RESERVED_HOST = "reserved_host"
     MESSAGE_TOO_LARGE = "message_too_large"
+    # Inside an agent protocol (sandgate.policy.protocols.reasons): answered as JSON-RPC errors.
+    TOOL_NOT_ALLOWED = "tool_not_allowed"
+    TOOL_DENIED = "tool_denied"
+    ARGUMENT_NOT_ALLOWED = "argument_not_allowed"
+    RESOURCE_NOT_ALLOWED = "resource_not_allowed"
+    PROMPT_NOT_ALLOWED = "prompt_not_allowed"
+    RPC_METHOD_NOT_ALLOWED = "rpc_method_not_allowed"
+    BATCH_REFUSED = "batch_refused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +118,9 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
         Reason.INTERNAL_ERROR: Meaning("a fault in the gateway: denied, logged with a traceback"),
         Reason.INVALID_REQUEST: Meaning(
             "a request line, Host or message framing the gateway cannot parse into one destination"
-            " (connection closed)",
-            (400,),
+            " (connection closed); or a body an `mcp:`/`jsonrpc:` rule needs that is not strict,"
+            " bounded JSON-RPC (a JSON-RPC error in an HTTP 200)",
+            (400, 200),
         ),
         Reason.UNKNOWN_PLACEHOLDER: Meaning(
             "a value shaped like a sandgate placeholder that this gateway did not mint (another"
@@ -172,6 +181,34 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
             "a WebSocket message (from the guest or the upstream) over `websocket.max_message_bytes`:"
             " the session is closed, 1009 to the side that sent it, 1001 to the other",
             (),
+        ),
+        Reason.TOOL_NOT_ALLOWED: Meaning(
+            "an MCP `tools/call` whose tool no `mcp.tools.allow` (or `ask`) glob matches: a JSON-RPC"
+            " error for its id in an HTTP 200, the session kept",
+            (200,),
+        ),
+        Reason.TOOL_DENIED: Meaning(
+            "an MCP `tools/call` whose tool an `mcp.tools.deny` glob matches (in any case): a JSON-RPC error",
+            (200,),
+        ),
+        Reason.ARGUMENT_NOT_ALLOWED: Meaning(
+            "an MCP tool call whose arguments fail an `mcp.tools.arguments` predicate (the error names"
+            " it, never the value): a JSON-RPC error",
+            (200,),
+        ),
+        Reason.RESOURCE_NOT_ALLOWED: Meaning(
+            "an MCP resource URI the `mcp.resources` lists refuse: a JSON-RPC error", (200,)
+        ),
+        Reason.PROMPT_NOT_ALLOWED: Meaning(
+            "an MCP prompt name the `mcp.prompts` lists refuse: a JSON-RPC error", (200,)
+        ),
+        Reason.RPC_METHOD_NOT_ALLOWED: Meaning(
+            "a JSON-RPC (or MCP) method the rule's `methods` lists refuse: a JSON-RPC error", (200,)
+        ),
+        Reason.BATCH_REFUSED: Meaning(
+            "a JSON-RPC batch member refused because another member of its batch was (batches are"
+            " all or nothing; the error names the member): in the answer only",
+            (200,),
         ),
     }
 )

@@ -301,6 +301,7 @@ def conclude(ev: Evaluation) -> Decision:
             inspect=inspect and not ev.raw_tcp,
             address=ev.dial,
             raw_tcp=ev.raw_tcp,
+            messages=ev.rule.messages if ev.rule is not None else None,
             refused=ev.refused,
         )
     if ev.outcome is _WOULD_DENY or ev.outcome is _ASKED:

@@ -571,6 +571,10 @@ def _compile_rules(
             # A held raw tunnel has no request to show the operator: ask for HTTP and TLS only.
             problem = "'protocol: tcp' cannot be asked for; allow it or leave it out"
             errors.append(_err(loaded.doc, (kind, i, "protocol"), problem))
+        if kind != "allow" and rule.reads_messages:
+            # A deny rule refuses whole requests; an asked request is held before any body is read.
+            field = "mcp" if rule.mcp is not None else "jsonrpc"
+            errors.append(_err(loaded.doc, (kind, i, field), f"'{field}' is an allow-rule field"))
         for j, host in enumerate(rule.hosts):
             if kind != "deny" and host.startswith("*.") and "." not in host[2:]:
                 problem = f"{host!r} would allow a whole top-level domain; name the domains instead"
@@ -597,6 +601,7 @@ def _compile_rules(
                 origin=f"{where.file}:{where.line}",
                 raw_tcp=rule.protocol == "tcp",
                 websocket=rule.websocket,
+                messages=rule.mcp or rule.jsonrpc,
             )
         )
     return out

@@ -19,6 +19,7 @@ from sandgate.policy.matcher import ANY_HOST
 from sandgate.policy.model.credentials import Credential
 from sandgate.policy.model.source_addresses import source_addresses
 from sandgate.policy.paths import glob_problem
+from sandgate.policy.protocols.rules import JsonRpcSection, McpSection
 
 __all__ = [
     "BaseFile",
@@ -145,6 +146,19 @@ class Rule(_Strict):
             "Every other Upgrade is refused"
         ),
     )
+    mcp: McpSection | None = Field(
+        default=None,
+        description=(
+            "allow rules: MCP over HTTP to these hosts is read and decided per message (methods, "
+            "tools and their arguments, resources, prompts); implies inspection"
+        ),
+    )
+    jsonrpc: JsonRpcSection | None = Field(
+        default=None,
+        description=(
+            "allow rules: JSON-RPC over HTTP to these hosts is decided per method; implies inspection"
+        ),
+    )
     comment: str | None = Field(default=None, description="a note for people; the gateway does not read it")
 
     @model_validator(mode="after")
@@ -157,14 +171,23 @@ class Rule(_Strict):
             raise ValueError(
                 "a 'protocol: tcp' rule passes bytes through: no methods, paths, inspect or websocket"
             )
+        if self.mcp is not None and self.jsonrpc is not None:
+            raise ValueError("a rule carries at most one of 'mcp' and 'jsonrpc'; write two rules")
+        if self.reads_messages and (self.inspect is False or self.protocol == "tcp"):
+            raise ValueError("'mcp' and 'jsonrpc' read each request's body: not with 'inspect: false' or tcp")
         return self
+
+    @property
+    def reads_messages(self) -> bool:
+        """Whether the rule decides the JSON-RPC messages of each request (`mcp:`, `jsonrpc:`)."""
+        return self.mcp is not None or self.jsonrpc is not None
 
     @property
     def needs_inspection(self) -> bool:
         """Whether matching this rule requires intercepting TLS."""
         if self.inspect is not None:
             return self.inspect
-        return bool(self.methods or self.paths)
+        return bool(self.methods or self.paths) or self.reads_messages
 
 
 class SandboxEntry(_Strict):

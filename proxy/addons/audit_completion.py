@@ -79,6 +79,7 @@ def _record(
     )
     if exchange.injectors:
         record["injectors"] = list(exchange.injectors)
+    record.update(exchange.extra)
     return record
 
 

@@ -85,6 +85,9 @@ class Exchange:
     scrub: Owner | None = None
     scrub_trailers: Owner | None = None
     scrub_websocket: Owner | None = None
+    # AgentProtocols: what the request's JSON-RPC messages asked and how they were decided
+    # (`mcp` or `jsonrpc`), for the exchange's record, allowed or refused.
+    extra: dict[str, object] = field(default_factory=dict)
     # Upgrades: the approved WebSocket session, and a refused 101's (host, decision id).
     websocket: object | None = None
     switch_refused: tuple[str | None, str] | None = None
@@ -223,6 +226,7 @@ class Exchange:
         record = decision_record(
             context, decision, status=status, bytes_up=bytes_up, error=error, credentials=credentials
         )
+        record.update(self.extra)
         if extra:
             record.update(extra)
         return record

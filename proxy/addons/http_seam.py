@@ -48,6 +48,7 @@ from mitmproxy.proxy.layers.http._http1 import Http1Server
 from sandgate.brokers.decoding import UndecodableBody
 from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.reasons import Reason
+from sandgate.proxy.addons.agent_protocols import ProtocolBodyRefused
 from sandgate.proxy.addons.credential_broker import StreamDenied
 from sandgate.proxy.addons.exchange import Exchange, exchange_context
 from sandgate.proxy.addons.limits import LimitStreamCut
@@ -63,9 +64,10 @@ __all__ = ["HttpErrorSeam", "SeamMoved", "check_seam"]
 log = structlog.get_logger("sandgate.http_seam")
 
 SUPPORTED = "12.3."
-# What a refused streamed body raises from its stream callable to stop mitmproxy forwarding it.
+# What a refused streamed body raises from its stream callable to stop mitmproxy forwarding it
+# (a limit, the broker, a refused JSON-RPC body).
 # A compressed body that does not decode is cut too: it could not be scrubbed.
-_STREAM_REFUSALS = (LimitStreamCut, StreamDenied, UndecodableBody)
+_STREAM_REFUSALS = (LimitStreamCut, StreamDenied, ProtocolBodyRefused, UndecodableBody)
 
 Commands = Generator[commands.Command, Any, Any]
 Record = Callable[[dict[str, Any]], None]

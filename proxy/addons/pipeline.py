@@ -13,6 +13,7 @@ from mitmproxy.addons.next_layer import NextLayer
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.addons.tlsconfig import TlsConfig
 
+from sandgate.proxy.addons.agent_protocols import AgentProtocols
 from sandgate.proxy.addons.audit_completion import AuditCompletion
 from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
 from sandgate.proxy.addons.credential_broker import CredentialBroker
@@ -103,6 +104,9 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
         (DialGuard, lambda: DialGuard(ctx)),
         # Right after the gates: counts only what they allowed, before the broker wraps a metered body.
         (TenantLimits, lambda: TenantLimits(ctx, s.closer)),
+        # What the limits let go, its body read and decided (`mcp:`, `jsonrpc:`) before the broker
+        # swaps placeholders in it; its stream holder wraps the limits' body meter.
+        (AgentProtocols, lambda: AgentProtocols(ctx)),
         # Completes the allowed exchange's record before the broker scrubs the response it counts.
         (AuditCompletion, lambda: AuditCompletion(ctx)),
         (HopByHop, HopByHop),  # upstream responses lose hop-by-hop fields before the broker scrubs them

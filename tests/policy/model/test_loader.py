@@ -688,3 +688,55 @@ def test_the_repository_rules_load_with_a_private_token(tmp_path: Path) -> None:
     assert demo.base_deny.deny_match("pypi.org", None, 443, None, None) is None
     assert demo.deny.deny_match("pypi.org", None, 443, None, None) is None
     assert policy.token_files == (str(token_file),)
+
+
+@pytest.mark.parametrize(
+    ("rule", "line", "field", "problem"),
+    [
+        (
+            "  - hosts: [mcp.example.com]\n    mcp:\n      tools: {allow: ['bad name']}\n",
+            5,
+            "allow.0.mcp.tools.allow.0",
+            "'bad name' is not a tool name glob",
+        ),
+        (
+            "  - hosts: [mcp.example.com]\n    mcp: {}\n    jsonrpc: {}\n",
+            3,
+            "allow.0",
+            "at most one of 'mcp' and 'jsonrpc'",
+        ),
+        (
+            "  - hosts: [mcp.example.com]\n    inspect: false\n    jsonrpc: {}\n",
+            3,
+            "allow.0",
+            "not with 'inspect: false'",
+        ),
+    ],
+    ids=[
+        "a tool glob outside the tool-name charset names its entry",
+        "a rule with both mcp and jsonrpc",
+        "a protocol section on a rule that does not inspect",
+    ],
+)
+def test_a_protocol_section_error_names_file_line_and_field(
+    tmp_path: Path, rule: str, line: int, field: str, problem: str
+) -> None:
+    errors = load_errors(write_rules(tmp_path, {"tenants/t.yaml": f"tenant: t\nallow:\n{rule}"}))
+    (error,) = errors
+    assert where(error, tmp_path)[1:] == (line, field)
+    assert problem in error.problem
+
+
+def test_a_protocol_section_is_an_allow_rule_field(tmp_path: Path) -> None:
+    tenant = "tenant: t\ndeny:\n  - hosts: [mcp.example.com]\n    mcp: {}\n"
+    (error,) = load_errors(write_rules(tmp_path, {"tenants/t.yaml": tenant}))
+    assert where(error, tmp_path) == ("tenants/t.yaml", 4, "deny.0.mcp")
+    assert error.problem == "'mcp' is an allow-rule field"
+
+
+def test_a_protocol_section_rides_on_the_rule_and_forces_inspection(tmp_path: Path) -> None:
+    tenant = "tenant: t\nallow:\n  - hosts: [mcp.example.com]\n    mcp: {tools: {allow: [search]}}\n"
+    policy = load_policy_dir(write_rules(tmp_path, {"tenants/t.yaml": tenant}))
+    (rule,) = policy.tenants["t"].allow.rules
+    assert rule.inspect and rule.messages is not None
+    assert policy.tenants["t"].allow.needs_inspection("mcp.example.com", None, 443)

@@ -1,0 +1,394 @@
+"""Addon: MCP and JSON-RPC requests over HTTP, decided message by message before they go upstream.
+
+A request an allow rule with an `mcp:` or `jsonrpc:` section allowed carries that section on
+its decision (`Decision.messages`). Its body, whatever its Content-Type says, is then read the
+one strict way (sandgate.policy.protocols) and decided; the addon only feeds bytes in and
+writes answers out:
+
+- the body is decoded from its Content-Encoding (gzip, deflate, br, zstd; stacked or unknown
+  encodings cannot be read and are refused) and read within MAX_BODY bytes, encoded and
+  decoded; a declared length over it is refused at the head, a decoded body over it too;
+- a body of unknown length (chunked, HTTP/2 without Content-Length) is held back chunk by
+  chunk (the upstream has the head, nothing of the body) and decided when it ends;
+- a request with no body passes (a GET that opens MCP's event stream, a DELETE that ends a
+  session), unless its query carries JSON-RPC (`jsonrpc`, `method` or `params`); a POST, PUT
+  or PATCH without a body is no JSON-RPC message: `invalid_request`;
+- whatever cannot be read where the rule needs it is `invalid_request`, never forwarded.
+
+A refused body is answered in its protocol: JSON-RPC errors, one per request id, in an HTTP
+200 (`application/json`; 202 and no body when only notifications were refused), never a 403
+that would end an MCP session; the exchange records the denial once. An `ask` verdict is
+refused (`approval_required`) for now: holding one tool call for a person comes later. In
+report mode a refused body goes on and its record says `would_deny`.
+
+Every record of such an exchange (allowed or refused) carries `mcp` or `jsonrpc`: the verdict,
+reason and protocol rule, the batch size, and per message its method, tool, id and
+`arguments_sha256` (of the arguments' canonical JSON), never an argument's value.
+After the request gate and the tenant limits (it counts only what they let go), before the
+credential broker (placeholders are swapped only in a body that was decided).
+Every hook is guarded: a fault denies with `internal_error`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from mitmproxy import http
+
+from sandgate.brokers.decoding import UndecodableBody, stream_decoder
+from sandgate.policy.decision import Decision, Mode
+from sandgate.policy.protocols.answers import refusal_answer
+from sandgate.policy.protocols.decide import (
+    BodyVerdict,
+    Verdict,
+    decide_jsonrpc_body,
+    decide_mcp_body,
+)
+from sandgate.policy.protocols.errors import Problem
+from sandgate.policy.protocols.json_strict import DEFAULT_LIMITS, JsonValue
+from sandgate.policy.protocols.jsonrpc import RpcBody, RpcMessage
+from sandgate.policy.protocols.mcp import TOOLS_CALL, McpBody, McpMessage
+from sandgate.policy.protocols.rules import JsonRpcSection, McpSection
+from sandgate.policy.reasons import Reason
+from sandgate.proxy.addons.exchange import Exchange
+from sandgate.proxy.addons.limits import body_length_unknown, declared_length
+from sandgate.proxy.audit.records import DecisionContext
+from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER, decision_response
+
+__all__ = [
+    "MAX_BODY",
+    "AgentProtocols",
+    "ProtocolBodyRefused",
+    "arguments_digest",
+    "decide_body",
+    "decoded",
+]
+
+log = structlog.get_logger("sandgate.agent_protocols")
+
+# The most a decided body may be, encoded or decoded: the strict JSON reader's own bound.
+MAX_BODY = DEFAULT_LIMITS.max_bytes
+# Query parameters that make a request JSON-RPC over GET (a method and its params in the URL).
+_QUERY_RPC = frozenset({"jsonrpc", "method", "params"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_KEY = "sandgate.agent_protocols"
+
+type Section = McpSection | JsonRpcSection
+
+
+class ProtocolBodyRefused(Exception):
+    """Raised from a request body stream to abort it: the body was refused (already answered)."""
+
+
+class Unreadable(Exception):
+    """A body that cannot be read where a rule needs it; the message says why (no body bytes)."""
+
+    def __init__(self, detail: str, problem: Problem | None = None) -> None:
+        super().__init__(detail)
+        self.problem = problem
+
+
+@dataclass(slots=True)
+class _Held:
+    """A body of unknown length held back until it ends, then decided (once)."""
+
+    buffer: bytearray = field(default_factory=bytearray)
+    done: bool = False
+
+
+class AgentProtocols:
+    """Decides the JSON-RPC messages of requests whose allow rule has `mcp:` or `jsonrpc:`."""
+
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        found = _governed(flow)
+        if found is None:
+            return
+        exchange, dctx, decision, section = found
+        try:
+            request = flow.request
+            if _rpc_query(request):
+                verdict = _unreadable(Unreadable("JSON-RPC in the query string: send it as a POST body"))
+                await self._refuse(flow, exchange, dctx, decision, section, verdict, None)
+                return
+            length = declared_length(request)
+            if length is not None and length > MAX_BODY:
+                verdict = _unreadable(
+                    Unreadable(
+                        f"a body of {length} bytes, over the {MAX_BODY} a rule reads", Problem.TOO_LARGE
+                    ),
+                )
+                await self._refuse(flow, exchange, dctx, decision, section, verdict, None)
+                return
+            if body_length_unknown(request):
+                held = flow.metadata[_KEY] = _Held()
+                request.stream = self._holder(flow, exchange, dctx, decision, section, held, request.stream)
+        except Exception:
+            log.exception("hook_failed", hook="agent_protocols.requestheaders", decision_id=dctx.decision_id)
+            await self._fault(flow, exchange, dctx, decision)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        found = _governed(flow)
+        if found is None:
+            return
+        exchange, dctx, decision, section = found
+        held = flow.metadata.get(_KEY)
+        if isinstance(held, _Held) and held.done:
+            return  # decided as it streamed
+        try:
+            raw = flow.request.raw_content or b""
+            if not raw and flow.request.method not in _BODY_METHODS:
+                return  # nothing to decide: an event stream opened, a session ended
+            verdict, body = decide_body(section, raw, flow.request.headers.get("content-encoding"))
+            if verdict.allowed:
+                _note(exchange, section, verdict, body, dctx.decision_id)
+                return
+            await self._refuse(flow, exchange, dctx, decision, section, verdict, body)
+        except Exception:
+            log.exception("hook_failed", hook="agent_protocols.request", decision_id=dctx.decision_id)
+            await self._fault(flow, exchange, dctx, decision)
+
+    def _holder(
+        self,
+        flow: http.HTTPFlow,
+        exchange: Exchange,
+        dctx: DecisionContext,
+        decision: Decision,
+        section: Section,
+        held: _Held,
+        before: Any,
+    ) -> Callable[[bytes], bytes]:
+        """A request body stream that sends nothing until the body has ended and is allowed.
+
+        The chunk that passes MAX_BODY, a refused body, and any byte after a decided one raise
+        (the HTTP error seam cuts the upstream and sends the answer set here)."""
+        metered = before if callable(before) else None
+
+        def hold(chunk: bytes) -> bytes:
+            if metered is not None:
+                out = metered(chunk)
+                chunk = out if isinstance(out, bytes) else b"".join(out)
+            if held.done:
+                if chunk:
+                    self._refuse_now(
+                        flow,
+                        exchange,
+                        dctx,
+                        decision,
+                        section,
+                        _unreadable(Unreadable("bytes after the body that was decided")),
+                        None,
+                    )
+                    raise ProtocolBodyRefused(Reason.INVALID_REQUEST.value)
+                return b""
+            if chunk:
+                held.buffer += chunk
+                if len(held.buffer) > MAX_BODY:
+                    verdict = _unreadable(
+                        Unreadable(f"a body over the {MAX_BODY} bytes a rule reads", Problem.TOO_LARGE)
+                    )
+                    self._refuse_now(flow, exchange, dctx, decision, section, verdict, None)
+                    raise ProtocolBodyRefused(Reason.INVALID_REQUEST.value)
+                return b""
+            # mitmproxy's end of the message (an empty chunk).
+            held.done = True
+            body = bytes(held.buffer)
+            held.buffer.clear()
+            if not body and flow.request.method not in _BODY_METHODS:
+                return b""
+            verdict, read = decide_body(section, body, flow.request.headers.get("content-encoding"))
+            if verdict.allowed:
+                _note(exchange, section, verdict, read, dctx.decision_id)
+                return body
+            if self._refuse_now(flow, exchange, dctx, decision, section, verdict, read):
+                raise ProtocolBodyRefused(str(verdict.reason))
+            return body
+
+        return hold
+
+    async def _refuse(
+        self,
+        flow: http.HTTPFlow,
+        exchange: Exchange,
+        dctx: DecisionContext,
+        decision: Decision,
+        section: Section,
+        verdict: BodyVerdict,
+        body: McpBody | RpcBody | None,
+    ) -> None:
+        """Answer the refused body in JSON-RPC, then record it once (report mode: it goes on)."""
+        facts = _facts(section, verdict, body, report=decision.mode is Mode.REPORT)
+        if decision.mode is Mode.REPORT:
+            exchange.extra.update(facts)
+            return
+        exchange.withdraw_dial(self.ctx.connections.get(flow.client_conn.id))
+        denial = decision.as_denial(Reason(str(verdict.reason)), verdict.detail)
+        response = refusal_response(verdict, dctx.decision_id)
+        await exchange.refuse(
+            self.ctx.audit, flow, response, denial, status=response.status_code, extra=facts
+        )
+
+    def _refuse_now(
+        self,
+        flow: http.HTTPFlow,
+        exchange: Exchange,
+        dctx: DecisionContext,
+        decision: Decision,
+        section: Section,
+        verdict: BodyVerdict,
+        body: McpBody | RpcBody | None,
+    ) -> bool:
+        """`_refuse` from a body stream; False in report mode (the body goes on)."""
+        facts = _facts(section, verdict, body, report=decision.mode is Mode.REPORT)
+        if decision.mode is Mode.REPORT:
+            exchange.extra.update(facts)
+            return False
+        denial = decision.as_denial(Reason(str(verdict.reason)), verdict.detail)
+        response = refusal_response(verdict, dctx.decision_id)
+        exchange.extra.update(facts)
+        exchange.refuse_now(self.ctx.audit, flow, response, denial, status=response.status_code)
+        return True
+
+    async def _fault(
+        self, flow: http.HTTPFlow, exchange: Exchange, dctx: DecisionContext, decision: Decision
+    ) -> None:
+        fault = Decision.internal_error(decision.policy_version, "hook failed", mode=decision.mode)
+        try:
+            response = decision_response(fault, dctx.host, dctx.decision_id)
+            await exchange.refuse(self.ctx.audit, flow, response, fault)
+        finally:
+            exchange.withdraw_dial(self.ctx.connections.get(flow.client_conn.id))
+
+
+def _governed(flow: http.HTTPFlow) -> tuple[Exchange, DecisionContext, Decision, Section] | None:
+    """The allowed, unanswered exchange whose rule decides its messages, else None."""
+    if flow.response is not None or flow.error is not None:
+        return None
+    exchange = Exchange.of(flow)
+    pending = exchange.pending
+    if pending is None or pending[1].messages is None:
+        return None
+    return exchange, pending[0], pending[1], pending[1].messages
+
+
+def _rpc_query(request: http.Request) -> bool:
+    """Whether the query string carries a JSON-RPC call (`method`, `params`, `jsonrpc`)."""
+    return any(key.strip().lower() in _QUERY_RPC for key in request.query)
+
+
+def decoded(raw: bytes, content_encoding: str | None, limit: int = MAX_BODY) -> bytes:
+    """The body as its Content-Encoding says, at most `limit` bytes; Unreadable otherwise."""
+    name = (content_encoding or "").strip().lower()
+    if name in ("", "identity"):
+        return raw
+    decoder = stream_decoder(name)
+    if decoder is None:
+        raise Unreadable(f"content encoding {name[:40]!r} cannot be decoded here")
+    out = bytearray()
+    try:
+        for piece in _chain(decoder.feed(raw), decoder.finish()):
+            out += piece
+            if len(out) > limit:
+                raise Unreadable(f"a decoded body over the {limit} bytes a rule reads", Problem.TOO_LARGE)
+    except UndecodableBody as e:
+        raise Unreadable(str(e)) from None
+    return bytes(out)
+
+
+def _chain(*parts: Iterable[bytes]) -> Iterable[bytes]:
+    for part in parts:
+        yield from part
+
+
+def decide_body(
+    section: Section, raw: bytes, content_encoding: str | None
+) -> tuple[BodyVerdict, McpBody | RpcBody | None]:
+    """The verdict on a request body under `section`, and the messages it read (None: unread)."""
+    try:
+        data = decoded(raw, content_encoding)
+    except Unreadable as e:
+        return _unreadable(e), None
+    if isinstance(section, McpSection):
+        return decide_mcp_body(data, section)
+    return decide_jsonrpc_body(data, section)
+
+
+def _unreadable(error: Unreadable) -> BodyVerdict:
+    return BodyVerdict(Verdict.DENY, Reason.INVALID_REQUEST, None, str(error), problem=error.problem)
+
+
+def refusal_response(verdict: BodyVerdict, decision_id: str) -> http.Response:
+    """The JSON-RPC answer to a refused body: 200 with an error per request id, or 202 and no
+    body when only notifications were refused (MCP's answer to notifications)."""
+    answer = refusal_answer(verdict)
+    headers = {
+        REASON_HEADER: str(verdict.reason),
+        DECISION_HEADER: decision_id,
+        "Cache-Control": "no-store",
+    }
+    if answer is None:
+        return http.Response.make(202, b"", headers)
+    headers["Content-Type"] = "application/json"
+    return http.Response.make(200, json.dumps(answer).encode(), headers)
+
+
+def arguments_digest(arguments: JsonValue) -> str:
+    """sha256 of the arguments' canonical JSON (sorted keys, no spaces): equal calls, equal digests."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _note(
+    exchange: Exchange,
+    section: Section,
+    verdict: BodyVerdict,
+    body: McpBody | RpcBody | None,
+    decision_id: str,
+) -> None:
+    """An allowed body's facts, for the exchange's record when it ends."""
+    exchange.extra.update(_facts(section, verdict, body, report=False))
+    log.debug("agent_protocols.allowed", decision_id=decision_id)
+
+
+def _facts(
+    section: Section, verdict: BodyVerdict, body: McpBody | RpcBody | None, *, report: bool
+) -> dict[str, object]:
+    """The record's `mcp` (or `jsonrpc`) object: what was asked and decided, no argument values."""
+    outcome = str(verdict.verdict)
+    if report and verdict.verdict is not Verdict.ALLOW:
+        outcome = "would_deny"
+    messages: list[dict[str, object]] = []
+    read: list[tuple[RpcMessage, McpMessage | None]] = []
+    if isinstance(body, McpBody):
+        read = [(m.rpc, m) for m in body.messages]
+    elif body is not None:
+        read = [(m, None) for m in body.messages]
+    for i, (rpc, mcp) in enumerate(read):
+        fact: dict[str, object] = {"method": rpc.method, "kind": str(rpc.kind)}
+        if rpc.has_id:
+            fact["id"] = rpc.id
+        if mcp is not None and rpc.method == TOOLS_CALL:
+            fact["tool"] = mcp.tool
+            fact["arguments_sha256"] = arguments_digest(mcp.arguments or {})
+        if i < len(verdict.messages):
+            decided = verdict.messages[i]
+            fact.update(verdict=str(decided.verdict), reason=str(decided.reason), rule=decided.rule)
+        messages.append(fact)
+    facts: dict[str, object] = {
+        "verdict": outcome,
+        "reason": str(verdict.reason),
+        "rule": verdict.rule,
+        "batch": len(body.messages) if body is not None and body.batch else None,
+        "messages": messages,
+    }
+    if verdict.problem is not None:
+        facts["problem"] = str(verdict.problem)
+    return {"mcp" if isinstance(section, McpSection) else "jsonrpc": facts}

@@ -1,0 +1,53 @@
+"""The manual's worked MCP policy (docs/concepts/agent-protocols.md) loads as a tenant file and
+decides tool calls as the page says."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sandgate.policy.model.loader import load_policy_dir
+from sandgate.policy.protocols.decide import decide_mcp_body
+from sandgate.policy.protocols.rules import McpSection
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "agent-protocols.md"
+
+
+@pytest.fixture(scope="module")
+def section(tmp_path_factory: pytest.TempPathFactory) -> McpSection:
+    (block,) = re.findall(r"```yaml\n(.*?)```", PAGE.read_text(), re.S)
+    rules = tmp_path_factory.mktemp("rules")
+    (rules / "tenants").mkdir()
+    (rules / "tenants" / "agents.yaml").write_text(block)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AGENT_1_TOKEN", "agent-token-0123456789abcdef")
+        policy = load_policy_dir(rules)
+    tenant = policy.tenants["agents"]
+    (rule,) = [r for r in tenant.allow.rules if r.rule_id.endswith("github-mcp")]
+    assert isinstance(rule.messages, McpSection)
+    return rule.messages
+
+
+def call(tool: str, **arguments: object) -> bytes:
+    params = {"name": tool, "arguments": arguments}
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (call("get_issue", owner="acme", repo="api", number=1), "allowed"),
+        (call("create_issue", owner="acme", repo="web", title="a bug"), "allowed"),
+        (call("create_issue", owner="acme", repo="infra", title="a bug"), "argument_not_allowed"),
+        (call("create_issue", owner="acme", repo="api"), "argument_not_allowed"),  # no title
+        (call("delete_repository", owner="acme", repo="api"), "tool_denied"),
+        (call("Delete_Repository", owner="acme", repo="api"), "tool_denied"),  # any case
+        (call("merge_pull_request", owner="acme", repo="api"), "tool_not_allowed"),
+    ],
+)
+def test_the_worked_policy_decides_as_the_page_says(section: McpSection, body: bytes, reason: str) -> None:
+    verdict, _ = decide_mcp_body(body, section)
+    assert verdict.reason == reason
