@@ -9,7 +9,8 @@ so `decide()`, `policy test`, `explain` and `prove` see the message the gateway 
 - `graphql_ops`: a GraphQL request's operations, root fields and cost;
 - `sse`: an incremental, bounded server-sent events parser;
 - `rules`: the `mcp:`, `jsonrpc:` and `graphql:` rule sections; `decide`: the verdicts;
-- `answers`: refusals as JSON-RPC errors an agent can read.
+- `answers`: refusals as JSON-RPC errors an agent can read;
+- `list_filter`: list answers (`tools/list` ...) keeping only what a call would not be refused for.
 
 Re-exported here: the errors and reason codes, which load only the standard library.
 """

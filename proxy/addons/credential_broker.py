@@ -11,6 +11,7 @@ Every hook is guarded: a fault denies with `internal_error`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import structlog
@@ -39,7 +40,7 @@ from sandgate.proxy.mitm.websocket_guard import (
 )
 from sandgate.proxy.respond import denied_response
 
-__all__ = ["CredentialBroker", "StreamDenied", "broker_request"]
+__all__ = ["CredentialBroker", "StreamDenied", "broker_request", "chained"]
 
 log = structlog.get_logger("sandgate.broker")
 
@@ -218,7 +219,9 @@ class CredentialBroker:
                 or response.status_code in (204, 304)
                 or flow.request.method == "HEAD"
             )
-            if not bodiless and not _response_buffered(response):
+            # A stream an earlier addon set (AgentProtocols' list filter) is scrubbed behind it.
+            earlier = response.stream if callable(response.stream) else None
+            if not bodiless and (earlier is not None or not _response_buffered(response)):
                 decoder = None
                 if "content-encoding" in response.headers:
                     decoder = stream_decoder(response.headers["content-encoding"])
@@ -233,7 +236,8 @@ class CredentialBroker:
                 response.headers.pop("content-length", None)
                 if response.http_version == "HTTP/1.1":
                     response.headers["transfer-encoding"] = "chunked"
-                response.stream = scrubber.stream(decoder)
+                scrub = scrubber.stream(decoder)
+                response.stream = scrub if earlier is None else chained(earlier, scrub)
                 exchange.scrub = None
         except Exception:
             log.exception("hook_failed", hook="broker.responseheaders")
@@ -321,6 +325,23 @@ class CredentialBroker:
             log.exception("hook_failed", hook="broker.trailers")
             response.trailers = None
             flow.kill()
+
+
+def chained(
+    first: Callable[[bytes], bytes | Iterable[bytes]], then: Callable[[bytes], Iterable[bytes]]
+) -> Callable[[bytes], Iterator[bytes]]:
+    """A body stream: each chunk through `first`, what it gives through `then`; the end (b"")
+    through both, in that order. Never yields an empty piece (on HTTP/1 that ends the body)."""
+
+    def stream(chunk: bytes) -> Iterator[bytes]:
+        out = first(chunk)
+        for piece in [out] if isinstance(out, bytes) else list(out):
+            if piece:
+                yield from (p for p in then(piece) if p)
+        if not chunk:
+            yield from (p for p in then(b"") if p)
+
+    return stream
 
 
 def _relayable(kind: str, scrubbed: bytes) -> bool:

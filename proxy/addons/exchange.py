@@ -25,6 +25,7 @@ from typing import Any
 from mitmproxy import connection, http
 
 from sandgate.policy.decision import Decision, Identity, Phase
+from sandgate.policy.protocols.list_filter import ListCalls
 from sandgate.proxy.addons.guest_peer import client_address
 from sandgate.proxy.audit.records import DecisionContext, decision_record, intent_record
 from sandgate.proxy.audit.trail import AuditLog
@@ -88,6 +89,8 @@ class Exchange:
     # AgentProtocols: what the request's JSON-RPC messages asked and how they were decided
     # (`mcp` or `jsonrpc`), for the exchange's record, allowed or refused.
     extra: dict[str, object] = field(default_factory=dict)
+    # AgentProtocols: the request's allowed MCP list calls, whose answers it filters.
+    lists: ListCalls | None = None
     # Upgrades: the approved WebSocket session, and a refused 101's (host, decision id).
     websocket: object | None = None
     switch_refused: tuple[str | None, str] | None = None

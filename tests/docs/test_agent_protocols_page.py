@@ -11,6 +11,7 @@ import pytest
 
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.protocols.decide import decide_mcp_body
+from sandgate.policy.protocols.list_filter import filter_list_message
 from sandgate.policy.protocols.rules import McpSection
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "agent-protocols.md"
@@ -51,3 +52,11 @@ def call(tool: str, **arguments: object) -> bytes:
 def test_the_worked_policy_decides_as_the_page_says(section: McpSection, body: bytes, reason: str) -> None:
     verdict, _ = decide_mcp_body(body, section)
     assert verdict.reason == reason
+
+
+def test_the_worked_policy_lists_as_the_page_says(section: McpSection) -> None:
+    names = ["get_issue", "create_issue", "delete_repository", "merge_pull_request"]
+    answer: dict[str, object] = {"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": n} for n in names]}}
+    _, removed = filter_list_message(section, "tools/list", answer)  # type: ignore[arg-type]
+    assert removed == ("delete_repository", "merge_pull_request")
+    assert "`delete_repository` and\n  `merge_pull_request` are not listed" in PAGE.read_text()

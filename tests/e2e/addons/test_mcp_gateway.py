@@ -1,7 +1,8 @@
 """End to end: a real MCP client (the official SDK) talks to a real MCP server (the SDK's
 MCPServer over streamable HTTP, served by uvicorn) through a real `sandgate run` as its
 explicit proxy. An allowed tool is called; a denied one is a JSON-RPC error the SDK raises as
-MCPError with the gateway's reason, and the same session then calls an allowed tool again."""
+MCPError with the gateway's reason, and the same session then calls an allowed tool again.
+`tools/list` shows the agent only the tools it may call (or ask for)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,16 @@ def mcp_app() -> Any:
         """Delete a repository."""
         return f"deleted {repo}"
 
+    @server.tool()
+    def merge_pull(number: int) -> str:
+        """Merge a pull request (asked for)."""
+        return f"merged {number}"
+
+    @server.tool()
+    def push_code(branch: str) -> str:
+        """Push code (no rule allows it)."""
+        return f"pushed {branch}"
+
     # The Host the server sees names the gateway's destination (api.test), not loopback.
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     return server.streamable_http_app(transport_security=security, host=UPSTREAM_IP)
@@ -71,7 +82,7 @@ def gateway(start_module_gateway: GatewayFactory, mcp_server: int) -> RunningGat
             "hosts": ["api.test"],
             "ports": [mcp_server],
             "paths": ["/mcp"],
-            "mcp": {"tools": {"allow": ["search_*"], "deny": ["delete_*"]}},
+            "mcp": {"tools": {"allow": ["search_*"], "ask": ["merge_*"], "deny": ["delete_*"]}},
         }
     ]
     return start_module_gateway({"t1.yaml": tenant_yaml("t1", rules)})
@@ -140,3 +151,33 @@ async def test_a_chunked_body_is_decided_before_any_of_it_goes_upstream(
     (record,) = gateway.records(1)
     assert record["decision"] == ("deny" if refused else "allow")
     assert record["mcp"]["messages"][0]["tool"] == tool
+
+
+async def test_the_agent_lists_only_the_tools_it_may_call_or_ask_for(
+    gateway: RunningGateway, mcp_server: int
+) -> None:
+    gateway.mark()
+    url = f"http://api.test:{mcp_server}/mcp"
+    with anyio.fail_after(30):
+        async with (
+            httpx2.AsyncClient(timeout=10) as direct_client,
+            streamable_http_client(url.replace("api.test", UPSTREAM_IP), http_client=direct_client) as (r, w),
+            ClientSession(r, w) as direct,
+        ):
+            await direct.initialize()
+            everything = {tool.name for tool in (await direct.list_tools()).tools}
+        async with (
+            httpx2.AsyncClient(proxy=gateway.proxy(), timeout=10) as http_client,
+            streamable_http_client(url, http_client=http_client, terminate_on_close=False) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            listed = await session.list_tools()
+    assert everything == {"search_issues", "delete_repo", "merge_pull", "push_code"}
+    assert sorted(tool.name for tool in listed.tools) == ["merge_pull", "search_issues"]
+
+    def lists(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r.get("mcp", {}).get("removed")]
+
+    (record,) = lists(gateway.records_until(lambda found: len(lists(found)) >= 1))
+    assert record["mcp"]["removed"] == {"tools/list": {"count": 2, "names": ["delete_repo", "push_code"]}}
