@@ -1,7 +1,8 @@
 """The mitmproxy addons, one concern each, in the one order `pipeline` gives them (the
 gateway's and the in-process tests'): identify the sandbox, decide each tunnel (tunnel_gate)
 and each request (request_gate), dial only what they allowed (dial_guard), count tenant
-limits (limits), decide MCP and JSON-RPC messages in request bodies (agent_protocols),
+limits (limits), decide MCP and JSON-RPC messages in request bodies (agent_protocols) and
+filter MCP list answers (agent_lists),
 complete the audit record (audit_completion), broker credentials
 (credential_broker), and the guards on connections, heads, HTTP/2 streams, upgrades and
 trailers; `drain` lets requests in flight finish on shutdown. One request's facts and its one
@@ -11,6 +12,7 @@ record travel in its `exchange`; what the front shares with them is in plain mod
 
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
+    "agent_lists",
     "agent_protocols",
     "audit_completion",
     "connection_limits",

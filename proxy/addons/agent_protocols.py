@@ -24,26 +24,13 @@ report mode a refused body goes on and its record says `would_deny`.
 Every record of such an exchange (allowed or refused) carries `mcp` or `jsonrpc`: the verdict,
 reason and protocol rule, the batch size, and per message its method, tool, id and
 `arguments_sha256` (of the arguments' canonical JSON), never an argument's value.
-List answers are filtered (sandgate.policy.protocols.list_filter): the answer to an allowed
-`tools/list`, `resources/list` or `prompts/list` call (the exchange keeps their ids and the
-section, `Exchange.lists`) loses the tools, resources and prompts a call would be refused for
-(`ask` tools stay), so an agent does not plan around what it cannot use; the record's
-`mcp.removed` names them per list method (names, not secret, at most 50, and the count). An
-`application/json` answer whose length is known and within MAX_BODY is read whole in
-`response` and rewritten (Content-Length set again); one longer or of unknown length is held
-in its stream up to MAX_BODY, then sent filtered. A `text/event-stream` answer streams
-through an incremental, bounded event filter: each event is sent once complete, rewritten
-when it answers a list call, else byte for byte. A compressed answer is decoded and sent on
-without its Content-Encoding. An answer that cannot be read within these bounds is never
-passed on unfiltered: a buffered one is replaced by a JSON-RPC error per list call id
-(`upstream_protocol_error`, HTTP 200: the session lives), a streamed one is cut; the record's
-`error` says so. `notifications/tools/list_changed` needs nothing more: the agent lists again
-and that answer is filtered too. Not in report mode (nothing is enforced there).
+The allowed `tools/list`, `resources/list` and `prompts/list` calls it read are kept on the
+exchange (`Exchange.lists`) for AgentListFilter (sandgate.proxy.addons.agent_lists), which
+filters their answers (not in report mode: nothing is enforced there).
 
 After the request gate and the tenant limits (it counts only what they let go), before the
-credential broker (placeholders are swapped only in a body that was decided; its response
-scrubber chains behind a list filter's stream). Every hook is guarded: a fault on a request
-denies with `internal_error`, on a list answer withholds it.
+credential broker (placeholders are swapped only in a body that was decided). Every hook is
+guarded: a fault denies with `internal_error`.
 """
 
 from __future__ import annotations
@@ -57,7 +44,7 @@ from typing import Any
 import structlog
 from mitmproxy import http
 
-from sandgate.brokers.decoding import StreamDecoder, UndecodableBody, stream_decoder
+from sandgate.brokers.decoding import UndecodableBody, stream_decoder
 from sandgate.policy.decision import Decision, Mode
 from sandgate.policy.protocols.answers import refusal_answer
 from sandgate.policy.protocols.decide import (
@@ -66,10 +53,10 @@ from sandgate.policy.protocols.decide import (
     decide_jsonrpc_body,
     decide_mcp_body,
 )
-from sandgate.policy.protocols.errors import Problem, ProtocolError
+from sandgate.policy.protocols.errors import Problem
 from sandgate.policy.protocols.json_strict import DEFAULT_LIMITS, JsonValue
 from sandgate.policy.protocols.jsonrpc import RpcBody, RpcMessage
-from sandgate.policy.protocols.list_filter import ListCalls, SseListFilter, filter_list_body, list_calls
+from sandgate.policy.protocols.list_filter import list_calls
 from sandgate.policy.protocols.mcp import TOOLS_CALL, McpBody, McpMessage
 from sandgate.policy.protocols.rules import JsonRpcSection, McpSection
 from sandgate.policy.reasons import Reason
@@ -80,14 +67,12 @@ from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER, decision_response
 
 __all__ = [
-    "LIST_WITHHELD",
     "MAX_BODY",
     "AgentProtocols",
     "ProtocolBodyRefused",
     "arguments_digest",
     "decide_body",
     "decoded",
-    "withheld_response",
 ]
 
 log = structlog.get_logger("sandgate.agent_protocols")
@@ -97,13 +82,6 @@ MAX_BODY = DEFAULT_LIMITS.max_bytes
 # Query parameters that make a request JSON-RPC over GET (a method and its params in the URL).
 _QUERY_RPC = frozenset({"jsonrpc", "method", "params"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-_KEY = "sandgate.agent_protocols"
-_LISTS_KEY = "sandgate.agent_protocols.lists"
-# The record's `error` when a list answer could not be filtered (withheld or cut).
-LIST_WITHHELD = "list answer withheld: it could not be filtered"
-# JSON-RPC 2.0's "internal error": the server's answer could not be passed on.
-INTERNAL_ERROR = -32603
-_MAX_REMOVED_NAMES = 50
 
 type Section = McpSection | JsonRpcSection
 
@@ -155,7 +133,7 @@ class AgentProtocols:
                 await self._refuse(flow, exchange, dctx, decision, section, verdict, None)
                 return
             if body_length_unknown(request):
-                held = flow.metadata[_KEY] = _Held()
+                held = _Held()
                 request.stream = self._holder(flow, exchange, dctx, decision, section, held, request.stream)
         except Exception:
             log.exception("hook_failed", hook="agent_protocols.requestheaders", decision_id=dctx.decision_id)
@@ -166,8 +144,7 @@ class AgentProtocols:
         if found is None:
             return
         exchange, dctx, decision, section = found
-        held = flow.metadata.get(_KEY)
-        if isinstance(held, _Held) and held.done:
+        if exchange.body_decided:
             return  # decided as it streamed
         try:
             raw = flow.request.raw_content or b""
@@ -225,7 +202,7 @@ class AgentProtocols:
                     raise ProtocolBodyRefused(Reason.INVALID_REQUEST.value)
                 return b""
             # mitmproxy's end of the message (an empty chunk).
-            held.done = True
+            held.done = exchange.body_decided = True
             body = bytes(held.buffer)
             held.buffer.clear()
             if not body and flow.request.method not in _BODY_METHODS:
@@ -283,69 +260,6 @@ class AgentProtocols:
         exchange.refuse_now(self.ctx.audit, flow, response, denial, status=response.status_code)
         return True
 
-    # -- responses: list answers filtered ---------------------------------------------------
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        response = flow.response
-        if response is None or flow.error is not None:
-            return
-        exchange = Exchange.of(flow)
-        calls, exchange.lists = exchange.lists, None
-        if calls is None or _bodiless(flow, response):
-            return
-        try:
-            sse = _media_type(response) == "text/event-stream"
-            if not sse and not response.stream and _buffered(response):
-                flow.metadata[_LISTS_KEY] = calls  # read whole in `response`
-                return
-            encoding = (response.headers.get("content-encoding") or "").strip().lower()
-            decoder = None
-            if encoding not in ("", "identity"):
-                decoder = stream_decoder(encoding)
-                if decoder is None:
-                    _withhold(flow, exchange, "an encoding it cannot decode")
-                    flow.kill()
-                    return
-            response.headers.pop("content-encoding", None)
-            response.headers.pop("content-length", None)
-            if response.http_version == "HTTP/1.1":
-                response.headers["transfer-encoding"] = "chunked"
-            # The credential broker, after this addon, chains its scrubber behind this stream.
-            if sse:
-                response.stream = _sse_stream(flow, exchange, calls, decoder)
-            else:
-                response.stream = _json_stream(flow, exchange, calls, decoder)
-        except Exception:
-            log.exception("hook_failed", hook="agent_protocols.responseheaders")
-            flow.kill()
-
-    def response(self, flow: http.HTTPFlow) -> None:
-        calls = flow.metadata.pop(_LISTS_KEY, None)
-        response = flow.response
-        if not isinstance(calls, ListCalls) or response is None or response.stream:
-            return
-        exchange = Exchange.of(flow)
-        try:
-            raw = response.raw_content or b""
-            if not raw:
-                return
-            data = decoded(raw, response.headers.get("content-encoding"))
-            filtered = filter_list_body(calls, data)
-            _removed(exchange, filtered.removed)
-            if filtered.data is None and data is raw:
-                return
-            body = data if filtered.data is None else filtered.data
-            response.headers.pop("content-encoding", None)
-            response.raw_content = body
-            response.headers["content-length"] = str(len(body))
-        except (Unreadable, ProtocolError) as e:
-            _withhold(flow, exchange, str(e))
-            flow.response = withheld_response(calls, exchange)
-        except Exception:
-            log.exception("hook_failed", hook="agent_protocols.response")
-            _withhold(flow, exchange, "hook failed")
-            flow.response = withheld_response(calls, exchange)
-
     async def _fault(
         self, flow: http.HTTPFlow, exchange: Exchange, dctx: DecisionContext, decision: Decision
     ) -> None:
@@ -355,135 +269,6 @@ class AgentProtocols:
             await exchange.refuse(self.ctx.audit, flow, response, fault)
         finally:
             exchange.withdraw_dial(self.ctx.connections.get(flow.client_conn.id))
-
-
-def _bodiless(flow: http.HTTPFlow, response: http.Response) -> bool:
-    return response.status_code < 200 or response.status_code in (204, 304) or flow.request.method == "HEAD"
-
-
-def _media_type(message: http.Message) -> str:
-    return (message.headers.get("content-type") or "").partition(";")[0].strip().lower()
-
-
-def _buffered(response: http.Response) -> bool:
-    """Whether mitmproxy hands the `response` hook the whole body (a known length within MAX_BODY;
-    a longer or unknown one it would start streaming past its own bound, unseen)."""
-    length = declared_length(response)
-    return length is not None and length <= MAX_BODY
-
-
-def _content(decoder: StreamDecoder | None, chunk: bytes) -> Iterable[bytes]:
-    """A streamed chunk as content (decoded); b"" is the end: what the decoder still held."""
-    if decoder is None:
-        return (chunk,) if chunk else ()
-    return decoder.feed(chunk) if chunk else decoder.finish()
-
-
-def _sse_stream(
-    flow: http.HTTPFlow, exchange: Exchange, calls: ListCalls, decoder: StreamDecoder | None
-) -> Callable[[bytes], list[bytes]]:
-    """A response stream sending an event stream on with its list results filtered (each
-    event once complete); raises ProtocolBodyRefused to cut one it cannot read within bounds."""
-    events = SseListFilter(calls, max_event=MAX_BODY)
-
-    def stream(chunk: bytes) -> list[bytes]:
-        try:
-            out = bytearray()
-            for piece in _content(decoder, chunk):
-                out += events.feed(piece)
-            if not chunk:
-                out += events.close()
-        except (ProtocolError, UndecodableBody) as e:
-            _withhold(flow, exchange, str(e))
-            raise ProtocolBodyRefused(Reason.UPSTREAM_PROTOCOL_ERROR.value) from None
-        finally:
-            _removed(exchange, tuple(events.removed))
-        return [bytes(out)] if out else []
-
-    return stream
-
-
-def _json_stream(
-    flow: http.HTTPFlow, exchange: Exchange, calls: ListCalls, decoder: StreamDecoder | None
-) -> Callable[[bytes], list[bytes]]:
-    """A response stream holding a JSON answer of unknown (or large) length until it ends, then
-    sending it filtered; raises ProtocolBodyRefused to cut one over MAX_BODY or unreadable."""
-    held = bytearray()
-
-    def stream(chunk: bytes) -> list[bytes]:
-        try:
-            for piece in _content(decoder, chunk):
-                held.extend(piece)
-                if len(held) > MAX_BODY:
-                    raise Unreadable(f"a list answer over the {MAX_BODY} bytes read to filter it")
-            if chunk or not held:
-                return []
-            body = bytes(held)
-            held.clear()
-            filtered = filter_list_body(calls, body)
-            _removed(exchange, filtered.removed)
-            return [body if filtered.data is None else filtered.data]
-        except (ProtocolError, UndecodableBody, Unreadable) as e:
-            held.clear()
-            _withhold(flow, exchange, str(e))
-            raise ProtocolBodyRefused(Reason.UPSTREAM_PROTOCOL_ERROR.value) from None
-
-    return stream
-
-
-def _removed(exchange: Exchange, removed: tuple[tuple[str, str], ...]) -> None:
-    """What list filtering removed, in the record's `mcp.removed`: names by list method (tool
-    names are not secret, and an operator reading the record needs them), at most
-    _MAX_REMOVED_NAMES per method, with the full count."""
-    facts = exchange.extra.get("mcp")
-    if not removed or not isinstance(facts, dict):
-        return
-    by_method: dict[str, list[str]] = {}
-    for method, name in removed:
-        by_method.setdefault(method, []).append(name)
-    facts["removed"] = {
-        method: {"count": len(names), "names": names[:_MAX_REMOVED_NAMES]}
-        for method, names in by_method.items()
-    }
-
-
-def _withhold(flow: http.HTTPFlow, exchange: Exchange, detail: str) -> None:
-    """A list answer that cannot be filtered: noted for the record (a fixed text), logged."""
-    exchange.failure = LIST_WITHHELD
-    pending = exchange.pending
-    log.warning(
-        "agent_protocols.list_withheld",
-        host=flow.request.pretty_host,
-        decision_id=pending[0].decision_id if pending is not None else "-",
-        detail=detail[:200],
-    )
-
-
-def withheld_response(calls: ListCalls, exchange: Exchange) -> http.Response:
-    """The answer to list calls whose upstream answer could not be filtered: a JSON-RPC error
-    per list call id (`upstream_protocol_error`) in an HTTP 200, so the session lives on."""
-    reason = Reason.UPSTREAM_PROTOCOL_ERROR
-    errors: list[JsonValue] = []
-    for rpc_id, method in calls.calls:
-        data: dict[str, JsonValue] = {
-            "reason": str(reason),
-            "detail": f"the {method} answer could not be filtered",
-        }
-        error: dict[str, JsonValue] = {
-            "code": INTERNAL_ERROR,
-            "message": f"withheld by sandgate: {reason}",
-            "data": data,
-        }
-        errors.append({"jsonrpc": "2.0", "id": rpc_id, "error": error})
-    pending = exchange.pending
-    headers = {
-        REASON_HEADER: str(reason),
-        DECISION_HEADER: pending[0].decision_id if pending is not None else "-",
-        "Cache-Control": "no-store",
-        "Content-Type": "application/json",
-    }
-    answer: JsonValue = errors[0] if len(errors) == 1 else errors
-    return http.Response.make(200, json.dumps(answer).encode(), headers)
 
 
 def _governed(flow: http.HTTPFlow) -> tuple[Exchange, DecisionContext, Decision, Section] | None:

@@ -89,8 +89,12 @@ class Exchange:
     # AgentProtocols: what the request's JSON-RPC messages asked and how they were decided
     # (`mcp` or `jsonrpc`), for the exchange's record, allowed or refused.
     extra: dict[str, object] = field(default_factory=dict)
-    # AgentProtocols: the request's allowed MCP list calls, whose answers it filters.
+    # AgentProtocols: a body of unknown length it held and decided as it streamed.
+    body_decided: bool = False
+    # AgentProtocols: the request's allowed MCP list calls, whose answers AgentListFilter
+    # filters; `list_answer`: those whose buffered answer it filters once it is whole.
     lists: ListCalls | None = None
+    list_answer: ListCalls | None = None
     # Upgrades: the approved WebSocket session, and a refused 101's (host, decision id).
     websocket: object | None = None
     switch_refused: tuple[str | None, str] | None = None

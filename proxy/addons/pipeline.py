@@ -13,6 +13,7 @@ from mitmproxy.addons.next_layer import NextLayer
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.addons.tlsconfig import TlsConfig
 
+from sandgate.proxy.addons.agent_lists import AgentListFilter
 from sandgate.proxy.addons.agent_protocols import AgentProtocols
 from sandgate.proxy.addons.audit_completion import AuditCompletion
 from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
@@ -107,6 +108,8 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
         # What the limits let go, its body read and decided (`mcp:`, `jsonrpc:`) before the broker
         # swaps placeholders in it; its stream holder wraps the limits' body meter.
         (AgentProtocols, lambda: AgentProtocols(ctx)),
+        # Its list answers filtered, before the broker chains its scrubber behind the stream.
+        (AgentListFilter, lambda: AgentListFilter()),
         # Completes the allowed exchange's record before the broker scrubs the response it counts.
         (AuditCompletion, lambda: AuditCompletion(ctx)),
         (HopByHop, HopByHop),  # upstream responses lose hop-by-hop fields before the broker scrubs them
