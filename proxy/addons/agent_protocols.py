@@ -228,16 +228,12 @@ class AgentProtocols:
         body: McpBody | RpcBody | None,
     ) -> None:
         """Answer the refused body in JSON-RPC, then record it once (report mode: it goes on)."""
-        facts = _facts(section, verdict, body, report=decision.mode is Mode.REPORT)
-        if decision.mode is Mode.REPORT:
-            exchange.extra.update(facts)
+        refusal = _refusal(exchange, dctx, decision, section, verdict, body)
+        if refusal is None:
             return
+        denial, response = refusal
         exchange.withdraw_dial(self.ctx.connections.get(flow.client_conn.id))
-        denial = decision.as_denial(Reason(str(verdict.reason)), verdict.detail)
-        response = refusal_response(verdict, dctx.decision_id)
-        await exchange.refuse(
-            self.ctx.audit, flow, response, denial, status=response.status_code, extra=facts
-        )
+        await exchange.refuse(self.ctx.audit, flow, response, denial, status=response.status_code)
 
     def _refuse_now(
         self,
@@ -250,13 +246,10 @@ class AgentProtocols:
         body: McpBody | RpcBody | None,
     ) -> bool:
         """`_refuse` from a body stream; False in report mode (the body goes on)."""
-        facts = _facts(section, verdict, body, report=decision.mode is Mode.REPORT)
-        if decision.mode is Mode.REPORT:
-            exchange.extra.update(facts)
+        refusal = _refusal(exchange, dctx, decision, section, verdict, body)
+        if refusal is None:
             return False
-        denial = decision.as_denial(Reason(str(verdict.reason)), verdict.detail)
-        response = refusal_response(verdict, dctx.decision_id)
-        exchange.extra.update(facts)
+        denial, response = refusal
         exchange.refuse_now(self.ctx.audit, flow, response, denial, status=response.status_code)
         return True
 
@@ -269,6 +262,23 @@ class AgentProtocols:
             await exchange.refuse(self.ctx.audit, flow, response, fault)
         finally:
             exchange.withdraw_dial(self.ctx.connections.get(flow.client_conn.id))
+
+
+def _refusal(
+    exchange: Exchange,
+    dctx: DecisionContext,
+    decision: Decision,
+    section: Section,
+    verdict: BodyVerdict,
+    body: McpBody | RpcBody | None,
+) -> tuple[Decision, http.Response] | None:
+    """The denial and its JSON-RPC answer for a refused body, its facts on the exchange's
+    record; None in report mode (the body goes on, its record says would_deny)."""
+    exchange.extra.update(_facts(section, verdict, body, report=decision.mode is Mode.REPORT))
+    if decision.mode is Mode.REPORT:
+        return None
+    denial = decision.as_denial(Reason(str(verdict.reason)), verdict.detail)
+    return denial, refusal_response(verdict, dctx.decision_id)
 
 
 def _governed(flow: http.HTTPFlow) -> tuple[Exchange, DecisionContext, Decision, Section] | None:
