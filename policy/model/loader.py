@@ -626,7 +626,6 @@ class _SandboxRegistry:
         can log in as it) with a notice, and the file is watched, so creating it loads it.
         """
         t = loaded.model
-        base_dir = loaded.doc.folder
         records: list[SandboxRecord] = []
         ids: dict[str, SandboxRecord] = {}
         addresses: dict[str, SandboxRecord] = {}
@@ -637,21 +636,10 @@ class _SandboxRegistry:
                 problem = f"sandbox {sb.id!r} is already registered to tenant {owner.tenant!r}"
                 errors.append(_err(loaded.doc, ("sandboxes", i, "id"), problem))
                 continue
-            digest, token_ref = None, sb.token
-            if sb.token is not None:
-                if sb.token.startswith("file:"):
-                    self.token_files.append(_token_path(sb.token, base_dir))
-                    token_ref = f"file:{_token_path(sb.token, base_dir)}"
-                try:
-                    digest = resolve_token_reference(sb.token, base_dir)
-                except TokenFileMissingError as e:
-                    where = str(loaded.doc.locate(("sandboxes", i, "token")))
-                    text = f"{e}; sandbox {sb.id!r} is off until it does"
-                    self.notices.append(LoadNotice(where, f"sandboxes.{i}.token", text))
-                    continue
-                except TokenReferenceError as e:
-                    errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
-                    continue
+            token = self._token(loaded, i, errors)
+            if token is None:
+                continue
+            digest, token_ref = token
             found = _addresses(loaded.doc, i, sb.addresses, errors)
             at = loaded.doc.locate(("sandboxes", i))
             record = SandboxRecord(
@@ -684,6 +672,30 @@ class _SandboxRegistry:
         self.by_address.update(addresses)
         self.by_interface.update(interfaces)
         return tuple(records)
+
+    def _token(
+        self, loaded: _Loaded[TenantFile], i: int, errors: list[PolicyLoadError]
+    ) -> tuple[bytes | None, str | None] | None:
+        """Sandbox `i`'s (token digest, token reference as registered), both None without a
+        token; None when it is left out (its token file is missing: a notice; a bad reference:
+        an error). A `file:` token's path is watched either way."""
+        sb = loaded.model.sandboxes[i]
+        if sb.token is None:
+            return None, None
+        base_dir = loaded.doc.folder
+        token_ref = sb.token
+        if sb.token.startswith("file:"):
+            self.token_files.append(_token_path(sb.token, base_dir))
+            token_ref = f"file:{_token_path(sb.token, base_dir)}"
+        try:
+            return resolve_token_reference(sb.token, base_dir), token_ref
+        except TokenFileMissingError as e:
+            where = str(loaded.doc.locate(("sandboxes", i, "token")))
+            text = f"{e}; sandbox {sb.id!r} is off until it does"
+            self.notices.append(LoadNotice(where, f"sandboxes.{i}.token", text))
+        except TokenReferenceError as e:
+            errors.append(_err(loaded.doc, ("sandboxes", i, "token"), str(e)))
+        return None
 
     def restore(self, records: Sequence[SandboxRecord]) -> bool:
         """Register a kept tenant's sandboxes again; False (nothing registered) when one is taken."""
