@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sandgate.policy.reasons import Reason
 
 if TYPE_CHECKING:  # pydantic models: loaded with the policy files, not with every decision
-    from sandgate.policy.protocols.rules import JsonRpcSection, McpSection
+    from sandgate.policy.protocols.rules import GraphqlSection, JsonRpcSection, McpSection
 
 __all__ = ["RELAXABLE_IN_REPORT_MODE", "Decision", "EgressRequest", "Identity", "Mode", "Phase", "Refusal"]
 
@@ -122,9 +122,9 @@ class Decision:
     # No allow rule allows it and an ask rule (or `unmatched: ask`) matched: hold the request
     # for an operator's decision (sandgate.proxy.approvals); `allowed` stays False until then.
     ask: bool = False
-    # The allow rule's `mcp:` or `jsonrpc:` section: the request's body is decided by it too
+    # The allow rule's `mcp:`, `jsonrpc:` or `graphql:` section: the request's body is decided by it too
     # (sandgate.proxy.addons.agent_protocols) before it goes upstream.
-    messages: McpSection | JsonRpcSection | None = field(default=None, compare=False)
+    messages: McpSection | JsonRpcSection | GraphqlSection | None = field(default=None, compare=False)
     # Released by an approval: (the access request's id, who approved it), for the audit record.
     approval: tuple[str, str | None] | None = field(default=None, compare=False)
     detail: str = field(default="", compare=False)

@@ -19,7 +19,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.policy.upgrade import WEBSOCKET
 
 if TYPE_CHECKING:  # pydantic models: loaded with the policy files, not with every decision
-    from sandgate.policy.protocols.rules import JsonRpcSection, McpSection
+    from sandgate.policy.protocols.rules import GraphqlSection, JsonRpcSection, McpSection
 
 __all__ = [
     "ANY_HOST",
@@ -57,8 +57,8 @@ class CompiledRule:
     raw_tcp: bool = False
     # `websocket: true`: a WebSocket upgrade may pass (its messages are still checked).
     websocket: bool = False
-    # `mcp:` or `jsonrpc:`: each request's JSON-RPC messages are decided by this section.
-    messages: McpSection | JsonRpcSection | None = field(default=None, compare=False)
+    # `mcp:`, `jsonrpc:` or `graphql:`: each request's messages are decided by this section.
+    messages: McpSection | JsonRpcSection | GraphqlSection | None = field(default=None, compare=False)
 
     def port_ok(self, port: int) -> bool:
         return not self.ports or port in self.ports

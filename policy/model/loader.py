@@ -573,7 +573,7 @@ def _compile_rules(
             errors.append(_err(loaded.doc, (kind, i, "protocol"), problem))
         if kind != "allow" and rule.reads_messages:
             # A deny rule refuses whole requests; an asked request is held before any body is read.
-            field = "mcp" if rule.mcp is not None else "jsonrpc"
+            field = "mcp" if rule.mcp is not None else "jsonrpc" if rule.jsonrpc is not None else "graphql"
             errors.append(_err(loaded.doc, (kind, i, field), f"'{field}' is an allow-rule field"))
         for j, host in enumerate(rule.hosts):
             if kind != "deny" and host.startswith("*.") and "." not in host[2:]:
@@ -601,7 +601,7 @@ def _compile_rules(
                 origin=f"{where.file}:{where.line}",
                 raw_tcp=rule.protocol == "tcp",
                 websocket=rule.websocket,
-                messages=rule.mcp or rule.jsonrpc,
+                messages=rule.messages,
             )
         )
     return out

@@ -19,7 +19,7 @@ from sandgate.policy.matcher import ANY_HOST
 from sandgate.policy.model.credentials import Credential
 from sandgate.policy.model.source_addresses import source_addresses
 from sandgate.policy.paths import glob_problem
-from sandgate.policy.protocols.rules import JsonRpcSection, McpSection
+from sandgate.policy.protocols.rules import GraphqlSection, JsonRpcSection, McpSection
 
 __all__ = [
     "BaseFile",
@@ -159,6 +159,13 @@ class Rule(_Strict):
             "allow rules: JSON-RPC over HTTP to these hosts is decided per method; implies inspection"
         ),
     )
+    graphql: GraphqlSection | None = Field(
+        default=None,
+        description=(
+            "allow rules: GraphQL over HTTP to these hosts is decided per operation (types, names, "
+            "root fields, persisted queries, introspection, depth and size); implies inspection"
+        ),
+    )
     comment: str | None = Field(default=None, description="a note for people; the gateway does not read it")
 
     @model_validator(mode="after")
@@ -171,16 +178,23 @@ class Rule(_Strict):
             raise ValueError(
                 "a 'protocol: tcp' rule passes bytes through: no methods, paths, inspect or websocket"
             )
-        if self.mcp is not None and self.jsonrpc is not None:
-            raise ValueError("a rule carries at most one of 'mcp' and 'jsonrpc'; write two rules")
+        if sum(section is not None for section in (self.mcp, self.jsonrpc, self.graphql)) > 1:
+            raise ValueError("a rule carries at most one of 'mcp', 'jsonrpc' and 'graphql'; write two rules")
         if self.reads_messages and (self.inspect is False or self.protocol == "tcp"):
-            raise ValueError("'mcp' and 'jsonrpc' read each request's body: not with 'inspect: false' or tcp")
+            raise ValueError(
+                "'mcp', 'jsonrpc' and 'graphql' read each request's body: not with 'inspect: false' or tcp"
+            )
         return self
 
     @property
     def reads_messages(self) -> bool:
-        """Whether the rule decides the JSON-RPC messages of each request (`mcp:`, `jsonrpc:`)."""
-        return self.mcp is not None or self.jsonrpc is not None
+        """Whether the rule decides the messages of each request (`mcp:`, `jsonrpc:`, `graphql:`)."""
+        return self.messages is not None
+
+    @property
+    def messages(self) -> McpSection | JsonRpcSection | GraphqlSection | None:
+        """The section that decides each request's messages, if any."""
+        return self.mcp or self.jsonrpc or self.graphql
 
     @property
     def needs_inspection(self) -> bool:

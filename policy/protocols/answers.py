@@ -15,7 +15,14 @@ from sandgate.policy.protocols.errors import Problem
 from sandgate.policy.protocols.json_strict import JsonValue
 from sandgate.policy.reasons import Reason
 
-__all__ = ["DENIED", "INVALID_REQUEST", "PARSE_ERROR", "error_answer", "refusal_answer"]
+__all__ = [
+    "DENIED",
+    "INVALID_REQUEST",
+    "PARSE_ERROR",
+    "error_answer",
+    "graphql_refusal_answer",
+    "refusal_answer",
+]
 
 # JSON-RPC 2.0's reserved codes, and one of its server range (-32000 to -32099) for policy.
 PARSE_ERROR = -32700
@@ -76,3 +83,20 @@ def refusal_answer(body: BodyVerdict, ask: Mapping[str, JsonValue] | None = None
     if not answers:
         return None
     return answers if body.batch else answers[0]
+
+
+def graphql_refusal_answer(body: BodyVerdict) -> JsonValue:
+    """The answer to a refused GraphQL body, as GraphQL-over-HTTP's `errors` (no `data`: nothing
+    ran): one object, or one per request of a batch, each naming its reason and rule in
+    `extensions`."""
+    if body.verdict is Verdict.ALLOW:
+        raise ValueError("an allowed body is forwarded, not answered")
+
+    def one(reason: object, rule: str | None, detail: str) -> dict[str, JsonValue]:
+        extensions: dict[str, JsonValue] = {"code": "SANDGATE_DENIED", "reason": str(reason), "rule": rule}
+        extensions["detail"] = detail
+        return {"errors": [{"message": f"denied by sandgate: {reason}", "extensions": extensions}]}
+
+    if body.batch and body.messages:
+        return [one(m.reason, m.rule, m.detail) for m in body.messages]
+    return one(body.reason, body.rule, body.detail)

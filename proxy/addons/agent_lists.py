@@ -25,9 +25,10 @@ from sandgate.policy.protocols.errors import ProtocolError
 from sandgate.policy.protocols.json_strict import JsonValue
 from sandgate.policy.protocols.list_filter import ListCalls, SseListFilter, filter_list_body
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.agent_protocols import MAX_BODY, ProtocolBodyRefused, Unreadable, decoded
+from sandgate.proxy.addons.agent_protocols import ProtocolBodyRefused
 from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.limits import declared_length
+from sandgate.proxy.addons.protocol_bodies import MAX_BODY, Unreadable, decoded
 from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
 
 __all__ = ["LIST_WITHHELD", "AgentListFilter", "withheld_response"]

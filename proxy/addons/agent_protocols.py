@@ -35,67 +35,48 @@ guarded: a fault denies with `internal_error`.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from mitmproxy import http
 
-from sandgate.brokers.decoding import UndecodableBody, stream_decoder
 from sandgate.policy.decision import Decision, Mode
-from sandgate.policy.protocols.answers import refusal_answer
-from sandgate.policy.protocols.decide import (
-    BodyVerdict,
-    Verdict,
-    decide_jsonrpc_body,
-    decide_mcp_body,
-)
+from sandgate.policy.protocols.decide import BodyVerdict
 from sandgate.policy.protocols.errors import Problem
-from sandgate.policy.protocols.json_strict import DEFAULT_LIMITS, JsonValue
-from sandgate.policy.protocols.jsonrpc import RpcBody, RpcMessage
 from sandgate.policy.protocols.list_filter import list_calls
-from sandgate.policy.protocols.mcp import TOOLS_CALL, McpBody, McpMessage
-from sandgate.policy.protocols.rules import JsonRpcSection, McpSection
+from sandgate.policy.protocols.mcp import McpBody
+from sandgate.policy.protocols.rules import GraphqlSection, McpSection
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.limits import body_length_unknown, declared_length
+from sandgate.proxy.addons.protocol_bodies import (
+    MAX_BODY,
+    ReadBody,
+    Section,
+    Unreadable,
+    body_facts,
+    decide_body,
+    refusal_response,
+    unreadable_verdict,
+)
 from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.context import GatewayContext
-from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER, decision_response
+from sandgate.proxy.respond import decision_response
 
-__all__ = [
-    "MAX_BODY",
-    "AgentProtocols",
-    "ProtocolBodyRefused",
-    "arguments_digest",
-    "decide_body",
-    "decoded",
-]
+__all__ = ["AgentProtocols", "ProtocolBodyRefused"]
 
 log = structlog.get_logger("sandgate.agent_protocols")
 
-# The most a decided body may be, encoded or decoded: the strict JSON reader's own bound.
-MAX_BODY = DEFAULT_LIMITS.max_bytes
 # Query parameters that make a request JSON-RPC over GET (a method and its params in the URL).
 _QUERY_RPC = frozenset({"jsonrpc", "method", "params"})
+_QUERY_GRAPHQL = frozenset({"query", "operationname", "variables", "extensions"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-
-type Section = McpSection | JsonRpcSection
 
 
 class ProtocolBodyRefused(Exception):
     """Raised from a request body stream to abort it: the body was refused (already answered)."""
-
-
-class Unreadable(Exception):
-    """A body that cannot be read where a rule needs it; the message says why (no body bytes)."""
-
-    def __init__(self, detail: str, problem: Problem | None = None) -> None:
-        super().__init__(detail)
-        self.problem = problem
 
 
 @dataclass(slots=True)
@@ -119,13 +100,14 @@ class AgentProtocols:
         exchange, dctx, decision, section = found
         try:
             request = flow.request
-            if _rpc_query(request):
-                verdict = _unreadable(Unreadable("JSON-RPC in the query string: send it as a POST body"))
+            if _rpc_query(request, section):
+                problem = Unreadable("a call in the query string: send it as a POST body")
+                verdict = unreadable_verdict(problem)
                 await self._refuse(flow, exchange, dctx, decision, section, verdict, None)
                 return
             length = declared_length(request)
             if length is not None and length > MAX_BODY:
-                verdict = _unreadable(
+                verdict = unreadable_verdict(
                     Unreadable(
                         f"a body of {length} bytes, over the {MAX_BODY} a rule reads", Problem.TOO_LARGE
                     ),
@@ -187,7 +169,7 @@ class AgentProtocols:
                         dctx,
                         decision,
                         section,
-                        _unreadable(Unreadable("bytes after the body that was decided")),
+                        unreadable_verdict(Unreadable("bytes after the body that was decided")),
                         None,
                     )
                     raise ProtocolBodyRefused(Reason.INVALID_REQUEST.value)
@@ -195,7 +177,7 @@ class AgentProtocols:
             if chunk:
                 held.buffer += chunk
                 if len(held.buffer) > MAX_BODY:
-                    verdict = _unreadable(
+                    verdict = unreadable_verdict(
                         Unreadable(f"a body over the {MAX_BODY} bytes a rule reads", Problem.TOO_LARGE)
                     )
                     self._refuse_now(flow, exchange, dctx, decision, section, verdict, None)
@@ -225,7 +207,7 @@ class AgentProtocols:
         decision: Decision,
         section: Section,
         verdict: BodyVerdict,
-        body: McpBody | RpcBody | None,
+        body: ReadBody,
     ) -> None:
         """Answer the refused body in JSON-RPC, then record it once (report mode: it goes on)."""
         refusal = _refusal(exchange, dctx, decision, section, verdict, body)
@@ -243,7 +225,7 @@ class AgentProtocols:
         decision: Decision,
         section: Section,
         verdict: BodyVerdict,
-        body: McpBody | RpcBody | None,
+        body: ReadBody,
     ) -> bool:
         """`_refuse` from a body stream; False in report mode (the body goes on)."""
         refusal = _refusal(exchange, dctx, decision, section, verdict, body)
@@ -270,15 +252,15 @@ def _refusal(
     decision: Decision,
     section: Section,
     verdict: BodyVerdict,
-    body: McpBody | RpcBody | None,
+    body: ReadBody,
 ) -> tuple[Decision, http.Response] | None:
     """The denial and its JSON-RPC answer for a refused body, its facts on the exchange's
     record; None in report mode (the body goes on, its record says would_deny)."""
-    exchange.extra.update(_facts(section, verdict, body, report=decision.mode is Mode.REPORT))
+    exchange.extra.update(body_facts(section, verdict, body, report=decision.mode is Mode.REPORT))
     if decision.mode is Mode.REPORT:
         return None
     denial = decision.as_denial(Reason(str(verdict.reason)), verdict.detail)
-    return denial, refusal_response(verdict, dctx.decision_id)
+    return denial, refusal_response(section, verdict, dctx.decision_id)
 
 
 def _governed(flow: http.HTTPFlow) -> tuple[Exchange, DecisionContext, Decision, Section] | None:
@@ -292,120 +274,25 @@ def _governed(flow: http.HTTPFlow) -> tuple[Exchange, DecisionContext, Decision,
     return exchange, pending[0], pending[1], pending[1].messages
 
 
-def _rpc_query(request: http.Request) -> bool:
-    """Whether the query string carries a JSON-RPC call (`method`, `params`, `jsonrpc`)."""
-    return any(key.strip().lower() in _QUERY_RPC for key in request.query)
-
-
-def decoded(raw: bytes, content_encoding: str | None, limit: int = MAX_BODY) -> bytes:
-    """The body as its Content-Encoding says, at most `limit` bytes; Unreadable otherwise."""
-    name = (content_encoding or "").strip().lower()
-    if name in ("", "identity"):
-        return raw
-    decoder = stream_decoder(name)
-    if decoder is None:
-        raise Unreadable(f"content encoding {name[:40]!r} cannot be decoded here")
-    out = bytearray()
-    try:
-        for piece in _chain(decoder.feed(raw), decoder.finish()):
-            out += piece
-            if len(out) > limit:
-                raise Unreadable(f"a decoded body over the {limit} bytes a rule reads", Problem.TOO_LARGE)
-    except UndecodableBody as e:
-        raise Unreadable(str(e)) from None
-    return bytes(out)
-
-
-def _chain(*parts: Iterable[bytes]) -> Iterable[bytes]:
-    for part in parts:
-        yield from part
-
-
-def decide_body(
-    section: Section, raw: bytes, content_encoding: str | None
-) -> tuple[BodyVerdict, McpBody | RpcBody | None]:
-    """The verdict on a request body under `section`, and the messages it read (None: unread)."""
-    try:
-        data = decoded(raw, content_encoding)
-    except Unreadable as e:
-        return _unreadable(e), None
-    if isinstance(section, McpSection):
-        return decide_mcp_body(data, section)
-    return decide_jsonrpc_body(data, section)
-
-
-def _unreadable(error: Unreadable) -> BodyVerdict:
-    return BodyVerdict(Verdict.DENY, Reason.INVALID_REQUEST, None, str(error), problem=error.problem)
-
-
-def refusal_response(verdict: BodyVerdict, decision_id: str) -> http.Response:
-    """The JSON-RPC answer to a refused body: 200 with an error per request id, or 202 and no
-    body when only notifications were refused (MCP's answer to notifications)."""
-    answer = refusal_answer(verdict)
-    headers = {
-        REASON_HEADER: str(verdict.reason),
-        DECISION_HEADER: decision_id,
-        "Cache-Control": "no-store",
-    }
-    if answer is None:
-        return http.Response.make(202, b"", headers)
-    headers["Content-Type"] = "application/json"
-    return http.Response.make(200, json.dumps(answer).encode(), headers)
-
-
-def arguments_digest(arguments: JsonValue) -> str:
-    """sha256 of the arguments' canonical JSON (sorted keys, no spaces): equal calls, equal digests."""
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+def _rpc_query(request: http.Request, section: Section) -> bool:
+    """Whether the query string carries a call: JSON-RPC's `method`, `params`, `jsonrpc`, or
+    GraphQL's `query`, `operationName`, `variables`, `extensions` (a GET)."""
+    keys = _QUERY_GRAPHQL if isinstance(section, GraphqlSection) else _QUERY_RPC
+    return any(key.strip().lower() in keys for key in request.query)
 
 
 def _note(
     exchange: Exchange,
     section: Section,
     verdict: BodyVerdict,
-    body: McpBody | RpcBody | None,
+    body: ReadBody,
     decision: Decision,
     decision_id: str,
 ) -> None:
     """An allowed body's facts, for the exchange's record when it ends; its list calls, whose
     answers are filtered (not in report mode, where nothing the policy says is enforced)."""
-    exchange.extra.update(_facts(section, verdict, body, report=False))
+    exchange.extra.update(body_facts(section, verdict, body, report=False))
+    exchange.messages_read = body
     if isinstance(section, McpSection) and isinstance(body, McpBody) and decision.mode is not Mode.REPORT:
         exchange.lists = list_calls(section, body)
     log.debug("agent_protocols.allowed", decision_id=decision_id)
-
-
-def _facts(
-    section: Section, verdict: BodyVerdict, body: McpBody | RpcBody | None, *, report: bool
-) -> dict[str, object]:
-    """The record's `mcp` (or `jsonrpc`) object: what was asked and decided, no argument values."""
-    outcome = str(verdict.verdict)
-    if report and verdict.verdict is not Verdict.ALLOW:
-        outcome = "would_deny"
-    messages: list[dict[str, object]] = []
-    read: list[tuple[RpcMessage, McpMessage | None]] = []
-    if isinstance(body, McpBody):
-        read = [(m.rpc, m) for m in body.messages]
-    elif body is not None:
-        read = [(m, None) for m in body.messages]
-    for i, (rpc, mcp) in enumerate(read):
-        fact: dict[str, object] = {"method": rpc.method, "kind": str(rpc.kind)}
-        if rpc.has_id:
-            fact["id"] = rpc.id
-        if mcp is not None and rpc.method == TOOLS_CALL:
-            fact["tool"] = mcp.tool
-            fact["arguments_sha256"] = arguments_digest(mcp.arguments or {})
-        if i < len(verdict.messages):
-            decided = verdict.messages[i]
-            fact.update(verdict=str(decided.verdict), reason=str(decided.reason), rule=decided.rule)
-        messages.append(fact)
-    facts: dict[str, object] = {
-        "verdict": outcome,
-        "reason": str(verdict.reason),
-        "rule": verdict.rule,
-        "batch": len(body.messages) if body is not None and body.batch else None,
-        "messages": messages,
-    }
-    if verdict.problem is not None:
-        facts["problem"] = str(verdict.problem)
-    return {"mcp" if isinstance(section, McpSection) else "jsonrpc": facts}

@@ -95,6 +95,9 @@ class Exchange:
     # filters; `list_answer`: those whose buffered answer it filters once it is whole.
     lists: ListCalls | None = None
     list_answer: ListCalls | None = None
+    # AgentProtocols: the allowed body as it was read and decided (McpBody, RpcBody or the
+    # GraphQL requests), for the credential broker (which tool a placeholder is sent to).
+    messages_read: object | None = None
     # Upgrades: the approved WebSocket session, and a refused 101's (host, decision id).
     websocket: object | None = None
     switch_refused: tuple[str | None, str] | None = None

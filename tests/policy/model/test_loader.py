@@ -703,7 +703,7 @@ def test_the_repository_rules_load_with_a_private_token(tmp_path: Path) -> None:
             "  - hosts: [mcp.example.com]\n    mcp: {}\n    jsonrpc: {}\n",
             3,
             "allow.0",
-            "at most one of 'mcp' and 'jsonrpc'",
+            "at most one of 'mcp', 'jsonrpc' and 'graphql'",
         ),
         (
             "  - hosts: [mcp.example.com]\n    inspect: false\n    jsonrpc: {}\n",

@@ -230,7 +230,7 @@ VALIDATION = [
     (
         "tenant: t\nallow:\n  - hosts: [a.example.com]\n    zzzzzz: 1\n",
         "f:4:5: allow.0.zzzzzz: unknown key "
-        "(expected one of: cidrs, comment, hosts, id, inspect, jsonrpc, mcp, methods, paths, ports, protocol, websocket)",
+        "(expected one of: cidrs, comment, graphql, hosts, id, inspect, jsonrpc, mcp, methods, paths, ports, protocol, websocket)",
         "an unknown key unlike any field",
     ),
     ("mode: enforce\n", "f:1:1: tenant: required field is missing", "a missing required field"),

@@ -25,7 +25,7 @@ from support.inprocess import proxy_flow
 from support.whole_pipeline import Pipeline, whole_pipeline
 
 from sandgate.policy.protocols.json_strict import JsonValue
-from sandgate.proxy.addons.agent_protocols import MAX_BODY, arguments_digest
+from sandgate.proxy.addons.protocol_bodies import MAX_BODY, arguments_digest
 
 PORT = 8080
 HOSTS = {"mcp.test": ["127.0.0.2"], "rpc.test": ["127.0.0.3"]}

@@ -28,7 +28,8 @@ from support.whole_pipeline import Pipeline, whole_pipeline
 
 from sandgate.brokers import Broker, Secret
 from sandgate.proxy.addons.agent_lists import LIST_WITHHELD
-from sandgate.proxy.addons.agent_protocols import MAX_BODY, ProtocolBodyRefused
+from sandgate.proxy.addons.agent_protocols import ProtocolBodyRefused
+from sandgate.proxy.addons.protocol_bodies import MAX_BODY
 
 PORT = 8080
 HOSTS = {"mcp.test": ["127.0.0.2"]}

@@ -1,0 +1,197 @@
+"""The bodies agent-protocol rules decide: read one strict way, decided, answered, recorded.
+
+Shared by the HTTP addons (sandgate.proxy.addons.agent_protocols, agent_lists) and anything
+else that carries the same messages: the body is decoded from its Content-Encoding (gzip,
+deflate, br, zstd; stacked or unknown encodings cannot be read) within MAX_BODY bytes, read
+by the rule's section (`mcp:`, `jsonrpc:`, `graphql:`; sandgate.policy.protocols), and a
+refused one is answered in its protocol (JSON-RPC errors, one per request id, in an HTTP 200;
+a GraphQL error object). Records carry what was asked and decided, never an argument's value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+
+from mitmproxy import http
+
+from sandgate.brokers.decoding import UndecodableBody, stream_decoder
+from sandgate.policy.protocols.answers import graphql_refusal_answer, refusal_answer
+from sandgate.policy.protocols.decide import (
+    BodyVerdict,
+    Verdict,
+    decide_graphql_body,
+    decide_jsonrpc_body,
+    decide_mcp_body,
+)
+from sandgate.policy.protocols.errors import Problem
+from sandgate.policy.protocols.graphql_ops import GraphqlRequest
+from sandgate.policy.protocols.json_strict import DEFAULT_LIMITS, JsonValue
+from sandgate.policy.protocols.jsonrpc import RpcBody, RpcMessage
+from sandgate.policy.protocols.mcp import TOOLS_CALL, McpBody, McpMessage
+from sandgate.policy.protocols.rules import GraphqlSection, JsonRpcSection, McpSection
+from sandgate.policy.reasons import Reason
+from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
+
+__all__ = [
+    "MAX_BODY",
+    "ReadBody",
+    "Section",
+    "Unreadable",
+    "arguments_digest",
+    "body_facts",
+    "decide_body",
+    "decoded",
+    "refusal_response",
+    "unreadable_verdict",
+]
+
+# The most a decided body may be, encoded or decoded: the strict JSON reader's own bound.
+MAX_BODY = DEFAULT_LIMITS.max_bytes
+
+type Section = McpSection | JsonRpcSection | GraphqlSection
+# What a body was read as: MCP or JSON-RPC messages, GraphQL requests; None: not read.
+type ReadBody = McpBody | RpcBody | tuple[GraphqlRequest, ...] | None
+
+
+class Unreadable(Exception):
+    """A body that cannot be read where a rule needs it; the message says why (no body bytes)."""
+
+    def __init__(self, detail: str, problem: Problem | None = None) -> None:
+        super().__init__(detail)
+        self.problem = problem
+
+
+def decoded(raw: bytes, content_encoding: str | None, limit: int = MAX_BODY) -> bytes:
+    """The body as its Content-Encoding says, at most `limit` bytes; Unreadable otherwise."""
+    name = (content_encoding or "").strip().lower()
+    if name in ("", "identity"):
+        return raw
+    decoder = stream_decoder(name)
+    if decoder is None:
+        raise Unreadable(f"content encoding {name[:40]!r} cannot be decoded here")
+    out = bytearray()
+    try:
+        for piece in _chain(decoder.feed(raw), decoder.finish()):
+            out += piece
+            if len(out) > limit:
+                raise Unreadable(f"a decoded body over the {limit} bytes a rule reads", Problem.TOO_LARGE)
+    except UndecodableBody as e:
+        raise Unreadable(str(e)) from None
+    return bytes(out)
+
+
+def _chain(*parts: Iterable[bytes]) -> Iterable[bytes]:
+    for part in parts:
+        yield from part
+
+
+def decide_body(section: Section, raw: bytes, content_encoding: str | None) -> tuple[BodyVerdict, ReadBody]:
+    """The verdict on a request body under `section`, and what it read (None: unread)."""
+    try:
+        data = decoded(raw, content_encoding)
+    except Unreadable as e:
+        return unreadable_verdict(e), None
+    if isinstance(section, McpSection):
+        return decide_mcp_body(data, section)
+    if isinstance(section, GraphqlSection):
+        verdict, requests = decide_graphql_body(data, section)
+        return verdict, requests or None
+    return decide_jsonrpc_body(data, section)
+
+
+def unreadable_verdict(error: Unreadable) -> BodyVerdict:
+    return BodyVerdict(Verdict.DENY, Reason.INVALID_REQUEST, None, str(error), problem=error.problem)
+
+
+def refusal_response(section: Section, verdict: BodyVerdict, decision_id: str) -> http.Response:
+    """The answer to a refused body in its protocol: 200 with a JSON-RPC error per request id
+    (202 and no body when only notifications were refused, MCP's answer to notifications), or
+    200 with GraphQL `errors`."""
+    graphql = isinstance(section, GraphqlSection)
+    answer = graphql_refusal_answer(verdict) if graphql else refusal_answer(verdict)
+    headers = {
+        REASON_HEADER: str(verdict.reason),
+        DECISION_HEADER: decision_id,
+        "Cache-Control": "no-store",
+    }
+    if answer is None:
+        return http.Response.make(202, b"", headers)
+    headers["Content-Type"] = "application/json"
+    return http.Response.make(200, json.dumps(answer).encode(), headers)
+
+
+def arguments_digest(arguments: JsonValue) -> str:
+    """sha256 of the arguments' canonical JSON (sorted keys, no spaces): equal calls, equal digests."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def body_facts(section: Section, verdict: BodyVerdict, body: ReadBody, *, report: bool) -> dict[str, object]:
+    """The record's `mcp`, `jsonrpc` or `graphql` object: what was asked and decided, no
+    argument or variable values."""
+    outcome = str(verdict.verdict)
+    if report and verdict.verdict is not Verdict.ALLOW:
+        outcome = "would_deny"
+    if isinstance(section, GraphqlSection):
+        graphql = body if isinstance(body, tuple) else ()
+        return {"graphql": _graphql_facts(verdict, graphql, outcome)}
+    assert not isinstance(body, tuple)
+    messages: list[dict[str, object]] = []
+    read: list[tuple[RpcMessage, McpMessage | None]] = []
+    if isinstance(body, McpBody):
+        read = [(m.rpc, m) for m in body.messages]
+    elif body is not None:
+        read = [(m, None) for m in body.messages]
+    for i, (rpc, mcp) in enumerate(read):
+        fact: dict[str, object] = {"method": rpc.method, "kind": str(rpc.kind)}
+        if rpc.has_id:
+            fact["id"] = rpc.id
+        if mcp is not None and rpc.method == TOOLS_CALL:
+            fact["tool"] = mcp.tool
+            fact["arguments_sha256"] = arguments_digest(mcp.arguments or {})
+        if i < len(verdict.messages):
+            decided = verdict.messages[i]
+            fact.update(verdict=str(decided.verdict), reason=str(decided.reason), rule=decided.rule)
+        messages.append(fact)
+    facts: dict[str, object] = {
+        "verdict": outcome,
+        "reason": str(verdict.reason),
+        "rule": verdict.rule,
+        "batch": len(body.messages) if body is not None and body.batch else None,
+        "messages": messages,
+    }
+    if verdict.problem is not None:
+        facts["problem"] = str(verdict.problem)
+    return {"mcp" if isinstance(section, McpSection) else "jsonrpc": facts}
+
+
+def _graphql_facts(
+    verdict: BodyVerdict, requests: tuple[GraphqlRequest, ...], outcome: str
+) -> dict[str, object]:
+    """Per request its operations (type, name, root fields) and persisted-query id, decided."""
+    facts_of_requests: list[dict[str, object]] = []
+    for i, request in enumerate(requests):
+        fact: dict[str, object] = {
+            "operations": [
+                {"type": op.type, "name": op.name, "root_fields": list(op.root_fields[:32])}
+                for op in request.operations[:16]
+            ],
+        }
+        if request.persisted_hash is not None:
+            fact["persisted_sha256"] = request.persisted_hash
+        if i < len(verdict.messages):
+            decided = verdict.messages[i]
+            fact.update(verdict=str(decided.verdict), reason=str(decided.reason), rule=decided.rule)
+        facts_of_requests.append(fact)
+    facts: dict[str, object] = {
+        "verdict": outcome,
+        "reason": str(verdict.reason),
+        "rule": verdict.rule,
+        "batch": len(requests) if len(requests) > 1 else None,
+        "requests": facts_of_requests,
+    }
+    if verdict.problem is not None:
+        facts["problem"] = str(verdict.problem)
+    return facts
