@@ -78,15 +78,37 @@ def _key(rpc_id: RpcId) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class ListCalls:
-    """The list calls of one allowed request, by id, and the section their answers obey."""
+    """The list calls of one allowed request, by id, and the section their answers obey.
+
+    `by_shape`: the calls were made elsewhere (a GET event stream carries answers to POSTs of
+    the older HTTP+SSE transport, or events replayed after `Last-Event-ID`): every response
+    whose result has exactly a list's shape is filtered as that list's answer."""
 
     section: McpSection
     calls: tuple[tuple[RpcId, str], ...]
+    by_shape: bool = False
 
     def method_of(self, rpc_id: RpcId) -> str | None:
         """The list method called with this id, or None."""
         key = _key(rpc_id)
         return next((m for i, m in self.calls if _key(i) == key), None)
+
+    def method_for(self, rpc: RpcMessage, member: Mapping[str, JsonValue]) -> str | None:
+        """The list method a response answers, by its id or (`by_shape`) by its result."""
+        if rpc.kind is not Kind.RESPONSE:
+            return None
+        if not self.by_shape:
+            return self.method_of(rpc.id)
+        result = member.get("result")
+        if not isinstance(result, dict):
+            return None
+        # Only a result that is nothing but a list (and its paging) is read as one: a tool's
+        # own result that happens to hold a `tools` key is left alone.
+        keys = set(result) - _LIST_PAGING
+        return next((m for m, (key, _, _) in LIST_METHODS.items() if keys == {key}), None)
+
+
+_LIST_PAGING = frozenset({"nextCursor", "_meta"})
 
 
 def list_calls(section: McpSection, body: McpBody) -> ListCalls | None:
@@ -160,7 +182,7 @@ def filter_list_body(calls: ListCalls, data: bytes | str, limits: JsonLimits = D
     out: list[JsonValue] = []
     removed: list[tuple[str, str]] = []
     for member, rpc in zip(members, body.messages, strict=True):
-        method = calls.method_of(rpc.id) if rpc.kind is Kind.RESPONSE else None
+        method = calls.method_for(rpc, member)
         if method is not None:
             member, names = filter_list_message(calls.section, method, member)
             removed += [(method, n) for n in names]
@@ -248,6 +270,8 @@ class SseListFilter:
         if not events:
             return b""
         held, self._held, self._held_size = self._held, [], 0
+        if self.calls.by_shape and events[0].event != "message":
+            return b"".join(held)  # the older transport's `endpoint` event: a URL, no JSON-RPC
         data = self._rewritten(events[0].data)
         if data is None:
             return b"".join(held)

@@ -10,6 +10,13 @@ withheld (a JSON-RPC error per list id, or the stream cut), never passed unfilte
 credential broker, after this addon, chains its scrubber behind a stream set here.
 `notifications/tools/list_changed` needs nothing more: the agent lists again, and that answer
 is filtered. The record names what was removed (sandgate.policy.protocols.list_filter).
+
+An event stream a GET opens under an `mcp:` section carries answers to calls made elsewhere:
+MCP's older HTTP+SSE transport answers its POSTs there, and a stream resumed with
+`Last-Event-ID` replays earlier answers. There, a response is filtered when its result has
+exactly a list's shape (`{"tools": [...]}` and paging). Refusals on that transport are
+answered on the POST (HTTP 200, JSON-RPC errors), which its clients do not read: a refused
+call goes unanswered there, and the session goes on.
 """
 
 from __future__ import annotations
@@ -21,9 +28,11 @@ import structlog
 from mitmproxy import http
 
 from sandgate.brokers.decoding import StreamDecoder, UndecodableBody, stream_decoder
+from sandgate.policy.decision import Mode
 from sandgate.policy.protocols.errors import ProtocolError
 from sandgate.policy.protocols.json_strict import JsonValue
 from sandgate.policy.protocols.list_filter import ListCalls, SseListFilter, filter_list_body
+from sandgate.policy.protocols.rules import McpSection
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.agent_protocols import ProtocolBodyRefused
 from sandgate.proxy.addons.exchange import Exchange
@@ -51,10 +60,12 @@ class AgentListFilter:
             return
         exchange = Exchange.of(flow)
         calls, exchange.lists = exchange.lists, None
+        sse = _media_type(response) == "text/event-stream"
+        if calls is None and sse:
+            calls = _stream_lists(flow, exchange)
         if calls is None or _bodiless(flow, response):
             return
         try:
-            sse = _media_type(response) == "text/event-stream"
             if not sse and not response.stream and _buffered(response):
                 exchange.list_answer = calls  # read whole in `response`
                 return
@@ -105,6 +116,20 @@ class AgentListFilter:
             log.exception("hook_failed", hook="agent_lists.response")
             _withhold(flow, exchange, "hook failed")
             flow.response = withheld_response(calls, exchange)
+
+
+def _stream_lists(flow: http.HTTPFlow, exchange: Exchange) -> ListCalls | None:
+    """List answers by shape, for an event stream a GET opened under an `mcp:` section (the
+    older HTTP+SSE transport answers its POSTs there, and a stream resumed with `Last-Event-ID`
+    replays earlier answers): None elsewhere, and in report mode (nothing is enforced)."""
+    pending = exchange.pending
+    if flow.request.method != "GET" or pending is None:
+        return None
+    section = pending[1].messages
+    if not isinstance(section, McpSection) or pending[1].mode is Mode.REPORT:
+        return None
+    exchange.extra.setdefault("mcp", {"verdict": "allow", "stream": True})
+    return ListCalls(section, (), by_shape=True)
 
 
 def _bodiless(flow: http.HTTPFlow, response: http.Response) -> bool:

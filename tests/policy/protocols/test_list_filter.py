@@ -280,3 +280,50 @@ def test_an_event_whose_data_is_not_json_rpc_is_refused() -> None:
     sse = SseListFilter(calls((1, "tools/list")))
     with pytest.raises(ProtocolError):
         sse.feed(b'data: {"jsonrpc":"2.0","id":1,"result":{},"result":{}}\n\n')
+
+
+# --- answers by shape: a GET event stream (the older HTTP+SSE transport, a resumed stream) ---
+
+BY_SHAPE = ListCalls(SECTION, (), by_shape=True)
+
+
+def test_by_shape_a_response_that_is_only_a_list_is_filtered() -> None:
+    answer = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "result": {"tools": [{"name": "search_issues"}, {"name": "delete_repo"}]},
+    }
+    filtered = filter_list_body(BY_SHAPE, json.dumps(answer))
+    assert filtered.data is not None
+    assert [t["name"] for t in json.loads(filtered.data)["result"]["tools"]] == ["search_issues"]
+    assert filtered.removed == (("tools/list", "delete_repo"),)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"tools": [{"name": "delete_repo"}], "content": []},
+        {"content": [{"type": "text", "text": "tools"}]},
+        {"resources": [{"uri": "file:///x"}], "isError": False},
+    ],
+    ids=["a list beside other keys", "a tool result", "resources beside a flag"],
+)
+def test_by_shape_any_other_result_passes_as_it_came(result: dict[str, Any]) -> None:
+    answer = {"jsonrpc": "2.0", "id": 7, "result": result}
+    assert filter_list_body(BY_SHAPE, json.dumps(answer)).data is None
+
+
+def test_by_shape_the_endpoint_event_passes_and_message_events_are_filtered() -> None:
+    stream = SseListFilter(BY_SHAPE)
+    endpoint = b"event: endpoint\ndata: /messages/?session_id=abc\n\n"
+    listed = {"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": "delete_repo"}], "nextCursor": "n"}}
+    message = b"event: message\ndata: " + json.dumps(listed).encode() + b"\n\n"
+    out = stream.feed(endpoint) + stream.feed(message) + stream.close()
+    assert out.startswith(endpoint)
+    assert b"delete_repo" not in out and b'"nextCursor":"n"' in out
+
+
+def test_by_id_a_list_shaped_answer_to_another_call_is_left_alone() -> None:
+    calls = ListCalls(SECTION, ((1, "tools/list"),))
+    answer = {"jsonrpc": "2.0", "id": 2, "result": {"tools": [{"name": "delete_repo"}]}}
+    assert filter_list_body(calls, json.dumps(answer)).data is None
