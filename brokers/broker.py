@@ -264,6 +264,7 @@ class Broker:
             mutations=mutations,
             credentials=tuple(c.name for c in plan.credentials),
             injectors=tuple(c.kind for c in plan.credentials),
+            tools=plan.tools,
             body_guard=guard,
         )
 

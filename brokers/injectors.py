@@ -188,6 +188,10 @@ def build_mutations(
     signer: CompiledCredential | None = None
     body_values: dict[str, bytes] = {}
     encoding = _body_encoding(next(iter(header_values(request.headers, "content-type")), ""))
+    if request.mcp is not None:
+        # Read as JSON whatever its Content-Type says: the secret goes in JSON-escaped, so a
+        # quote or backslash in it cannot end the string it is placed in.
+        encoding = "json"
     query = request.query
     for cred in plan.credentials:
         inject = cred.credential.inject

@@ -26,6 +26,7 @@ class DenialCause(StrEnum):
     UNBOUND_METHOD = "unbound_method"
     UNBOUND_PATH = "unbound_path"
     MISPLACED = "misplaced"  # bound destination, but not where the injector puts the secret
+    UNBOUND_TOOL = "unbound_tool"  # in the arguments of a tool call whose tool it is not bound to
     CONFLICT = "conflict"  # two credentials would set the same header, parameter or signature
     BODY_TOO_LARGE = "body_too_large"
     UNSIGNABLE = "unsignable"  # a SigV4 payload mode the gateway cannot re-sign (signed chunks)
@@ -57,7 +58,8 @@ class BrokerDenial:
     `foreign`: a placeholder that is not this sandbox's was seen, whose owners (`tenant/sandbox`;
     `unknown` for one minted with this gateway's key for a sandbox it does not know;
     `not minted here` for one of another key, a forgery, or a truncated or extended one) are
-    in `foreign_owners` for the operator's log, not for the guest.
+    in `foreign_owners` for the operator's log, not for the guest. `tools`: (credential, tool)
+    where a `tools:` credential's placeholder was sent to a tool it is not bound to.
     """
 
     cause: DenialCause
@@ -66,6 +68,7 @@ class BrokerDenial:
     foreign: bool = False
     foreign_owners: tuple[str, ...] = ()
     detail: str = ""
+    tools: tuple[tuple[str, str], ...] = ()
     allowed: Literal[False] = False
 
     @property
@@ -77,13 +80,15 @@ class BrokerDenial:
 class BrokerAllow:
     """Forward the request after applying `mutations` in order.
 
-    `credentials` and `injectors` (kinds) are for the audit record. When the request body
-    is streamed, `body_guard` must see every chunk before it is forwarded.
+    `credentials` and `injectors` (kinds) are for the audit record, and `tools`: (credential,
+    tool) for each `tools:` credential replaced in a tool call's arguments. When the request
+    body is streamed, `body_guard` must see every chunk before it is forwarded.
     """
 
     mutations: tuple[Mutation, ...] = ()
     credentials: tuple[str, ...] = ()
     injectors: tuple[str, ...] = ()
+    tools: tuple[tuple[str, str], ...] = ()
     body_guard: RequestBodyGuard | None = None
     allowed: Literal[True] = True
 

@@ -18,6 +18,11 @@ Evaluation order (the first step that denies wins):
    echoing or storing API could hand it back in a form the scrubber cannot recognise);
    forwarding it would forward a placeholder. So the request is denied.
 5. A body credential's placeholder in a body larger than its `max_bytes` → `body_too_large`.
+   A `tools:` credential's raw placeholder outside `params.arguments` of every `tools/call` of
+   the body as the strict MCP reader read it (or in a body not read as MCP, or one whose raw
+   bytes do not walk as that reading: see `tool_arguments`) → `credential_host_mismatch`,
+   cause `misplaced`; inside the arguments of a call of a tool it does not name → cause
+   `unbound_tool`.
 6. The credentials to inject: those whose placeholder was seen, plus `apply: always` ones
    bound to the destination. Two that set the same header or parameter, or two signers
    → `invalid_request`, cause `conflict`.
@@ -31,9 +36,10 @@ from dataclasses import dataclass
 
 from sandgate.brokers.outcome import BrokerDenial, DenialCause
 from sandgate.brokers.placeholders import PlaceholderIndex, PlaceholderOwner
-from sandgate.brokers.request import BrokerRequest
-from sandgate.brokers.scan import Hit, Where, scan_request
+from sandgate.brokers.request import BrokerRequest, header_values
+from sandgate.brokers.scan import BodyScan, Hit, Where, scan_request
 from sandgate.brokers.tenant_credentials import CompiledCredential, CompiledTenant, request_path
+from sandgate.brokers.tool_arguments import ToolArguments, tool_arguments
 from sandgate.policy.model.credentials import AwsSigV4Inject, BodyInject, QueryInject
 
 __all__ = ["Plan", "classify", "plan_request"]
@@ -41,11 +47,13 @@ __all__ = ["Plan", "classify", "plan_request"]
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Credentials to inject, in order, and the raw body spans a body credential replaces."""
+    """Credentials to inject, in order, the raw body spans a body credential replaces, and
+    (credential, tool) for each tool call a `tools:` credential is replaced in."""
 
     credentials: tuple[CompiledCredential, ...]
     body_spans: tuple[tuple[int, int, str], ...] = ()
     stream: bool = False
+    tools: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,17 +175,9 @@ def plan_request(
     denial = _unbound(own, table, request, path) or _misplaced(own, table)
     if denial is not None:
         return denial
-    spans: list[tuple[int, int, str]] = []
-    if body is not None:
-        for start, end, placeholder in body.raw:
-            owner = index.owner(placeholder)
-            assert owner is not None  # classify() accepted it as this sandbox's own.
-            cred = table.by_name[owner.credential]
-            inject = cred.credential.inject
-            assert isinstance(inject, BodyInject)  # _misplaced() refused raw body hits of other kinds.
-            if request.body is not None and len(request.body) > inject.max_bytes:
-                return BrokerDenial(DenialCause.BODY_TOO_LARGE, (cred.name,), ("body",))
-            spans.append((start, end, cred.name))
+    spans = _body_spans(body, index, table, request)
+    if isinstance(spans, BrokerDenial):
+        return spans
     creds = [table.by_name[name] for name in own]
     for cred in table.always:
         if cred.name not in own and cred.binding_failure(request, path) is None:
@@ -185,4 +185,55 @@ def plan_request(
     denial = _conflict(creds)
     if denial is not None:
         return denial
-    return Plan(tuple(creds), tuple(spans), stream=request.body is None)
+    tools = tuple(dict.fromkeys((name, tool) for _, _, name, tool in spans if tool is not None))
+    return Plan(tuple(creds), tuple(s[:3] for s in spans), stream=request.body is None, tools=tools)
+
+
+def _body_spans(
+    body: BodyScan | None, index: PlaceholderIndex, table: CompiledTenant, request: BrokerRequest
+) -> list[tuple[int, int, str, str | None]] | BrokerDenial:
+    """The raw body spans to replace: (start, end, credential, the tool call it is in, for a
+    `tools:` credential), or the denial of a span too large or not in a bound tool's arguments."""
+    spans: list[tuple[int, int, str, str | None]] = []
+    calls: tuple[ToolArguments, ...] | None = None
+    for start, end, placeholder in body.raw if body is not None else ():
+        owner = index.owner(placeholder)
+        assert owner is not None  # classify() accepted it as this sandbox's own.
+        cred = table.by_name[owner.credential]
+        inject = cred.credential.inject
+        assert isinstance(inject, BodyInject)  # _misplaced() refused raw body hits of other kinds.
+        if request.body is not None and len(request.body) > inject.max_bytes:
+            return BrokerDenial(DenialCause.BODY_TOO_LARGE, (cred.name,), ("body",))
+        tool: str | None = None
+        if cred.tool_globs is not None:
+            calls = _calls(request) if calls is None else calls
+            placed = _tool_of(cred, start, end, calls)
+            if isinstance(placed, BrokerDenial):
+                return placed
+            tool = placed
+        spans.append((start, end, cred.name, tool))
+    return spans
+
+
+def _calls(request: BrokerRequest) -> tuple[ToolArguments, ...]:
+    """The body's tool calls with their arguments' raw spans; none unless the body was read as
+    MCP and its raw bytes (not compressed) walk as that reading."""
+    encoding = [v.strip().lower() for v in header_values(request.headers, "content-encoding")]
+    if request.mcp is None or request.body is None or any(e not in ("", "identity") for e in encoding):
+        return ()
+    return tool_arguments(request.body, request.mcp) or ()
+
+
+def _tool_of(
+    cred: CompiledCredential, start: int, end: int, calls: tuple[ToolArguments, ...]
+) -> str | BrokerDenial:
+    """The tool whose call's arguments hold [start, end) and that `cred` is bound to, else the denial."""
+    holders = [call for call in calls if call.holds(start, end)]
+    if not holders:
+        return BrokerDenial(DenialCause.MISPLACED, (cred.name,), ("body",))
+    call = holders[0]  # arguments never overlap: one call holds it
+    if not cred.tool_bound(call.tool):
+        return BrokerDenial(
+            DenialCause.UNBOUND_TOOL, (cred.name,), ("body:arguments",), tools=((cred.name, call.tool),)
+        )
+    return call.tool

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sandgate.brokers.secret import Secret
+from sandgate.policy.protocols.mcp import McpBody
 
 __all__ = [
     "AppliedRequest",
@@ -28,7 +29,9 @@ class BrokerRequest:
     `query` the raw query string without '?' ('' for none); `headers` every header as
     (name, value) pairs in order, including `host` as it will be sent. `body` None means
     the body is not buffered (streamed); `body_too_large` says the gateway stopped buffering
-    it because it exceeded the gateway's limit.
+    it because it exceeded the gateway's limit. `mcp`: the body's MCP messages as the gateway's
+    strict reader read and allowed them (an `mcp:` rule's request), else None; a credential
+    with `tools:` is replaced only inside the arguments of such a body's tool calls.
     """
 
     method: str
@@ -40,6 +43,7 @@ class BrokerRequest:
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes | None = b""
     body_too_large: bool = False
+    mcp: McpBody | None = None
 
 
 @dataclass(frozen=True, slots=True)

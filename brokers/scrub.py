@@ -3,9 +3,11 @@
 Forms of each secret that are replaced: the raw bytes; base64 (standard and URL-safe) at
 each of the three byte alignments (only the characters that depend on the secret alone, so
 `Basic base64(user:secret)` is caught too; the replacement is the placeholder's base64 at the
-same alignment); percent-encoded (upper- and lower-case hex, `+` for space); JSON-escaped
-(`\\/`, `\\uXXXX`). All forms of all secrets go into one Aho-Corasick automaton
-(leftmost-longest), built once per set of secrets.
+same alignment); percent-encoded (upper- and lower-case hex, `+` for space); JSON-escaped the ways common
+encoders write a string (`\\/`, `\\uXXXX` in either case, `<>&` escaped), and those forms
+escaped once more (JSON text inside a JSON string: an MCP tool's structured result). All
+forms of all secrets go into one Aho-Corasick automaton (leftmost-longest), built once per
+set of secrets.
 
 A stream keeps a tail of `max_form_length - 1` bytes between chunks, so a form split
 across chunks is still replaced, and memory stays one chunk plus that tail.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from urllib.parse import quote, quote_plus
 
@@ -35,10 +38,30 @@ def _b64_core(data: bytes, align: int) -> bytes:
     return encoded[-(-8 * align // 6) : (8 * align + 8 * len(data)) // 6]
 
 
+# A `\\uXXXX` escape (not an escaped backslash followed by `u`), its hex digits in group 2.
+_U_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u([0-9a-f]{4})")
+_HTML_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def _json_forms(text: str) -> set[str]:
-    plain = json.dumps(text, ensure_ascii=False)[1:-1]
-    ascii_only = json.dumps(text, ensure_ascii=True)[1:-1]
-    return {plain, ascii_only, plain.replace("/", "\\/"), ascii_only.replace("/", "\\/")}
+    """The ways common JSON encoders write `text` inside a string: non-ASCII raw or `\\u`-escaped
+    (lower- or upper-case hex), `/` raw or `\\/` (PHP), `<>&` raw or `\\u`-escaped (Go, Rails)."""
+    forms: set[str] = set()
+    for ascii_only in (False, True):
+        base = json.dumps(text, ensure_ascii=ascii_only)[1:-1]
+        for html in (base, base.translate(_HTML_ESCAPES)):
+            for slash in (html, html.replace("/", "\\/")):
+                forms.add(slash)
+                forms.add(_U_ESCAPE.sub(lambda m: m.group(1) + "\\u" + m.group(2).upper(), slash))
+    return forms
+
+
+def _nested_json_forms(text: str) -> set[str]:
+    """`_json_forms`, and each of them JSON-escaped once more: JSON text inside a JSON string,
+    as an MCP tool's structured result is sent inside its text content."""
+    once = _json_forms(text)
+    twice = {json.dumps(form, ensure_ascii=a)[1:-1] for form in once for a in (False, True)}
+    return once | twice
 
 
 def secret_forms(value: bytes, placeholder: bytes) -> dict[bytes, bytes]:
@@ -64,7 +87,7 @@ def secret_forms(value: bytes, placeholder: bytes) -> dict[bytes, bytes]:
     except UnicodeDecodeError:
         pass
     else:
-        for form_text in _json_forms(text):
+        for form_text in _nested_json_forms(text):
             forms.setdefault(form_text.encode("utf-8"), placeholder)
     return {k: v for k, v in forms.items() if len(k) >= MIN_SCRUB_BYTES}
 

@@ -15,6 +15,7 @@ from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model.credentials import AwsSigV4Inject, BodyInject, Credential, QueryInject
 from sandgate.policy.model.secret_refs import SecretRef, parse_ref
 from sandgate.policy.paths import normalise_path
+from sandgate.policy.protocols.patterns import GlobList
 
 __all__ = ["CompiledCredential", "CompiledTenant", "TenantCredentials", "compile_tenant"]
 
@@ -43,6 +44,8 @@ class CompiledCredential:
     suffixes: tuple[str, ...]
     managed_headers: frozenset[str]
     path_prefixes: tuple[str, ...] | None = field(default=None)
+    # `tools:` compiled: the placeholder is replaced only in these tools' call arguments.
+    tool_globs: GlobList | None = field(default=None)
 
     @property
     def name(self) -> str:
@@ -62,6 +65,10 @@ class CompiledCredential:
         if host in self.exact_hosts:
             return True
         return any(host.endswith(suffix) for suffix in self.suffixes)
+
+    def tool_bound(self, tool: str) -> bool:
+        """Whether `tool` (a canonical MCP tool name) is one of this credential's `tools`."""
+        return self.tool_globs is not None and self.tool_globs.match(tool) is not None
 
     def binding_failure(self, request: BrokerRequest, path: str | None) -> DenialCause | None:
         """None when the request is inside this credential's binding, else the first part that is not.
@@ -139,6 +146,9 @@ def _compile(credential: Credential, base_dir: Path | None, tenant: str) -> Comp
         suffixes=suffixes,
         managed_headers=credential.managed_headers(),
         path_prefixes=credential.paths,
+        # Case as written, like an allow list (MCP tool names are case-sensitive); a glob that
+        # runs out of time does not match, so no secret is placed.
+        tool_globs=GlobList(credential.tools) if credential.tools is not None else None,
     )
 
 

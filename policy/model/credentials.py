@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 
 from sandgate.policy.hosts import not_normal, parse_host_pattern, parse_ip_literal
 from sandgate.policy.model.secret_refs import check_ref
+from sandgate.policy.protocols.rules import ToolGlob
 
 __all__ = [
     "AwsSigV4Inject",
@@ -436,6 +437,7 @@ class Credential(_Strict):
     `apply: placeholder` (the default) injects only into a request that carries this
     credential's placeholder in the place the injector manages; `apply: always` injects into
     every request that matches the binding. `plaintext: true` allows injection over `http://`.
+    `tools` (body only) narrows a body credential to the arguments of MCP tool calls.
     """
 
     name: str = Field(
@@ -482,6 +484,16 @@ class Credential(_Strict):
             "injector looks; always: into every request inside the binding (not for body)"
         ),
     )
+    tools: tuple[ToolGlob, ...] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description=(
+            "MCP tool name globs (`*`, `?`; case as written): the placeholder is replaced only inside "
+            "`params.arguments` of a `tools/call` of a matching tool, in a body an `mcp:` rule read; "
+            "anywhere else it is refused. Only with inject body; unset: anywhere in the body"
+        ),
+    )
     # The guest environment variable that receives this credential's placeholder (sandgate jail).
     env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -501,6 +513,8 @@ class Credential(_Strict):
             raise ValueError(f"a {kind} credential needs secret (env:NAME, file:PATH or cmd:...)")
         if kind == "body" and self.apply == "always":
             raise ValueError("a body credential replaces its placeholder; apply: always means nothing here")
+        if self.tools is not None and kind != "body":
+            raise ValueError("tools binds a placeholder in tool arguments: only with inject body")
         return self
 
     def managed_headers(self) -> frozenset[str]:

@@ -26,6 +26,7 @@ from sandgate.brokers import (
 )
 from sandgate.brokers.decoding import stream_decoder
 from sandgate.policy.decision import Decision
+from sandgate.policy.protocols.mcp import McpBody
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.limits import body_length_unknown, declared_length
@@ -91,7 +92,7 @@ class CredentialBroker:
                 return  # no broker, no credentials: nothing to inject or guard
             if dctx.identity is None:
                 raise RuntimeError("an allowed request without an identity")
-            request = broker_request(flow, dctx, body)
+            request = broker_request(flow, dctx, body, exchange.messages_read)
             outcome = await broker.plan(dctx.identity.tenant, dctx.identity.sandbox, request)
             if isinstance(outcome, BrokerDenial):
                 await self._deny(flow, exchange, dctx, decision, outcome)
@@ -99,6 +100,9 @@ class CredentialBroker:
             self._apply(flow, exchange, request, outcome)
             if outcome.credentials:
                 exchange.credentials, exchange.injectors = outcome.credentials, outcome.injectors
+                if outcome.tools:
+                    # Which tool call each `tools:` credential went to (names, never values).
+                    exchange.extra["broker"] = {"tools": _tool_pairs(outcome.tools)}
                 METRICS.injected(dctx.identity.tenant, outcome.credentials)
             if not broker.scrubber(dctx.identity.tenant, dctx.identity.sandbox).empty:
                 owner = (dctx.identity.tenant, dctx.identity.sandbox)
@@ -175,6 +179,8 @@ class CredentialBroker:
             "where": list(outcome.where),
             "foreign": outcome.foreign,
         }
+        if outcome.tools:
+            extra["tools"] = _tool_pairs(outcome.tools)
         await self._refuse(flow, exchange, dctx, denial, extra=extra)
 
     async def _refuse(
@@ -373,8 +379,15 @@ def _response_buffered(response: http.Response) -> bool:
     return length is not None and length <= MAX_BUFFERED_BODY
 
 
-def broker_request(flow: http.HTTPFlow, dctx: DecisionContext, body: bytes | None) -> BrokerRequest:
-    """The broker's view of an allowed request (`body` None: too large to buffer, or none to see)."""
+def _tool_pairs(tools: Iterable[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"credential": credential, "tool": tool} for credential, tool in tools]
+
+
+def broker_request(
+    flow: http.HTTPFlow, dctx: DecisionContext, body: bytes | None, read: object = None
+) -> BrokerRequest:
+    """The broker's view of an allowed request (`body` None: too large to buffer, or none to
+    see; `read`: the body as AgentProtocols read it, its MCP messages for `tools:` credentials)."""
     req = flow.request
     headers = [(k, v) for k, v in req.headers.items(multi=True)]
     if not any(k.lower() == "host" for k, _ in headers):
@@ -391,4 +404,5 @@ def broker_request(flow: http.HTTPFlow, dctx: DecisionContext, body: bytes | Non
         headers=tuple(headers),
         body=body,
         body_too_large=body is None,
+        mcp=read if isinstance(read, McpBody) and body is not None else None,
     )
