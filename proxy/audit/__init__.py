@@ -6,6 +6,7 @@ formats, stats, suggestions).
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
     "approval_stats",
+    "calls",
     "collector",
     "files",
     "format",
@@ -18,8 +19,10 @@ __all__ = [
     "refusals",
     "spool",
     "stats",
+    "stats_calls",
     "stream_source",
     "suggest",
     "suggest_operator",
+    "suggest_protocols",
     "trail",
 ]

@@ -4,7 +4,7 @@ Table cells are streamed, so widths are fixed per column; a longer value pushes 
 its row right instead of being cut. A decision row is about 110 columns before its rule id:
 the time to the second (the JSON has milliseconds), the phase (a passed-through TLS connection
 has a `connect` and a `tls` record), the request as one cell (`GET host:port/path`), and the
-credentials injected after the rule id.
+credentials injected and the MCP tools called after the rule id.
 Every cell has its non-printable characters escaped: paths and hosts come from sandboxes and
 must not reach a terminal as control sequences.
 """
@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sandgate.proxy.audit.calls import calls
 from sandgate.proxy.audit.query import Record
 
 __all__ = ["clean", "json_line", "table_header", "table_row"]
@@ -97,11 +98,15 @@ def _request(record: Record) -> str:
 
 
 def _rule(record: Record) -> str:
-    """The rule that decided, and the credentials the gateway injected (`credentials=a,b`)."""
+    """The rule that decided, the credentials the gateway injected (`credentials=a,b`) and the
+    MCP tools called (`tools=a,b`, the first 8)."""
     credentials = record.get("credentials")
     text = clean(record.get("rule_id"))
     if isinstance(credentials, list) and credentials:
         text += " credentials=" + clean(",".join(map(str, credentials)))
+    tools = [c.tool for c in calls(record) if c.tool is not None]
+    if tools:
+        text += " tools=" + clean(",".join(tools[:8]) + (",..." if len(tools) > 8 else ""))
     return text
 
 

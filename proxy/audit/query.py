@@ -3,6 +3,10 @@
 A record matches when every filter that is set matches (AND across fields); a filter given
 several values matches any of them (OR within a field). The window is `since <= time < until`.
 A record whose `time` cannot be read never matches a query with a window.
+
+`tools` and `rpc_methods` are globs (`*`, `?`, any case) on the calls of an agent-protocol
+record (sandgate.proxy.audit.calls): a record matches when one of its messages calls a
+matching tool (an MCP `tools/call`), or has a matching method (MCP or JSON-RPC).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sandgate.proxy.audit.calls import calls, glob_matches
 from sandgate.proxy.errors import ProxyError
 
 __all__ = [
@@ -106,6 +111,9 @@ class Query:
     # Records tied to these access requests (sandgate.proxy.approvals), of every event: the one
     # that asked, the grant made, the release, the requests a grant allowed, its end.
     approvals: frozenset[str] = frozenset()
+    # Globs on the tools and methods of agent-protocol messages (`mcp`, `jsonrpc` records).
+    tools: tuple[str, ...] = ()
+    rpc_methods: tuple[str, ...] = ()
     since: datetime | None = None
     until: datetime | None = None
 
@@ -133,6 +141,8 @@ class Query:
         if self.hosts and not self._host_ok(record):
             return False
         if self.credentials and not self._credentials_ok(record):
+            return False
+        if (self.tools or self.rpc_methods) and not self._calls_ok(record):
             return False
         return not self.windowed or self.in_window(record_time(record))
 
@@ -165,6 +175,17 @@ class Query:
         used = record.get("credentials")
         return isinstance(used, list) and any(name in self.credentials for name in used)
 
+    def _calls_ok(self, record: Record) -> bool:
+        """Whether the record has a call of a wanted tool and one with a wanted method."""
+        sent = list(calls(record))
+        if self.tools and not any(
+            c.tool is not None and any(glob_matches(p, c.tool) for p in self.tools) for c in sent
+        ):
+            return False
+        return not self.rpc_methods or any(
+            c.method is not None and any(glob_matches(p, c.method) for p in self.rpc_methods) for c in sent
+        )
+
     def needles(self) -> tuple[tuple[bytes, ...], ...]:
         """For each filter, byte strings of which a matching JSON line contains at least one.
 
@@ -183,6 +204,11 @@ class Query:
         groups = [tuple(_needle(v) for v in sorted(vs)) for vs in values if vs]
         if self.hosts:
             groups.append(tuple(_host_needle(p) for p in self.hosts))
+        # Globs match in any case: only the field a matching record must have.
+        if self.tools:
+            groups.append((b'"tool"',))
+        if self.rpc_methods:
+            groups.append((b'"messages"',))
         if self.approvals:
             # The id ends a string: `approval_id`, `approval.id`, or a grant's rule id.
             groups.append(tuple(_needle(a, suffix=True) for a in sorted(self.approvals)))

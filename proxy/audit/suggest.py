@@ -25,9 +25,11 @@ from pydantic import ValidationError
 
 from sandgate.policy.model.tenant import Rule, check_path_glob
 from sandgate.policy.reasons import Reason
+from sandgate.proxy.audit.calls import protocol_facts
 from sandgate.proxy.audit.format import clean
 from sandgate.proxy.audit.query import AuditInputError, Record, dest_host, record_time
 from sandgate.proxy.audit.suggest_operator import InternalAddresses, time_span
+from sandgate.proxy.audit.suggest_protocols import ProtocolEvidence
 
 __all__ = ["SUGGESTIBLE", "Evidence", "collapse_paths", "collect", "render_suggestions", "suggested_rules"]
 
@@ -52,7 +54,13 @@ WHY_NOT: dict[str, str] = {
     Reason.RATE_LIMITED: "the sandbox exceeded its request rate",
     Reason.BODY_TOO_LARGE: "the request body exceeded the sandbox's limit",
     Reason.INTERNAL_ERROR: "a gateway fault, not a policy decision",
-    Reason.INVALID_REQUEST: "the request could not be parsed into one destination",
+    Reason.INVALID_REQUEST: "the request could not be parsed into one destination, or a body a "
+    "rule's mcp:, jsonrpc: or graphql: section reads could not be read",
+    Reason.RESOURCE_NOT_ALLOWED: "an mcp.resources list refused it; the trail does not keep the URI "
+    "(only a record's detail may): write the glob by hand",
+    Reason.PROMPT_NOT_ALLOWED: "an mcp.prompts list refused it; the trail does not keep the prompt's "
+    "name (only a record's detail may): write the glob by hand",
+    Reason.APPROVAL_REQUIRED: "an ask rule held it for an operator: approve or deny it instead",
 }
 _ID_CHARS = re.compile(r"[^a-z0-9._-]")
 
@@ -104,14 +112,15 @@ class Evidence:
     no_host: int = 0
     denials: int = 0
     internal: InternalAddresses = field(default_factory=InternalAddresses)
+    protocols: ProtocolEvidence = field(default_factory=ProtocolEvidence)
 
     def add(self, record: Record) -> None:
         """Take one record into account (allowed ones are ignored)."""
+        if self._add_protocol(record):
+            return
         if record.get("decision") not in DENIED:
             return
-        self.denials += 1
-        if isinstance(tenant := record.get("tenant"), str):
-            self.tenants.add(tenant)
+        self._count(record)
         reason = str(record.get("reason"))
         if reason == Reason.PRIVATE_ADDRESS:
             self.internal.add(record)
@@ -125,6 +134,26 @@ class Evidence:
             return
         key = (host.strip("[]").lower(), record.get("phase") == "request")
         self.groups.setdefault(key, Group(*key)).add(record, reason)
+
+    def _count(self, record: Record) -> None:
+        """Count one denial, and its tenant."""
+        self.denials += 1
+        if isinstance(tenant := record.get("tenant"), str):
+            self.tenants.add(tenant)
+
+    def _add_protocol(self, record: Record) -> bool:
+        """Take a body an mcp: or jsonrpc: section refused (in report mode too: its record's
+        decision is then `allow`); False when the record is no such refusal."""
+        found = protocol_facts(record)
+        if found is None or found[1].get("verdict") not in DENIED:
+            return False
+        self._count(record)
+        host = dest_host(record)
+        if host is None:
+            self.no_host += 1
+        elif not self.protocols.add(record, host.strip("[]").lower()):
+            self.skipped[str(found[1].get("reason"))] += 1
+        return True
 
 
 def collect(records: Iterable[Record], sandbox: str) -> Evidence:
@@ -267,5 +296,6 @@ def render_suggestions(evidence: Evidence, min_count: int) -> str:
     body = yaml.safe_dump({"allow": rules}, sort_keys=False, default_flow_style=None, width=1 << 16)
     tenant = next(iter(evidence.tenants), None)
     operator = evidence.internal.lines(tenant, min_count)
-    parts = [*_header(evidence), *_skipped_lines(evidence, notes), *operator, body.rstrip("\n")]
+    protocols = evidence.protocols.lines(tenant, min_count)
+    parts = [*_header(evidence), *_skipped_lines(evidence, notes), *operator, *protocols, body.rstrip("\n")]
     return "\n".join(parts) + "\n"

@@ -33,6 +33,7 @@ from sandgate.proxy.audit.format import json_line, table_header, table_row
 from sandgate.proxy.audit.query import AuditInputError, Query, Record, parse_time
 from sandgate.proxy.audit.stats import collect as collect_stats
 from sandgate.proxy.audit.stats import stats_document, stats_table
+from sandgate.proxy.audit.stats_calls import call_stats_document, call_stats_table, collect_calls
 
 if TYPE_CHECKING:
     from sandgate.proxy.audit.stream_source import StreamSource
@@ -55,6 +56,8 @@ def build_query(args: argparse.Namespace, now: datetime) -> Query:
         phases=frozenset(args.phase),
         credentials=frozenset(args.credential),
         approvals=frozenset(getattr(args, "approval", ())),
+        tools=tuple(getattr(args, "tool", ())),
+        rpc_methods=tuple(getattr(args, "rpc_method", ())),
         since=parse_time(args.since, now) if args.since else None,
         until=parse_time(args.until, now) if args.until else None,
     )
@@ -189,7 +192,10 @@ def _query(args: argparse.Namespace, source: Source, query: Query) -> None:
 
 
 def _stats(args: argparse.Namespace, source: Source, query: Query) -> None:
-    """`audit stats`: counts per tenant, and approvals per sandbox."""
+    """`audit stats`: counts per tenant, and approvals per sandbox; or per tool or method."""
+    if args.by != "tenant":
+        _call_stats(args, source, query)
+        return
     approvals = ApprovalStats()
     with contextlib.closing(source.records(query)) as records:
         document = stats_document(collect_stats(_counted(records, approvals)), args.top)
@@ -205,6 +211,16 @@ def _stats(args: argparse.Namespace, source: Source, query: Query) -> None:
         print(json.dumps(document, indent=2))
     else:
         print("\n".join(stats_table(document) + approvals_table(document["approvals"])))
+
+
+def _call_stats(args: argparse.Namespace, source: Source, query: Query) -> None:
+    """`audit stats --by tool|rpc-method`: agent-protocol calls per tool or per method."""
+    with contextlib.closing(source.records(query)) as records:
+        document = call_stats_document(collect_calls(records, args.by), args.top)
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print("\n".join(call_stats_table(document)))
 
 
 def _counted(records: Iterable[Record], approvals: ApprovalStats) -> Iterator[Record]:

@@ -359,18 +359,28 @@ def _add_audit(sub: Subparsers) -> None:
     query.add_argument("--limit", type=_count(1), metavar="N", help="stop after N records")
     stats = audit_sub.add_parser(
         "stats",
-        help="per tenant: counts by decision and reason, top denials",
+        help="per tenant: counts by decision and reason, top denials; or per MCP tool or method (--by)",
         description="The top lists are of denied hosts and denial reasons (deny and would_deny). "
         "Then per sandbox, its approvals: asks by outcome, the time held (p50, p99, max), grants made.",
     )
     stats.add_argument("--top", type=_count(1), default=10, metavar="N", help="entries in top lists (10)")
+    stats.add_argument(
+        "--by",
+        choices=("tenant", "tool", "rpc-method"),
+        default="tenant",
+        help="tenant (default); tool: MCP tool calls per tool, rpc-method: MCP and JSON-RPC messages "
+        "per method, each with its verdicts, denial reasons and top hosts (most called first, --top of them)",
+    )
     suggest = audit_sub.add_parser(
         "suggest",
         help="allow rules (YAML, to review) that would permit a sandbox's repeated denials",
         description="Printed, never applied: nothing writes a policy file. Only denials a missing "
         "allow rule explains are used (host_not_allowed, port_not_allowed, method_not_allowed, "
         "path_not_allowed); for private_address denials it prints, as comments, the change to the "
-        "operator's gateway config (address_guard) plus the tenant's cidr rule.",
+        "operator's gateway config (address_guard) plus the tenant's cidr rule. MCP and JSON-RPC "
+        "calls refused inside a rule that allows their host (tool_not_allowed, tool_denied, "
+        "argument_not_allowed, rpc_method_not_allowed) get the lines to add to that rule's mcp: or "
+        "jsonrpc: section, as comments; argument denials need a predicate written by hand.",
     )
     suggest.add_argument("--min-count", type=_count(1), default=2, metavar="N", help="denials per rule (2)")
     for p in (tail, query, stats, suggest):
@@ -429,6 +439,20 @@ def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bo
         metavar="ID",
         help="the chain of one access request, every kind of record: asked, grant made, released, "
         "grant used, grant expired or revoked",
+    )
+    f.add_argument(
+        "--tool",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="records of an MCP exchange with a tools/call of a matching tool (* and ?, any case)",
+    )
+    f.add_argument(
+        "--rpc-method",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="records of an MCP or JSON-RPC exchange with a message of a matching method (tools/*)",
     )
     if any_event:
         f.add_argument("--event", choices=("decision", "policy_reload", "grant"), default="decision")
