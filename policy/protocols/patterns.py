@@ -300,9 +300,13 @@ class GlobList:
 
     def _every_glob(self, name: str) -> list[int]:
         """Every glob that matches, in one pass; after a timeout, glob by glob."""
-        if self._all is None:
+        if self._all is None or self._any is None:
             return []
         try:
+            # The alternation fails fast on the common case, a name no glob matches; the
+            # lookaheads of `_all` cost one try per glob whether or not any matches.
+            if self._any.fullmatch(name, timeout=self._timeout) is None:
+                return []
             hit = self._all.match(name, timeout=self._timeout)
         except TimeoutError:
             return list(self._slowly(name))
