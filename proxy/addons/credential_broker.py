@@ -26,10 +26,13 @@ from sandgate.brokers import (
 )
 from sandgate.brokers.decoding import stream_decoder
 from sandgate.policy.decision import Decision
+from sandgate.policy.protocols.decide import BodyVerdict, MessageVerdict, Verdict
+from sandgate.policy.protocols.jsonrpc import RpcBody
 from sandgate.policy.protocols.mcp import McpBody
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.limits import body_length_unknown, declared_length
+from sandgate.proxy.addons.protocol_bodies import Section, refusal_response
 from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.metrics import METRICS
@@ -181,7 +184,7 @@ class CredentialBroker:
         }
         if outcome.tools:
             extra["tools"] = _tool_pairs(outcome.tools)
-        await self._refuse(flow, exchange, dctx, denial, extra=extra)
+        await self._refuse(flow, exchange, dctx, denial, extra=extra, section=decision.messages)
 
     async def _refuse(
         self,
@@ -191,9 +194,13 @@ class CredentialBroker:
         decision: Decision,
         *,
         extra: dict[str, Any],
+        section: Section | None = None,
     ) -> None:
-        """403 (the HTTP error seam sends it at once when the body is streamed), then the record."""
-        response = denied_response(decision.reason, dctx.host, dctx.decision_id)
+        """403, or the protocol's own error answer for a body an `mcp:`/`jsonrpc:`/`graphql:`
+        section read (an MCP session lives on); then the record."""
+        response = _protocol_refusal(section, exchange, decision, dctx.decision_id) or denied_response(
+            decision.reason, dctx.host, dctx.decision_id
+        )
         credentials = tuple(extra.pop("credentials", ()))
         await exchange.refuse(
             self.ctx.audit,
@@ -377,6 +384,31 @@ def _response_buffered(response: http.Response) -> bool:
     """Whether mitmproxy will hand the `response` hook the whole body (a known, small length)."""
     length = declared_length(response)
     return length is not None and length <= MAX_BUFFERED_BODY
+
+
+def _protocol_refusal(
+    section: Section | None, exchange: Exchange, denial: Decision, decision_id: str
+) -> http.Response | None:
+    """The refusal of a body `section` read, in its protocol (every request of it answered with
+    the broker's reason), or None when the body was not read as one."""
+    read = exchange.messages_read
+    if section is None or read is None:
+        return None
+    if isinstance(read, McpBody):
+        rpcs = [m.rpc for m in read.messages]
+    elif isinstance(read, RpcBody):
+        rpcs = list(read.messages)
+    else:
+        rpcs = []  # GraphQL: one error object, no ids
+    messages = tuple(
+        MessageVerdict(
+            Verdict.DENY, denial.reason, None, denial.detail, index=r.index, id=r.id, has_id=r.has_id
+        )
+        for r in rpcs
+    )
+    batch = isinstance(read, McpBody | RpcBody) and read.batch
+    verdict = BodyVerdict(Verdict.DENY, denial.reason, None, denial.detail, messages, batch=batch)
+    return refusal_response(section, verdict, decision_id)
 
 
 def _tool_pairs(tools: Iterable[tuple[str, str]]) -> list[dict[str, str]]:

@@ -228,8 +228,11 @@ async def test_the_placeholder_sent_to_another_tool_is_refused_recorded_and_neve
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     async with httpx2.AsyncClient(proxy=gateway.proxy(), timeout=10) as client:
         response = await client.post(f"http://api.test:{mcp_server}/mcp", json=call, headers=headers)
-    assert response.status_code == 403
+    # A JSON-RPC error for the call's id, in an HTTP 200: the MCP session lives on.
+    assert response.status_code == 200
     assert response.headers["X-Sandgate-Reason"] == "credential_host_mismatch"
+    answer = response.json()
+    assert (answer["id"], answer["error"]["data"]["reason"]) == (5, "credential_host_mismatch")
     assert SEEN == [], "the refused call reached the server"
     (record,) = gateway.records(1)
     assert (record["decision"], record["reason"], record["detail"]) == (
