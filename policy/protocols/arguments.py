@@ -66,6 +66,15 @@ def parse_path(path: str) -> tuple[Step, ...]:
     return tuple(steps)
 
 
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """A predicate as checked: its parsed path, its one test, its pattern (glob or regex)."""
+
+    steps: tuple[Step, ...]
+    test: str
+    pattern: BoundedPattern | None
+
+
 class ArgumentPredicate(BaseModel):
     """One condition on a tool call's arguments: a path and exactly one test."""
 
@@ -91,8 +100,8 @@ class ArgumentPredicate(BaseModel):
     )
     optional: StrictBool = Field(default=False, description="a missing path passes (else it fails)")
 
-    _steps: tuple[Step, ...] = PrivateAttr(default=())
-    _pattern: BoundedPattern | None = PrivateAttr(default=None)
+    # Read once per value checked: one private read (pydantic's are slow), no re-derivation.
+    _compiled: _Compiled = PrivateAttr()
 
     @model_validator(mode="after")
     def _compile(self) -> ArgumentPredicate:
@@ -103,11 +112,12 @@ class ArgumentPredicate(BaseModel):
             )
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError("min is above max")
-        self._steps = parse_path(self.path)
+        pattern: BoundedPattern | None = None
         if self.regex is not None:
-            self._pattern = compile_regex(self.regex)
+            pattern = compile_regex(self.regex)
         elif self.glob is not None:
-            self._pattern = compile_globs([self.glob])
+            pattern = compile_globs([self.glob])
+        self._compiled = _Compiled(parse_path(self.path), tests[0], pattern)
         return self
 
     def tests_given(self) -> list[str]:
@@ -121,11 +131,11 @@ class ArgumentPredicate(BaseModel):
     @property
     def steps(self) -> tuple[Step, ...]:
         """The parsed path."""
-        return self._steps
+        return self._compiled.steps
 
     @property
     def test(self) -> str:
-        return self.tests_given()[0]
+        return self._compiled.test
 
     def describe(self) -> str:
         """The predicate in a few words, for a denial message: `repo one_of [...]`."""
@@ -137,7 +147,8 @@ class ArgumentPredicate(BaseModel):
 
     def value_problem(self, value: JsonValue) -> str | None:
         """Why one value fails this predicate's test, or None when it passes."""
-        match self.test:
+        compiled = self._compiled
+        match compiled.test:
             case "equals":
                 return None if _same(value, self.equals) else "is not the required value"
             case "one_of":
@@ -146,12 +157,12 @@ class ArgumentPredicate(BaseModel):
                 ok = isinstance(value, str) and value.startswith(self.prefix or "")
                 return None if ok else "does not start with the required prefix"
             case "glob" | "regex":
-                if not isinstance(value, str) or self._pattern is None:
-                    return f"does not match the {self.test}"
-                hit = self._pattern.check(value)
+                if not isinstance(value, str) or compiled.pattern is None:
+                    return f"does not match the {compiled.test}"
+                hit = compiled.pattern.check(value)
                 if hit is None:
-                    return f"was not matched by the {self.test} in time (a timeout fails)"
-                return None if hit else f"does not match the {self.test}"
+                    return f"was not matched by the {compiled.test} in time (a timeout fails)"
+                return None if hit else f"does not match the {compiled.test}"
             case "range":
                 return _range_problem(value, self.min, self.max)
             case _:

@@ -141,9 +141,9 @@ def test_invalid_predicates_are_refused_at_load(fields: dict[str, Any], message:
 
 def test_a_regex_is_compiled_once_at_load() -> None:
     predicate = pred(path="repo", regex="octo/.*")
-    pattern = predicate._pattern
+    pattern = predicate._compiled.pattern
     check_arguments([predicate], ARGS)
-    assert predicate._pattern is pattern is not None
+    assert predicate._compiled.pattern is pattern is not None
 
 
 def test_arguments_nested_past_the_depth_limit_never_reach_a_predicate() -> None:
