@@ -60,6 +60,12 @@ class Reason(StrEnum):
     PROMPT_NOT_ALLOWED = "prompt_not_allowed"
     RPC_METHOD_NOT_ALLOWED = "rpc_method_not_allowed"
     BATCH_REFUSED = "batch_refused"
+    # Inside GraphQL (sandgate.policy.protocols.reasons): answered as GraphQL errors.
+    OPERATION_NOT_ALLOWED = "operation_not_allowed"
+    FIELD_NOT_ALLOWED = "field_not_allowed"
+    INTROSPECTION_NOT_ALLOWED = "introspection_not_allowed"
+    QUERY_TOO_COMPLEX = "query_too_complex"
+    PERSISTED_QUERY_UNKNOWN = "persisted_query_unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +214,32 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
         Reason.BATCH_REFUSED: Meaning(
             "a JSON-RPC batch member refused because another member of its batch was (batches are"
             " all or nothing; the error names the member): in the answer only",
+            (200,),
+        ),
+        Reason.OPERATION_NOT_ALLOWED: Meaning(
+            "a GraphQL operation whose type (`graphql.operation_types`) or name (`operation_names`)"
+            " the rule refuses, in any operation of the document, or any but a query sent with GET:"
+            " GraphQL `errors` in an HTTP 200",
+            (200,),
+        ),
+        Reason.FIELD_NOT_ALLOWED: Meaning(
+            "a GraphQL root field (by its name, never its alias) the `graphql.root_fields` lists"
+            " refuse: GraphQL `errors` in an HTTP 200",
+            (200,),
+        ),
+        Reason.INTROSPECTION_NOT_ALLOWED: Meaning(
+            "`__schema` or `__type` in a GraphQL document whose rule has no `introspection: true`:"
+            " GraphQL `errors` in an HTTP 200",
+            (200,),
+        ),
+        Reason.QUERY_TOO_COMPLEX: Meaning(
+            "a GraphQL operation over `graphql.max_depth`, `max_aliases` or `max_fields` (fragments"
+            " expanded): GraphQL `errors` in an HTTP 200",
+            (200,),
+        ),
+        Reason.PERSISTED_QUERY_UNKNOWN: Meaning(
+            "a GraphQL persisted-query id (`extensions.persistedQuery.sha256Hash`) sent without its"
+            " query and not in `graphql.persisted_queries`: GraphQL `errors` in an HTTP 200",
             (200,),
         ),
     }

@@ -17,6 +17,10 @@ agree, but nothing is lost by refusing). For each operation:
   grows exponentially: over the bound it is refused, not counted);
 - `introspection`: `__schema` or `__type` reached.
 
+A request object holds `query`, `operationName`, `variables` and `extensions` (GraphQL over
+HTTP) and nothing else: a server that also reads another member (`id`, `doc_id`, `documentId`:
+stored documents by another name) could run what the gateway never saw.
+
 The request's `introspection` is true when `__schema` or `__type` appears anywhere in the
 document, used or not. A persisted query (`extensions.persistedQuery.sha256Hash` without a
 `query`) is reported by its hash, with no operations; with a `query` too, the hash must be
@@ -49,6 +53,7 @@ from sandgate.policy.protocols.json_strict import JsonValue
 __all__ = [
     "DEFAULT_GRAPHQL_LIMITS",
     "INTROSPECTION_FIELDS",
+    "REQUEST_MEMBERS",
     "GraphqlLimits",
     "GraphqlOperation",
     "GraphqlRequest",
@@ -57,6 +62,8 @@ __all__ = [
 ]
 
 INTROSPECTION_FIELDS = frozenset({"__schema", "__type"})
+# The members of a GraphQL-over-HTTP request object; any other is refused.
+REQUEST_MEMBERS = frozenset({"query", "operationName", "variables", "extensions"})
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 # Block strings, strings and comments: skipped by the nesting pre-scan.
 _NOT_CODE = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*"""|"(?:[^"\\\n\r]|\\.)*"|#[^\n\r]*', re.DOTALL)
@@ -121,6 +128,8 @@ def read_graphql_body(
 
 def _read_one(body: Mapping[str, JsonValue], limits: GraphqlLimits) -> GraphqlRequest:
     """One `{query, operationName, variables, extensions}` object."""
+    if not body.keys() <= REQUEST_MEMBERS:
+        _fail(Problem.GRAPHQL_SYNTAX, "a member other than query, operationName, variables and extensions")
     query, name = body.get("query"), body.get("operationName")
     if query is not None and not isinstance(query, str):
         _fail(Problem.GRAPHQL_SYNTAX, "'query' is not a string")

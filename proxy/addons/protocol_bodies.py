@@ -6,12 +6,19 @@ deflate, br, zstd; stacked or unknown encodings cannot be read) within MAX_BODY 
 by the rule's section (`mcp:`, `jsonrpc:`, `graphql:`; sandgate.policy.protocols), and a
 refused one is answered in its protocol (JSON-RPC errors, one per request id, in an HTTP 200;
 a GraphQL error object). Records carry what was asked and decided, never an argument's value.
+
+A GraphQL call may also come as a GET (GraphQL over HTTP): `graphql_get_body` turns its query
+string into the JSON body the decider reads, strictly (each of `query`, `operationName`,
+`variables`, `extensions` at most once, no other parameter, percent-encoded UTF-8, strict JSON
+for `variables` and `extensions`), and `decide_graphql_get` decides it like that body and
+refuses any operation other than a query (a GET must not change anything).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import urllib.parse
 from collections.abc import Iterable
 
 from mitmproxy import http
@@ -20,21 +27,24 @@ from sandgate.brokers.decoding import UndecodableBody, stream_decoder
 from sandgate.policy.protocols.answers import graphql_refusal_answer, refusal_answer
 from sandgate.policy.protocols.decide import (
     BodyVerdict,
+    MessageVerdict,
     Verdict,
     decide_graphql_body,
     decide_jsonrpc_body,
     decide_mcp_body,
 )
-from sandgate.policy.protocols.errors import Problem
+from sandgate.policy.protocols.errors import Problem, ProtocolError
 from sandgate.policy.protocols.graphql_ops import GraphqlRequest
-from sandgate.policy.protocols.json_strict import DEFAULT_LIMITS, JsonValue
+from sandgate.policy.protocols.json_strict import DEFAULT_LIMITS, JsonValue, loads_strict
 from sandgate.policy.protocols.jsonrpc import RpcBody, RpcMessage
 from sandgate.policy.protocols.mcp import TOOLS_CALL, McpBody, McpMessage
+from sandgate.policy.protocols.reasons import ProtocolReason
 from sandgate.policy.protocols.rules import GraphqlSection, JsonRpcSection, McpSection
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
 
 __all__ = [
+    "GRAPHQL_GET_PARAMETERS",
     "MAX_BODY",
     "ReadBody",
     "Section",
@@ -42,13 +52,19 @@ __all__ = [
     "arguments_digest",
     "body_facts",
     "decide_body",
+    "decide_graphql_get",
     "decoded",
+    "graphql_get_body",
+    "protocol_answer",
     "refusal_response",
     "unreadable_verdict",
 ]
 
 # The most a decided body may be, encoded or decoded: the strict JSON reader's own bound.
 MAX_BODY = DEFAULT_LIMITS.max_bytes
+# GraphQL over HTTP's GET parameters, exactly as spelled there; the last two are JSON.
+GRAPHQL_GET_PARAMETERS = ("query", "operationName", "variables", "extensions")
+_GRAPHQL_GET_JSON = frozenset({"variables", "extensions"})
 
 type Section = McpSection | JsonRpcSection | GraphqlSection
 # What a body was read as: MCP or JSON-RPC messages, GraphQL requests; None: not read.
@@ -101,6 +117,63 @@ def decide_body(section: Section, raw: bytes, content_encoding: str | None) -> t
     return decide_jsonrpc_body(data, section)
 
 
+def graphql_get_body(query_string: str) -> bytes:
+    """The JSON body a GraphQL-over-HTTP GET's query string (what follows `?`) stands for;
+    Unreadable for a parameter repeated, unknown (also one of ours spelled otherwise), not
+    percent-encoded UTF-8, or, for `variables` and `extensions`, not strict JSON."""
+    if len(query_string) > MAX_BODY:
+        raise Unreadable(f"a query string over the {MAX_BODY} bytes a rule reads", Problem.TOO_LARGE)
+    try:
+        pairs = urllib.parse.parse_qsl(
+            query_string,
+            keep_blank_values=True,
+            strict_parsing=True,
+            encoding="utf-8",
+            errors="strict",
+            max_num_fields=len(GRAPHQL_GET_PARAMETERS),
+        )
+    except UnicodeDecodeError:
+        raise Unreadable("a query parameter not percent-encoded UTF-8", Problem.INVALID_UTF8) from None
+    except ValueError:
+        # Never the parser's message: it quotes the query string.
+        raise Unreadable("a query string not of `name=value` pairs joined by `&`, at most four") from None
+    body: dict[str, JsonValue] = {}
+    for name, value in pairs:
+        if name not in GRAPHQL_GET_PARAMETERS:
+            raise Unreadable("a query parameter other than query, operationName, variables and extensions")
+        if name in body:
+            raise Unreadable(f"query parameter {name!r} given more than once")
+        if name not in _GRAPHQL_GET_JSON:
+            body[name] = value
+            continue
+        try:
+            body[name] = loads_strict(value)
+        except ProtocolError as e:
+            raise Unreadable(f"query parameter {name!r} is not strict JSON ({e.code})", e.code) from None
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decide_graphql_get(section: GraphqlSection, query_string: str) -> tuple[BodyVerdict, ReadBody]:
+    """A GraphQL-over-HTTP GET, decided as the body `graphql_get_body` makes of its query
+    string; then any operation of its document other than a query is refused (GraphQL over
+    HTTP: a GET never runs a mutation), whatever `operation_types` allows."""
+    try:
+        body = graphql_get_body(query_string)
+    except Unreadable as e:
+        return unreadable_verdict(e), None
+    verdict, read = decide_body(section, body, None)
+    if not verdict.allowed or not isinstance(read, tuple):
+        return verdict, read
+    for i, request in enumerate(read):
+        changing = next((op for op in request.operations if op.type != "query"), None)
+        if changing is not None:
+            detail = f"a {changing.type} sent with GET: GraphQL over HTTP runs only queries there"
+            reason = ProtocolReason.OPERATION_NOT_ALLOWED
+            refused = MessageVerdict(Verdict.DENY, reason, None, detail, index=i)
+            return BodyVerdict(Verdict.DENY, reason, None, detail, (refused,)), read
+    return verdict, read
+
+
 def unreadable_verdict(error: Unreadable) -> BodyVerdict:
     return BodyVerdict(Verdict.DENY, Reason.INVALID_REQUEST, None, str(error), problem=error.problem)
 
@@ -109,8 +182,7 @@ def refusal_response(section: Section, verdict: BodyVerdict, decision_id: str) -
     """The answer to a refused body in its protocol: 200 with a JSON-RPC error per request id
     (202 and no body when only notifications were refused, MCP's answer to notifications), or
     200 with GraphQL `errors`."""
-    graphql = isinstance(section, GraphqlSection)
-    answer = graphql_refusal_answer(verdict) if graphql else refusal_answer(verdict)
+    answer = protocol_answer(section, verdict)
     headers = {
         REASON_HEADER: str(verdict.reason),
         DECISION_HEADER: decision_id,
@@ -120,6 +192,14 @@ def refusal_response(section: Section, verdict: BodyVerdict, decision_id: str) -
         return http.Response.make(202, b"", headers)
     headers["Content-Type"] = "application/json"
     return http.Response.make(200, json.dumps(answer).encode(), headers)
+
+
+def protocol_answer(section: Section, verdict: BodyVerdict) -> JsonValue:
+    """The refused body's answer in its protocol: JSON-RPC errors (None: only notifications
+    were refused, nothing to answer) or GraphQL `errors`."""
+    if isinstance(section, GraphqlSection):
+        return graphql_refusal_answer(verdict)
+    return refusal_answer(verdict)
 
 
 def arguments_digest(arguments: JsonValue) -> str:

@@ -16,7 +16,9 @@ that no rule, limit, placeholder check or scrubber sees. So:
   against the tenant's egress limit. A refusal ends the session cleanly: the guest gets a
   CLOSE with 1008 (1013 for a limit, 1011 for a fault) naming the reason code and the
   record, the upstream 1001; one `deny` record with the broker's reason. What the upstream
-  sends is scrubbed by the broker addon.
+  sends is scrubbed by the broker addon. On a rule with `mcp:` or `jsonrpc:` each message
+  that passed is then decided by AgentWebsocket (sandgate.proxy.addons.agent_websocket),
+  which ends a session through `end_session` too.
 - The cap on one message (`websocket.max_message_bytes`, the option the WebSocket layer
   reads: sandgate.proxy.mitm.websocket_guard) is declared here; the layer closes a session
   whose message passes it, and this addon writes its one `message_too_large` record.
@@ -25,6 +27,7 @@ Every hook is guarded: a fault denies (and closes) with `internal_error`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,6 +46,7 @@ from sandgate.proxy.addons.credential_broker import broker_request
 from sandgate.proxy.addons.exchange import Exchange, exchange_context
 from sandgate.proxy.addons.tunnel_rules import tenant_limits
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
+from sandgate.proxy.audit.trail import AuditLog
 from sandgate.proxy.config import WebSocketConfig
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
@@ -56,7 +60,7 @@ from sandgate.proxy.mitm.websocket_guard import (
 )
 from sandgate.proxy.respond import denied_response
 
-__all__ = ["Upgrades", "strip_h2c"]
+__all__ = ["Upgrades", "WebSocketSession", "end_session", "strip_h2c"]
 
 log = structlog.get_logger("sandgate.upgrades")
 
@@ -70,7 +74,7 @@ _CONTROL_NAMES = {"ping": "ping", "pong": "pong", "close": "close reason"}
 
 
 @dataclass(slots=True)
-class _Session:
+class WebSocketSession:
     """An approved WebSocket: the handshake's decision and the guard its guest messages pass."""
 
     dctx: DecisionContext
@@ -120,7 +124,7 @@ class Upgrades:
         try:
             if pending is not None and _websocket_handshake(flow):
                 dctx, decision = pending
-                exchange.websocket = _Session(dctx, decision, self._guard(flow, dctx))
+                exchange.websocket = WebSocketSession(dctx, decision, self._guard(flow, dctx))
                 return
         except Exception:
             log.exception("hook_failed", hook="upgrades.responseheaders")
@@ -196,7 +200,7 @@ class Upgrades:
             side = "guest" if oversized.from_client else "upstream"
             detail = f"a WebSocket message from the {side} over {oversized.limit} bytes"
             session = Exchange.of(flow).websocket
-            if isinstance(session, _Session):
+            if isinstance(session, WebSocketSession):
                 session.closed = True
                 dctx, base = session.dctx, session.decision
             else:  # no WebSocket is relayed unapproved: recorded all the same
@@ -208,7 +212,7 @@ class Upgrades:
 
     async def _refused(self, flow: http.HTTPFlow, session: object, content: bytes, what: str) -> bool:
         """Check one guest message or control frame (`what`); True: refused, the session ends."""
-        if not isinstance(session, _Session) or session.closed:
+        if not isinstance(session, WebSocketSession) or session.closed:
             self._close_unapproved(flow)  # a WebSocket the gateway did not approve, or one refused
             return True
         denial = self._checked(session, content, what)
@@ -217,7 +221,7 @@ class Upgrades:
         await self._refuse(flow, session, denial)
         return True
 
-    def _checked(self, session: _Session, content: bytes, what: str) -> Decision | None:
+    def _checked(self, session: WebSocketSession, content: bytes, what: str) -> Decision | None:
         """`_check_message`, with a fault turned into an `internal_error` denial."""
         try:
             return self._check_message(session, content, what)
@@ -226,7 +230,7 @@ class Upgrades:
             base = session.decision
             return Decision.internal_error(base.policy_version, address=base.address)
 
-    def _check_message(self, session: _Session, content: bytes, what: str) -> Decision | None:
+    def _check_message(self, session: WebSocketSession, content: bytes, what: str) -> Decision | None:
         """The denial for one guest message or control frame (`what`: a placeholder, a limit),
         or None to forward it."""
         base = session.decision
@@ -250,25 +254,39 @@ class Upgrades:
                 return base.as_denial(exceeded.reason, f"{exceeded.limit} (WebSocket {counted})")
         return None
 
-    async def _refuse(self, flow: http.HTTPFlow, session: _Session, denial: Decision) -> None:
-        """End the session cleanly (the guest reads why in its CLOSE), then record the denial."""
-        session.closed = True
-        dctx = replace(session.dctx, decision_id=new_decision_id())
-        code = _GUEST_CODES.get(denial.reason, CloseReason.POLICY_VIOLATION)
-        close = SessionClose(code, close_reason(denial.reason, dctx.decision_id), CloseReason.GOING_AWAY)
-        if not request_close(flow, close):
-            self.closer.close(flow.client_conn, flow.server_conn)
-        # Refused first, recorded second: a fault while recording leaves the session closing.
-        try:
-            await self.ctx.audit.emit(decision_record(dctx, denial))
-        except Exception:
-            log.exception("hook_failed", hook="upgrades.record")
+    async def _refuse(self, flow: http.HTTPFlow, session: WebSocketSession, denial: Decision) -> None:
+        await end_session(self.ctx.audit, self.closer, flow, session, denial)
 
     def _close_unapproved(self, flow: http.HTTPFlow) -> None:
         """A WebSocket the gateway did not approve, or one already refused: closed, unrecorded."""
         text = f"sandgate: {Reason.UPGRADE_NOT_ALLOWED.value}"
         if not request_close(flow, SessionClose(CloseReason.POLICY_VIOLATION, text, CloseReason.GOING_AWAY)):
             self.closer.close(flow.client_conn, flow.server_conn)
+
+
+async def end_session(
+    audit: AuditLog,
+    closer: ConnectionCloser,
+    flow: http.HTTPFlow,
+    session: WebSocketSession,
+    denial: Decision,
+    extra: Mapping[str, object] | None = None,
+) -> None:
+    """End the session cleanly (the guest reads why in its CLOSE), then record the denial
+    (with `extra` fields); later messages of the session are refused unrecorded."""
+    session.closed = True
+    dctx = replace(session.dctx, decision_id=new_decision_id())
+    code = _GUEST_CODES.get(denial.reason, CloseReason.POLICY_VIOLATION)
+    close = SessionClose(code, close_reason(denial.reason, dctx.decision_id), CloseReason.GOING_AWAY)
+    if not request_close(flow, close):
+        closer.close(flow.client_conn, flow.server_conn)
+    # Refused first, recorded second: a fault while recording leaves the session closing.
+    try:
+        record = decision_record(dctx, denial)
+        record.update(extra or {})
+        await audit.emit(record)
+    except Exception:
+        log.exception("hook_failed", hook="upgrades.record")
 
 
 def _refusal(flow: http.HTTPFlow, host: str | None, decision_id: str) -> http.Response:

@@ -18,6 +18,9 @@ that:
   hook before relaying it: an addon may rewrite its payload (scrub) or refuse it;
 - ends the session when an addon asked during a message or control hook (`request_close`):
   a CLOSE frame with the code and reason each side gets, then both connections closed;
+- answers a guest message an addon dropped with the text message it asked for
+  (`request_answer`: a JSON-RPC error for a refused call), sent to the guest alone, whole,
+  between the messages the upstream sends (the session goes on);
 - keeps no relayed message on the flow (mitmproxy keeps them all, for its UI).
 
 The cap applies where the master declares the option (the Upgrades addon does); elsewhere
@@ -58,6 +61,7 @@ __all__ = [
     "WebSocketControl",
     "close_reason",
     "install",
+    "request_answer",
     "request_close",
     "self_test",
 ]
@@ -67,6 +71,7 @@ OPT_MAX_MESSAGE = "sandgate_websocket_max_message_bytes"
 CONTROL_PAYLOAD_MAX = 125
 CLOSE_REASON_MAX = 123
 _CLOSE_KEY = "sandgate.websocket.close"
+_ANSWER_KEY = "sandgate.websocket.answer"
 _PATCHED_RELEASE = "12.3."
 
 Commands = Generator[commands.Command, Any, None]
@@ -135,6 +140,14 @@ def request_close(flow: http.HTTPFlow, close: SessionClose) -> bool:
     control frame at hand is not relayed); False when no layer will (the seam is not
     installed): the caller must close the connections itself."""
     flow.metadata[_CLOSE_KEY] = close
+    return _ORIGINAL is not None
+
+
+def request_answer(flow: http.HTTPFlow, text: str) -> bool:
+    """Answer the guest message at hand, which the running message hook drops, with one text
+    message to the guest (the upstream gets nothing); False when no layer will (the seam is
+    not installed): the caller must end the session instead."""
+    flow.metadata[_ANSWER_KEY] = text
     return _ORIGINAL is not None
 
 
@@ -297,6 +310,7 @@ def _on_data(
     assert flow.websocket is not None
     flow.websocket.messages.append(message)
     yield layers.WebsocketMessageHook(flow)
+    answer = flow.metadata.pop(_ANSWER_KEY, None)
     close = _asked_close(flow)
     if close is not None:
         yield from _end(layer, state, close)
@@ -305,6 +319,9 @@ def _on_data(
         dst_ws = layer.server_ws if from_client else layer.client_ws
         for msg in fragmentizer(message.content):
             yield dst_ws.send2(msg)
+    elif from_client and isinstance(answer, str):
+        # Whole, to the guest: upstream messages reach it only once they are whole too.
+        yield layer.client_ws.send2(wsproto.events.TextMessage(answer))
     flow.websocket.messages.clear()
 
 
