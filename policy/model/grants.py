@@ -32,18 +32,28 @@ method (every path), and a grant that says neither is refused, so a file cut or 
 half-way through a grant never allows more than the whole grant would
 (sandgate.policy.model.grants_seal: the first and last lines tell a whole gateway-written
 file from a cut one; a hand-written file has neither and loads as any policy file does).
+
+A grant with a `tool` (a tool grant) allows one MCP tool call an `mcp.tools.ask` glob would
+hold, on its host, port, method and path: that exact tool, and, when it says so, only
+arguments whose digest is `arguments_sha256` (the SHA-256 of their canonical JSON) and that
+pass every `arguments` predicate. It allows nothing else: never a request by itself (the
+policy's grant step passes it over, and it names no host for DNS), never another tool. A
+grant without a tool never releases a tool call that is asked about (sandgate.proxy.addons.
+agent_protocols looks at tool grants only).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandgate.policy.errors import HostError, PolicyLoadError, SourceLocation
 from sandgate.policy.hosts import normalise_host, parse_ip_literal
@@ -51,9 +61,13 @@ from sandgate.policy.matcher import CompiledRule, compile_path_globs
 from sandgate.policy.model.grants_seal import check_seal, seal
 from sandgate.policy.model.tenant import NAME_PATTERN, check_method, check_path_glob
 from sandgate.policy.model.yamlsource import YamlDocument, parse_yaml, validate
+from sandgate.policy.protocols.arguments import ArgumentPredicate, check_arguments
+from sandgate.policy.protocols.json_strict import JsonValue
+from sandgate.policy.protocols.mcp import canonical_tool_name
 
 __all__ = [
     "APPROVAL_ID",
+    "ARGUMENTS_SHA256",
     "EMPTY_GRANTS",
     "EVERY",
     "Grant",
@@ -61,17 +75,21 @@ __all__ = [
     "Grants",
     "GrantsFile",
     "GrantsFileEntry",
+    "ToolCallAsked",
     "exact_path_problem",
     "format_utc",
     "grant_from_entry",
     "load_grants_file",
     "parse_grants_text",
     "parse_utc",
+    "predicate_json",
     "render_grants_file",
 ]
 
 # An approval (access request) id: lower-case hex, as sandgate.proxy.audit mints decision ids.
 APPROVAL_ID = r"^[0-9a-f]{12,64}$"
+# The digest of a tool call's arguments (sandgate.proxy.addons.protocol_bodies.arguments_digest).
+ARGUMENTS_SHA256 = r"^[0-9a-f]{64}$"
 
 # In a grants file, `methods: ["*"]` (`paths: ["*"]`): every method (path), written out, since
 # a grant that leaves them out is refused. `*` as hosts: ["*"] spells "any host" in allow rules;
@@ -93,6 +111,20 @@ def parse_utc(text: str) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallAsked:
+    """One MCP tool call an `ask` glob would hold, as a tool grant is matched against it: the
+    request that carries it (host, port, method, path) and the call (tool, arguments, digest)."""
+
+    host: str
+    port: int
+    method: str | None
+    path: str | None
+    tool: str
+    arguments: dict[str, JsonValue]
+    arguments_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
 class Grant:
     """One allow rule an approval added, to one sandbox or (`sandbox` None) its whole tenant."""
 
@@ -109,6 +141,11 @@ class Grant:
     reason: str | None = None
     # Where it is kept: `file:line` of a grants file, `redis`, or `state` (the gateway's state folder).
     origin: str = ""
+    # A tool grant (see the module docstring): the one MCP tool it allows, and optionally the
+    # arguments (their digest, predicates they must pass); None: a request grant.
+    tool: str | None = None
+    arguments_sha256: str | None = None
+    arguments: tuple[ArgumentPredicate, ...] | None = None
     rule: CompiledRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -140,16 +177,41 @@ class Grant:
     def matches(
         self, host: str, port: int, method: str | None, path: str | None, upgrade: str | None, now: float
     ) -> bool:
-        """Whether it allows this request (at a CONNECT, method and path are None: not yet known)."""
+        """Whether it allows this request (at a CONNECT, method and path are None: not yet known).
+        A tool grant allows no request: only the tool call it names (matches_call)."""
         r = self.rule
         return (
-            self.live(now)
+            self.tool is None
+            and self.live(now)
             and host == self.host
             and r.port_ok(port)
             and r.method_ok(method)
             and r.path_ok(path)
             and r.upgrade_ok(upgrade)
         )
+
+    def matches_call(self, call: ToolCallAsked, now: float) -> bool:
+        """Whether this tool grant allows one asked tool call (its request and its tool)."""
+        r = self.rule
+        return (
+            self.tool is not None
+            and self.tool == call.tool
+            and self.live(now)
+            and call.host == self.host
+            and r.port_ok(call.port)
+            and r.method_ok(call.method)
+            and r.path_ok(call.path)
+            and (self.arguments_sha256 is None or self.arguments_sha256 == call.arguments_sha256)
+            and (self.arguments is None or check_arguments(self.arguments, call.arguments) is None)
+        )
+
+    def tool_fields(self) -> dict[str, Any]:
+        """A tool grant's tool, arguments' digest and predicates (as written), as stores, views
+        and records carry them; nothing for a request grant (its records stay as they were)."""
+        if self.tool is None:
+            return {}
+        arguments = [predicate_json(p) for p in self.arguments] if self.arguments is not None else None
+        return {"tool": self.tool, "arguments_sha256": self.arguments_sha256, "arguments": arguments}
 
     def view(self) -> dict[str, Any]:
         """The grant as the admin API and `sandgate requests grants` show it."""
@@ -168,6 +230,7 @@ class Grant:
             "at": format_utc(self.at),
             "reason": self.reason,
             "origin": self.origin,
+            **self.tool_fields(),
         }
 
     def as_json(self) -> dict[str, Any]:
@@ -184,6 +247,7 @@ class Grant:
             "by": self.by,
             "at": self.at,
             "reason": self.reason,
+            **self.tool_fields(),
         }
 
     @staticmethod
@@ -199,6 +263,9 @@ class Grant:
             port=int(data["port"]),
             methods=[str(m) for m in methods] if methods is not None else None,
             paths=[str(p) for p in paths] if paths is not None else None,
+            tool=data.get("tool"),
+            arguments_sha256=data.get("arguments_sha256"),
+            arguments=data.get("arguments"),
         )
         sandbox = data.get("sandbox")
         expires = data.get("expires")
@@ -215,6 +282,7 @@ class Grant:
             at=float(data.get("at") or 0.0),
             reason=str(data["reason"]) if data.get("reason") is not None else None,
             origin=origin,
+            **entry.tool_scope(),
         )
 
 
@@ -257,10 +325,19 @@ class Grants:
                 return g
         return None
 
+    def match_call(self, tenant: str, sandbox: str, call: ToolCallAsked, now: float) -> Grant | None:
+        """The first live tool grant of `tenant` (for the whole tenant, or for `sandbox`) that
+        allows this asked tool call."""
+        for g in self._by_host.get((tenant, call.host), ()):
+            if (g.sandbox is None or g.sandbox == sandbox) and g.matches_call(call, now):
+                return g
+        return None
+
     def names_host(self, tenant: str, sandbox: str, host: str, now: float) -> bool:
-        """Whether a live grant of `tenant` (for `sandbox`, or the whole tenant) names `host`."""
+        """Whether a live request grant of `tenant` (for `sandbox`, or the whole tenant) names
+        `host` (a tool grant names none: the allow rule whose tool call it releases does)."""
         return any(
-            (g.sandbox is None or g.sandbox == sandbox) and g.live(now)
+            (g.sandbox is None or g.sandbox == sandbox) and g.live(now) and g.tool is None
             for g in self._by_host.get((tenant, host), ())
         )
 
@@ -298,12 +375,45 @@ def _check_time(value: str) -> str:
 _Time = Annotated[str, AfterValidator(_check_time)]
 
 
+def _check_tool(value: str) -> str:
+    """An exact MCP tool name, as calls name it (no glob)."""
+    canonical_tool_name(value)  # a ValueError (ProtocolError) when it is not one
+    return value
+
+
 class _GrantShape(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: Annotated[str, Field(pattern=APPROVAL_ID, description="the approval (access request) id")]
     host: Annotated[str, AfterValidator(_check_host), Field(description="one exact host")]
     port: Annotated[int, Field(ge=1, le=65535, description="the one port it allows")]
+    tool: Annotated[str, AfterValidator(_check_tool)] | None = Field(
+        default=None,
+        description="a tool grant: the one MCP tool (exact name) whose asked calls it allows; "
+        "it then allows no request by itself",
+    )
+    arguments_sha256: Annotated[str, Field(pattern=ARGUMENTS_SHA256)] | None = Field(
+        default=None,
+        description="with tool: only calls whose arguments have this digest (SHA-256 of their "
+        "canonical JSON, as audit records show it)",
+    )
+    arguments: list[ArgumentPredicate] | None = Field(
+        default=None,
+        min_length=1,
+        description="with tool: predicates the arguments of every call it allows must pass "
+        "(as in mcp.tools.arguments)",
+    )
+
+    @model_validator(mode="after")
+    def _tool_scoped(self) -> Self:
+        if self.tool is None and (self.arguments_sha256 is not None or self.arguments is not None):
+            raise ValueError("arguments_sha256 and arguments go with tool: name the tool they are for")
+        return self
+
+    def tool_scope(self) -> dict[str, Any]:
+        """Its tool fields as a Grant holds them."""
+        arguments = tuple(self.arguments) if self.arguments is not None else None
+        return {"tool": self.tool, "arguments_sha256": self.arguments_sha256, "arguments": arguments}
 
 
 class GrantEntry(_GrantShape):
@@ -426,6 +536,7 @@ def grant_from_entry(tenant: str, entry: GrantsFileEntry, origin: str) -> Grant:
         at=parse_utc(entry.approved_at) if entry.approved_at is not None else 0.0,
         reason=entry.reason,
         origin=origin,
+        **entry.tool_scope(),
     )
 
 
@@ -517,4 +628,44 @@ def _render_grant(g: Grant) -> list[str]:
         lines.append(f"    reason: {_scalar(g.reason)}")
     if g.expires is not None:
         lines.append(f"    expires: {_scalar(format_utc(g.expires))}")
+    if g.tool is not None:
+        lines.append(f"    tool: {_scalar(g.tool)}")
+    if g.arguments_sha256 is not None:
+        lines.append(f"    arguments_sha256: {_scalar(g.arguments_sha256)}")
+    if g.arguments is not None:
+        lines.append("    arguments:")
+        lines += [f"      - {_flow(predicate_json(p))}" for p in g.arguments]
     return lines
+
+
+def _flow(value: Any) -> str:
+    """A JSON value as one line of YAML flow style that reads back as exactly it (strings as
+    _scalar writes them; a float always with a '.', which YAML 1.1 needs to read a float)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_scalar(str(k))}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, str):
+        return _scalar(value)
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return _float(value)
+    return str(int(value))
+
+
+def _float(value: float) -> str:
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    text = repr(value)
+    mantissa, e, exponent = text.partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return mantissa + (f"e{exponent if exponent[0] in '+-' else '+' + exponent}" if e else "")
+
+
+def predicate_json(predicate: ArgumentPredicate) -> dict[str, Any]:
+    """An argument predicate as written (the fields it sets), for files, stores and views."""
+    return predicate.model_dump(mode="json", exclude_unset=True)

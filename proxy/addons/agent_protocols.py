@@ -17,9 +17,17 @@ writes answers out:
 
 A refused body is answered in its protocol: JSON-RPC errors, one per request id, in an HTTP
 200 (`application/json`; 202 and no body when only notifications were refused), never a 403
-that would end an MCP session; the exchange records the denial once. An `ask` verdict is
-refused (`approval_required`) for now: holding one tool call for a person comes later. In
-report mode a refused body goes on and its record says `would_deny`.
+that would end an MCP session; the exchange records the denial once. In report mode a
+refused body goes on and its record says `would_deny`.
+
+A body with a tool call an `mcp.tools.ask` glob matched (and nothing denied: a batch is held
+whole) goes on at once when live tool grants allow every asked call (its record names the
+grant: `approval.id`, and the grant's rule per call); else it is held for a person through
+the request gate's Holds (the pending store, the webhook, the admin API; never approved
+automatically), then forwarded as the very bytes that were decided, or refused as JSON-RPC
+errors (`approval_denied`, `approval_timeout`, ...). Only a body read whole (a Content-Length)
+is held: one of unknown length is decided in its stream callable, where nothing can wait, so
+its asked calls are refused `approval_required`, saying to send a Content-Length.
 
 Every record of such an exchange (allowed or refused) carries `mcp` or `jsonrpc`: the verdict,
 reason and protocol rule, the batch size, and per message its method, tool, id and
@@ -35,15 +43,18 @@ guarded: a fault denies with `internal_error`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 from mitmproxy import http
 
 from sandgate.policy.decision import Decision, Mode
-from sandgate.policy.protocols.decide import BodyVerdict
+from sandgate.policy.model.grants import EMPTY_GRANTS
+from sandgate.policy.paths import read_target
+from sandgate.policy.protocols.decide import BodyVerdict, Verdict
 from sandgate.policy.protocols.errors import Problem
 from sandgate.policy.protocols.list_filter import list_calls
 from sandgate.policy.protocols.mcp import McpBody
@@ -56,10 +67,20 @@ from sandgate.proxy.addons.protocol_bodies import (
     ReadBody,
     Section,
     Unreadable,
+    arguments_digest,
     body_facts,
     decide_body,
+    decide_graphql_get,
     refusal_response,
     unreadable_verdict,
+)
+from sandgate.proxy.approvals.holds import Holds
+from sandgate.proxy.approvals.tool_calls import (
+    Where,
+    asked_calls,
+    granted,
+    refused_verdict,
+    released_verdict,
 )
 from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.context import GatewayContext
@@ -73,6 +94,12 @@ log = structlog.get_logger("sandgate.agent_protocols")
 _QUERY_RPC = frozenset({"jsonrpc", "method", "params"})
 _QUERY_GRAPHQL = frozenset({"query", "operationname", "variables", "extensions"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# Why an asked tool call in a body of unknown length is refused rather than held.
+NEEDS_LENGTH = (
+    "a tool call that asks for approval is held only when its body has a Content-Length: "
+    "send it with one (not chunked) to have it held"
+)
+NOT_HOLDABLE = "this tool call cannot be held for approval here"
 
 
 class ProtocolBodyRefused(Exception):
@@ -90,8 +117,10 @@ class _Held:
 class AgentProtocols:
     """Decides the JSON-RPC messages of requests whose allow rule has `mcp:` or `jsonrpc:`."""
 
-    def __init__(self, ctx: GatewayContext) -> None:
+    def __init__(self, ctx: GatewayContext, holds: Holds | None = None) -> None:
         self.ctx = ctx
+        # The gates' Holds (one for the pipeline); None: asked calls are refused approval_required.
+        self.holds = holds
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         found = _governed(flow)
@@ -101,10 +130,18 @@ class AgentProtocols:
         try:
             request = flow.request
             if _rpc_query(request, section):
-                problem = Unreadable("a call in the query string: send it as a POST body")
-                verdict = unreadable_verdict(problem)
-                await self._refuse(flow, exchange, dctx, decision, section, verdict, None)
-                return
+                if not (isinstance(section, GraphqlSection) and request.method == "GET"):
+                    problem = Unreadable("a call in the query string: send it as a POST body")
+                    verdict = unreadable_verdict(problem)
+                    await self._refuse(flow, exchange, dctx, decision, section, verdict, None)
+                    return
+                # GraphQL over HTTP's GET: the query string decided as the body it stands for
+                # (a body beside it is decided on its own, as any body is).
+                verdict, read = decide_graphql_get(section, request.path.partition("?")[2])
+                if not verdict.allowed:
+                    await self._refuse(flow, exchange, dctx, decision, section, verdict, read)
+                    return
+                _note(exchange, section, verdict, read, decision, dctx.decision_id)
             length = declared_length(request)
             if length is not None and length > MAX_BODY:
                 verdict = unreadable_verdict(
@@ -133,8 +170,13 @@ class AgentProtocols:
             if not raw and flow.request.method not in _BODY_METHODS:
                 return  # nothing to decide: an event stream opened, a session ended
             verdict, body = decide_body(section, raw, flow.request.headers.get("content-encoding"))
+            if verdict.verdict is Verdict.ASK:
+                verdict = self._by_grants(flow, exchange, dctx, verdict, body)
             if verdict.allowed:
                 _note(exchange, section, verdict, body, decision, dctx.decision_id)
+                return
+            if verdict.verdict is Verdict.ASK and decision.mode is not Mode.REPORT:
+                await self._hold(flow, exchange, dctx, decision, section, verdict, body)
                 return
             await self._refuse(flow, exchange, dctx, decision, section, verdict, body)
         except Exception:
@@ -190,6 +232,8 @@ class AgentProtocols:
             if not body and flow.request.method not in _BODY_METHODS:
                 return b""
             verdict, read = decide_body(section, body, flow.request.headers.get("content-encoding"))
+            if verdict.verdict is Verdict.ASK:
+                verdict = self._streamed_ask(flow, exchange, dctx, decision, verdict, read)
             if verdict.allowed:
                 _note(exchange, section, verdict, read, decision, dctx.decision_id)
                 return body
@@ -198,6 +242,81 @@ class AgentProtocols:
             return body
 
         return hold
+
+    def _by_grants(
+        self,
+        flow: http.HTTPFlow,
+        exchange: Exchange,
+        dctx: DecisionContext,
+        verdict: BodyVerdict,
+        body: ReadBody,
+    ) -> BodyVerdict:
+        """An `ask` verdict, allowed when live tool grants allow every asked call (the record
+        then names the grant, as a granted request's does); else as it was."""
+        identity = dctx.identity
+        if not isinstance(body, McpBody) or identity is None or dctx.host is None or dctx.port is None:
+            return verdict
+        tenant = self.ctx.policy.tenant(identity.tenant)
+        path = read_target(flow.request.path).path
+        where = Where(identity.tenant, identity.sandbox, dctx.host, dctx.port, flow.request.method, path)
+        books = (tenant.grants if tenant is not None else EMPTY_GRANTS, self.ctx.grants)
+        grants = granted(verdict, body, where, books, arguments_digest, time.time())
+        if grants is None:
+            return verdict
+        exchange.extra["approval"] = {"id": grants[0].id, "by": grants[0].by}
+        return released_verdict(verdict, [g.rule_id for g in grants])
+
+    def _streamed_ask(
+        self,
+        flow: http.HTTPFlow,
+        exchange: Exchange,
+        dctx: DecisionContext,
+        decision: Decision,
+        verdict: BodyVerdict,
+        body: ReadBody,
+    ) -> BodyVerdict:
+        """An asked body decided in its stream: allowed by tool grants, else refused (nothing
+        can wait for a person in there), saying how to be held; as it was in report mode."""
+        verdict = self._by_grants(flow, exchange, dctx, verdict, body)
+        if verdict.verdict is Verdict.ASK and decision.mode is not Mode.REPORT:
+            return refused_verdict(verdict, Reason.APPROVAL_REQUIRED, NEEDS_LENGTH)
+        return verdict
+
+    async def _hold(
+        self,
+        flow: http.HTTPFlow,
+        exchange: Exchange,
+        dctx: DecisionContext,
+        decision: Decision,
+        section: Section,
+        verdict: BodyVerdict,
+        body: ReadBody,
+    ) -> None:
+        """Hold an asked body for a person (Holds), then let its bytes go or refuse it."""
+        holds = self._holds()
+        state = self.ctx.connections.get(flow.client_conn.id)
+        if holds is None or state is None or not isinstance(body, McpBody):
+            refused = refused_verdict(verdict, Reason.APPROVAL_REQUIRED, NOT_HOLDABLE)
+            await self._refuse(flow, exchange, dctx, decision, section, refused, body)
+            return
+        # The held request's own record says `ask`, with the body's facts (digests, no values).
+        asking = replace(decision, allowed=False, ask=True, reason=Reason.APPROVAL_REQUIRED)
+        calls = asked_calls(verdict, body, arguments_digest)
+        facts = body_facts(section, verdict, body, report=False)
+        ended, waited = await holds.hold(flow.client_conn, dctx, asking, state, calls=calls, facts=facts)
+        if ended.approval is not None:
+            approval: dict[str, object] = {"id": ended.approval[0], "by": ended.approval[1]}
+            if waited.waited is not None:
+                approval["waited_seconds"] = round(waited.waited, 3)
+            exchange.extra["approval"] = approval
+        if ended.allowed:
+            _note(exchange, section, released_verdict(verdict), body, decision, dctx.decision_id)
+            return
+        refused = refused_verdict(verdict, ended.reason, ended.detail)
+        await self._refuse(flow, exchange, dctx, decision, section, refused, body)
+
+    def _holds(self) -> Holds | None:
+        return self.holds
 
     async def _refuse(
         self,

@@ -139,6 +139,7 @@ def decide_access_request(
     reason: str | None,
     scope: str | None = None,
     ttl_seconds: float | None = None,
+    any_arguments: bool = False,
 ) -> dict[str, Any]:
     """Approve (with a scope) or deny a request (AdminApiError 404: unknown, 409: already decided)."""
     verb = "approve" if approve else "deny"
@@ -148,6 +149,8 @@ def decide_access_request(
         body["scope"] = scope
     if ttl_seconds is not None:
         body["ttl_seconds"] = ttl_seconds
+    if any_arguments:
+        body["any_arguments"] = True
     return _call(config, "POST", path, json=body)
 
 

@@ -587,6 +587,9 @@ class AccessDecision(BaseModel):
     # grant's TTL (sandbox: approvals.grant_ttl_seconds by default; capped by grant_max_ttl_seconds).
     scope: Literal["once", "sandbox", "tenant"] | None = None
     ttl_seconds: Annotated[float, Field(gt=0)] | None = None
+    # A held tool call's grant (scope sandbox or tenant) for its tool whatever the arguments
+    # (default: only its exact arguments, by their digest).
+    any_arguments: bool = False
 
 
 _REQUEST_ID = re.compile(r"^[0-9a-f]{12,64}$")
@@ -626,10 +629,12 @@ class AccessRequestDecision(_Handler):
                     reason=ask.reason,
                     scope=ask.scope,
                     ttl_seconds=ask.ttl_seconds,
+                    any_arguments=ask.any_arguments,
                 )
             else:
-                if not approving and (ask.scope is not None or ask.ttl_seconds is not None):
-                    raise SettleError(400, "scope and ttl_seconds go with approve only")
+                widened = ask.scope is not None or ask.ttl_seconds is not None or ask.any_arguments
+                if not approving and widened:
+                    raise SettleError(400, "scope, ttl_seconds and any_arguments go with approve only")
                 settled = await settle_request(
                     self.state, _request_id(request_id), approve=approving, by=ask.by, reason=ask.reason
                 )

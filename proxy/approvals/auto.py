@@ -12,6 +12,8 @@ it is, and as an operator's approval would be:
   one, which approves nothing): the lead writes the grant, puts it in force on every worker,
   then takes the approval to the worker holding the proposal.
 So the audit chain, the grants and the webhook are an operator's approval's on every worker.
+A held MCP tool call (an `mcp.tools.ask` glob) is never approved automatically: the ceiling
+says nothing about tools or arguments, so nothing in it can prove one harmless.
 
 The ceiling file is read when it changes (its mtime, looked at per access request: rare);
 one that does not load approves nothing (logged) until it is fixed.
@@ -79,6 +81,10 @@ class AutoApprover:
 
     def verdict(self, request: AccessRequest) -> str | None:
         """Why `request` waits for a person, or None: approve it."""
+        if request.calls:
+            # The ceiling bounds hosts, ports, methods and paths; it says nothing about tools or
+            # their arguments, so it cannot prove a tool call harmless.
+            return "a tool call: the ceiling names no tools, a person decides"
         ceiling = self._load()
         if ceiling is None:
             return f"the ceiling {self.ceiling_path} does not load"

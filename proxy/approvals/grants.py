@@ -227,6 +227,8 @@ def grant_record(grant: Grant, action: str, *, where: str, by: str | None) -> di
         "approved_by": grant.by,
         "reason": grant.reason,
         "where": where,
+        # A tool grant's tool, arguments' digest and predicates (the operator's, never a call's values).
+        **grant.tool_fields(),
     }
 
 

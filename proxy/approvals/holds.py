@@ -6,10 +6,13 @@ record (decision `ask`, tied to its end's by `approval_id`), and remembers, per 
 connection, what it holds (released when the client hangs up) and the tunnel an approval
 opened (its requests are not asked about again). Approved, a held decision goes on exactly as
 an allowed one; denied, timed out, over the sandbox's cap or cut by the drain, it is refused.
+AgentProtocols holds MCP tool calls (`mcp.tools.ask`) through the same Holds, passing the
+calls the operator is shown and the body's facts its `ask` record carries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -21,6 +24,7 @@ from sandgate.policy.decision import Decision
 from sandgate.policy.overrides import Decide
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.approvals.store import AccessRequest, Approvals, QueueFull, State
+from sandgate.proxy.approvals.tool_calls import ToolCall
 from sandgate.proxy.audit.records import DecisionContext, decision_record, new_decision_id
 from sandgate.proxy.context import ConnectionState, GatewayContext
 from sandgate.proxy.respond import SHUTTING_DOWN
@@ -44,11 +48,19 @@ class Holds:
         self._tunnels: dict[str, tuple[str, int, Approval]] = {}
 
     async def hold(
-        self, client: connection.Client, dctx: DecisionContext, decision: Decision, state: ConnectionState
+        self,
+        client: connection.Client,
+        dctx: DecisionContext,
+        decision: Decision,
+        state: ConnectionState,
+        *,
+        calls: tuple[ToolCall, ...] = (),
+        facts: Mapping[str, object] | None = None,
     ) -> tuple[Decision, DecisionContext]:
         """Hold an `ask` decision until an operator decides: the decision to go on with (allowed,
         carrying the approval, when approved) or the denial to answer with, and the context
-        with the time it waited."""
+        with the time it waited. `calls`: the tool calls of a held MCP body (shown to the
+        operator); `facts`: what the held request's record carries besides (its `mcp`)."""
         approvals, identity = self.approvals, dctx.identity
         if approvals is None or state.transparent or identity is None:
             # Transparent mode cannot hold a request yet: refused, saying what it would need.
@@ -64,6 +76,7 @@ class Holds:
                 method=dctx.method,
                 path=dctx.path,
                 rule_id=decision.rule_id,
+                calls=calls,
             )
         except QueueFull:
             return decision.as_denial(Reason.APPROVAL_QUEUE_FULL, "too many requests held for approval"), dctx
@@ -71,6 +84,7 @@ class Holds:
         try:
             # The held request's own record (decision `ask`), tied to its end's by `approval_id`.
             record = decision_record(replace(dctx, decision_id=new_decision_id()), decision)
+            record.update(facts or {})
             record["decision"] = "ask"
             record["approval_id"] = request.id
             if not await self.ctx.audit.emit(record):

@@ -86,13 +86,15 @@ async def approve(
     reason: str | None,
     scope: str | None,
     ttl_seconds: float | None,
+    any_arguments: bool = False,
 ) -> dict[str, Any]:
     """Approve an access request with a scope (SettleError 400 / 404 / 409 / 503).
 
     `once` (a held request's default) releases it only. `sandbox` (a proposal's default) and
     `tenant` also add a grant, in force before the request is released: the next matching
     request of that sandbox (or tenant) is allowed without asking. A proposal holds nothing
-    to release: `once` is refused for it.
+    to release: `once` is refused for it. A held tool call's grant is a tool grant: its tool,
+    and its exact arguments (their digest) unless `any_arguments`.
     """
     view = await desk.workers.find(request_id)
     if view is None:
@@ -110,11 +112,15 @@ async def approve(
             )
         if ttl_seconds is not None:
             raise SettleError(400, "a TTL goes with scope sandbox or tenant (once ends with the request)")
+        if any_arguments:
+            raise SettleError(400, "any_arguments widens a grant: it goes with scope sandbox or tenant")
         settled = await desk.workers.settle(request_id, approve=True, by=by, reason=reason)
         return {**settled, "scope": chosen}
     if view.get("state") not in OPEN_STATES:
         raise SettleError(409, f"access request {request_id!r} is already {view.get('state')}")
-    grant = grant_for(desk.grants, view, chosen, by=by, reason=reason, ttl_seconds=ttl_seconds)
+    grant = grant_for(
+        desk.grants, view, chosen, by=by, reason=reason, ttl_seconds=ttl_seconds, any_arguments=any_arguments
+    )
     # The grant first: in force before the held request is released, so what the agent sends
     # next is allowed; taken back when the request can no longer be approved.
     where = await _store(desk, grant)
@@ -134,11 +140,13 @@ def grant_for(
     by: str | None,
     reason: str | None,
     ttl_seconds: float | None,
+    any_arguments: bool = False,
 ) -> Grant:
     """The grant an approval adds: exactly what the request asked for (SettleError 400 when
     that cannot be written as a grant)."""
     if book is None:
         raise SettleError(501, "this gateway keeps no grants")
+    tool, digest = _tool_scope(view, any_arguments)
     methods, paths = asked_for(view)
     if view.get("paths") is None and paths is not None:
         # A held request's path, without its query (already redacted): matched exactly.
@@ -152,6 +160,8 @@ def grant_for(
             port=int(view["port"]),
             methods=methods,
             paths=paths,
+            tool=tool,
+            arguments_sha256=digest,
         )
     except (ValidationError, ValueError, KeyError) as e:
         raise SettleError(400, f"this request cannot be granted beyond once: {_first_error(e)}") from None
@@ -171,7 +181,23 @@ def grant_for(
         by=by,
         at=now,
         reason=reason,
+        **entry.tool_scope(),
     )
+
+
+def _tool_scope(view: dict[str, Any], any_arguments: bool) -> tuple[str | None, str | None]:
+    """A held tool call's grant scope: (its tool, its arguments' digest; None with
+    `any_arguments`); (None, None) for any other request. SettleError 400 when it has none."""
+    calls = view.get("tool_calls") or []
+    if not calls:
+        if any_arguments:
+            raise SettleError(400, "any_arguments goes with a held tool call; this request is none")
+        return None, None
+    if len(calls) > 1:
+        # One approval makes one grant, and a grant names one tool.
+        raise SettleError(400, f"a batch of {len(calls)} tool calls that ask: approve it once")
+    call = calls[0]
+    return str(call["tool"]), None if any_arguments else str(call["arguments_sha256"])
 
 
 def _first_error(e: Exception) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from sandgate.proxy.approvals.tool_calls import ToolCall
 from sandgate.proxy.audit.records import format_time, new_decision_id, redact_query
 from sandgate.proxy.metrics import METRICS
 
@@ -101,6 +102,8 @@ class AccessRequest:
     methods: tuple[str, ...] | None = None  # a proposal's methods (None: any)
     paths: tuple[str, ...] | None = None  # a proposal's path globs (None: any)
     note: str | None = None  # the guest's reason text: untrusted, cleaned by clean_note
+    # A held MCP body: the tool calls that wait for a person (sandgate.proxy.approvals.tool_calls).
+    calls: tuple[ToolCall, ...] = ()
     # Seconds from its creation to the end of its hold or wait (a decision, its deadline, its
     # client hanging up): set once, when that happens.
     waited: float | None = None
@@ -134,6 +137,10 @@ class AccessRequest:
             "kind": self.kind,
             **self.proposed(),
             "note": self.note,
+            # A held tool call: its tool (the first, for a batch), and every asked call with its
+            # arguments' digest and preview (shown to operators only, never recorded).
+            "tool": self.calls[0].tool if self.calls else None,
+            "tool_calls": [c.view() for c in self.calls] if self.calls else None,
         }
 
 
@@ -174,8 +181,10 @@ class Approvals:
         method: str | None,
         path: str | None,
         rule_id: str | None,
+        calls: tuple[ToolCall, ...] = (),
     ) -> AccessRequest:
-        """A new held request; QueueFull when the sandbox is at its cap."""
+        """A new held request (`calls`: the tool calls of a held MCP body); QueueFull when the
+        sandbox is at its cap."""
         self._admit(sandbox)
         request = AccessRequest(
             id=new_decision_id(),
@@ -189,6 +198,7 @@ class Approvals:
             rule_id=rule_id,
             created=time.time(),
             deadline=time.monotonic() + self.timeout,
+            calls=calls,
         )
         self._store(request)
         return request

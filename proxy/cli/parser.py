@@ -188,7 +188,16 @@ def _add_requests(sub: Subparsers) -> None:
         help="how long the grant allows: 90s, 30m, 2h, 1d (default: approvals.grant_ttl_seconds for "
         "sandbox, none for tenant; capped by approvals.grant_max_ttl_seconds)",
     )
-    deny = req_sub.add_parser("deny", help="refuse a held request (403 approval_denied)")
+    approve.add_argument(
+        "--any-arguments",
+        action="store_true",
+        help="a held MCP tool call: its grant (--scope sandbox or tenant) allows that tool with any "
+        "arguments; without it, the grant allows the tool with exactly these arguments (their "
+        "arguments_sha256) only. The grant is bound to the host, port, method and path too",
+    )
+    deny = req_sub.add_parser(
+        "deny", help="refuse a held request (403 approval_denied; a tool call: a JSON-RPC error)"
+    )
     deny.add_argument("id")
     grants = req_sub.add_parser("grants", help="the grants in force (approvals with scope sandbox or tenant)")
     revoke = req_sub.add_parser("revoke", help="withdraw a grant (by its approval id)")

@@ -1,10 +1,12 @@
-"""`sandgate requests list|show ID|approve ID [--scope S] [--ttl D]|deny ID [--reason TEXT]|
-grants|revoke ID`: requests held for a decision (`ask` rules) or proposed by a sandbox, through
-the running gateway's admin API.
+"""`sandgate requests list|show ID|approve ID [--scope S] [--ttl D] [--any-arguments]|deny ID
+[--reason TEXT]|grants|revoke ID`: requests held for a decision (`ask` rules, `mcp.tools.ask`
+tool calls) or proposed by a sandbox, through the running gateway's admin API.
 
 Scope `once` (a held request's default) releases that one request and changes no rule;
 `sandbox` (a proposal's default) also grants what it asked for to its sandbox for a TTL;
-`tenant` grants it to the whole tenant (its grants file, or redis in a fleet).
+`tenant` grants it to the whole tenant (its grants file, or redis in a fleet). A held tool
+call's grant names its tool and its exact arguments (their digest); `--any-arguments`: the
+tool with any arguments.
 
 Exit 0: done. 1: no such request or grant, or it was already decided. 2: no gateway answers,
 or usage (a scope the request cannot take, a bad --ttl).
@@ -80,6 +82,7 @@ def run_requests_command(args: argparse.Namespace) -> int:
             reason=args.reason,
             scope=args.scope if approve else None,
             ttl_seconds=ttl,
+            any_arguments=approve and bool(args.any_arguments),
         )
         _emit(args.format, decided, _decided(decided))
         return EXIT_OK
@@ -106,7 +109,12 @@ def _what(r: dict[str, Any]) -> str:
         paths = ",".join(r.get("paths") or []) or "any path"
         return f"proposal: {methods} {where} {paths}"
     if r.get("method"):
-        return f"{r['method']} {where}{r.get('path') or ''}"
+        line = f"{r['method']} {where}{r.get('path') or ''}"
+        calls = r.get("tool_calls") or []
+        if calls:
+            # A held MCP body: the tool it asks to call (how many, for a batch).
+            line += f" tool {r.get('tool')}" + (f" (+{len(calls) - 1} more)" if len(calls) > 1 else "")
+        return line
     return f"CONNECT {where}"
 
 
@@ -125,7 +133,14 @@ def _grant_what(g: dict[str, Any]) -> str:
     who = g.get("sandbox") or f"tenant {g.get('tenant')}"
     methods = ",".join(g.get("methods") or []) or "any method"
     paths = ",".join(g.get("paths") or []) or "any path"
-    return f"{who}: {methods} {g.get('host')}:{g.get('port')} {paths}"
+    line = f"{who}: {methods} {g.get('host')}:{g.get('port')} {paths}"
+    if g.get("tool"):
+        digest = g.get("arguments_sha256")
+        arguments = f"arguments sha256:{digest[:12]}..." if digest else "any arguments"
+        if g.get("arguments"):
+            arguments += f", {len(g['arguments'])} predicates"
+        line += f" tool {g['tool']} ({arguments})"
+    return line
 
 
 def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -170,6 +185,12 @@ def _detail(r: dict[str, Any]) -> str:
     )
     lines = [f"{name}: {r.get(name) if r.get(name) is not None else '-'}" for name in fields]
     lines.insert(5, f"request: {_what(r)}")
+    # A held tool call: each asked call, its arguments' digest and a preview of them (canonical
+    # JSON, placeholders masked, cut at 1 KiB), the guest's data: escaped by `clean`.
+    for i, call in enumerate(r.get("tool_calls") or []):
+        lines.append(f"tool: {clean(str(call.get('tool')))}" + (f" (call {i + 1})" if i else ""))
+        lines.append(f"  arguments_sha256: {call.get('arguments_sha256')}")
+        lines.append(f"  arguments: {clean(str(call.get('arguments_preview')))}")
     return "\n".join(lines)
 
 

@@ -4,9 +4,12 @@ checked at every decision; a sandbox's grant is that sandbox's)."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,9 +19,10 @@ from sandgate.policy.ceiling import effective_rules, load_ceiling, prove_tenants
 from sandgate.policy.decide import decide
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import PolicySetError
-from sandgate.policy.model.grants import Grant, Grants, render_grants_file
+from sandgate.policy.model.grants import Grant, Grants, ToolCallAsked, predicate_json, render_grants_file
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.protocols.arguments import ArgumentPredicate
 from sandgate.policy.reasons import Reason
 from sandgate.policy.resolver import StaticResolver
 from sandgate.policy.trace import Outcome, StepName, Trace
@@ -329,3 +333,112 @@ async def test_every_method_or_path_is_written_out_and_accepted(
     root = write_rules(tmp_path / "again", again)
     [back] = load_policy_dir(root).tenants["asker"].grants
     assert (back.methods, back.paths) == (methods, paths)
+
+
+TOOL_DIGEST = "a" * 64
+
+
+def tool_grant(**fields: Any) -> Grant:
+    """A tool grant on api.example.com:443 POST /mcp for `merge_pull`."""
+    base = grant(ID3, methods=["POST"], paths=["/mcp"], sandbox="a-1")
+    return replace(base, tool="merge_pull", **fields)
+
+
+def asked(
+    tool: str = "merge_pull", arguments: dict[str, object] | None = None, digest: str = TOOL_DIGEST
+) -> ToolCallAsked:
+    return ToolCallAsked("api.example.com", 443, "POST", "/mcp", tool, dict(arguments or {}), digest)  # type: ignore[arg-type]
+
+
+async def test_a_tool_grant_allows_no_request_and_names_no_host(tmp_path: Path) -> None:
+    policy = load_policy_dir(write_rules(tmp_path))
+    grants = Grants([tool_grant()])
+    # The request that would carry the call is still asked about: only the tool call is granted.
+    d = await ask(policy, A1, http(method="POST", path="/mcp"), grants)
+    assert (d.allowed, d.ask) == (False, True)
+    assert not grants.names_host("asker", "a-1", "api.example.com", time.time())
+    assert grants.match("asker", "a-1", "api.example.com", 443, "POST", "/mcp", None, time.time()) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "call", "allowed"),
+    [
+        ({}, asked(), True),
+        ({"arguments_sha256": TOOL_DIGEST}, asked(), True),
+        ({"arguments_sha256": "b" * 64}, asked(), False),
+        ({}, asked("merge_branch"), False),
+        ({"arguments": (ArgumentPredicate(path="n", max=5),)}, asked(arguments={"n": 5}), True),
+        ({"arguments": (ArgumentPredicate(path="n", max=5),)}, asked(arguments={"n": 6}), False),
+        ({"arguments": (ArgumentPredicate(path="n", max=5),)}, asked(arguments={}), False),
+    ],
+    ids=[
+        "the tool, any arguments",
+        "the tool with the digest it names",
+        "another digest",
+        "another tool",
+        "arguments that pass its predicate",
+        "arguments that fail its predicate",
+        "a missing argument its predicate needs",
+    ],
+)
+def test_a_tool_grant_allows_its_tool_call_only(
+    fields: dict[str, Any], call: ToolCallAsked, allowed: bool
+) -> None:
+    grants = Grants([tool_grant(**fields)])
+    found = grants.match_call("asker", "a-1", call, time.time())
+    assert (found is not None) is allowed
+    assert Grants([grant(sandbox="a-1")]).match_call("asker", "a-1", call, time.time()) is None, (
+        "a host grant never releases a tool call"
+    )
+
+
+def test_a_tool_grant_round_trips_through_the_grants_file_and_the_store(tmp_path: Path) -> None:
+    predicate = ArgumentPredicate(path="title", glob="fix: *\U0001f600")
+    tenant_wide = replace(tool_grant(arguments_sha256=TOOL_DIGEST, arguments=(predicate,)), sandbox=None)
+    text = render_grants_file("asker", [tenant_wide])
+    assert '    tool: "merge_pull"\n' in text and f'    arguments_sha256: "{TOOL_DIGEST}"\n' in text
+    [loaded] = load_policy_dir(write_rules(tmp_path, text)).tenants["asker"].grants
+    assert (loaded.tool, loaded.arguments_sha256, shown(loaded)) == (
+        "merge_pull",
+        TOOL_DIGEST,
+        [predicate_json(predicate)],
+    )
+    stored = Grant.from_json(json.loads(json.dumps(tenant_wide.as_json())), "redis")
+    assert (stored.tool, stored.arguments_sha256, shown(stored)) == (
+        "merge_pull",
+        TOOL_DIGEST,
+        [predicate_json(predicate)],
+    )
+
+
+def shown(g: Grant) -> list[dict[str, object]]:
+    return [predicate_json(p) for p in g.arguments or ()]
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        (f'arguments_sha256: "{TOOL_DIGEST}"', "arguments_sha256 and arguments go with tool"),
+        ('tool: "merge_*"', "grants.0.tool"),
+        ('tool: "merge_pull"\n    arguments_sha256: "abc"', "grants.0.arguments_sha256"),
+    ],
+    ids=["a digest without a tool", "a tool glob", "a digest that is none"],
+)
+def test_a_broken_tool_grant_is_refused(tmp_path: Path, extra: str, problem: str) -> None:
+    text = (
+        textwrap.dedent(
+            f"""\
+        tenant: asker
+        grants:
+          - id: "{ID1}"
+            host: api.example.com
+            port: 443
+            methods: [POST]
+            paths: ["/mcp"]
+        """
+        )
+        + f"    {extra}\n"
+    )
+    with pytest.raises(PolicySetError) as e:
+        load_policy_dir(write_rules(tmp_path, text))
+    assert problem in str(e.value)
