@@ -109,8 +109,22 @@ def decide(
     ev.address = address
     ev.reserved = reserved
     ev.bindings = bindings
-    # The steps' coroutine itself, not one awaiting it: one coroutine per decision, not two.
-    return evaluate(REQUEST_STEPS, ev, trace)
+    return _steps(ev, trace)
+
+
+def _steps(ev: Evaluation, trace: Trace | None) -> Coroutine[Any, Any, Decision]:
+    """The request's steps; for a tenant with protocol sections, followed by applying them."""
+    who = ev.identity
+    tenant = ev.policy.tenant(who.tenant) if who is not None else None
+    if tenant is None or not tenant.allow.has_sections:
+        # The steps' coroutine itself, not one awaiting it: one coroutine per decision, not two.
+        return evaluate(REQUEST_STEPS, ev, trace)
+    return _sectioned(ev, trace)
+
+
+async def _sectioned(ev: Evaluation, trace: Trace | None) -> Decision:
+    """The steps' decision with the protocol section of its host and port (Evaluation.with_sections)."""
+    return ev.with_sections(await evaluate(REQUEST_STEPS, ev, trace))
 
 
 async def decide_name(

@@ -10,6 +10,7 @@ from dataclasses import replace
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
+from sandgate.policy.address_choice import parse_ip
 from sandgate.policy.address_guard import IPAddress
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Mode, Refusal
 from sandgate.policy.reasons import Reason
@@ -153,6 +154,33 @@ class Evaluation:
             detail=detail,
             refused=refused,
         )
+
+    def with_sections(self, decision: Decision) -> Decision:
+        """`decision` with the protocol section that applies to its request, when it lets the
+        request on (allowed, would-deny, or held for an operator, whose release keeps it).
+
+        A section binds its rule's hosts (or networks) and ports: whichever rule, grant, ask or
+        report mode let the request through, the section of every allow rule for the request's
+        host and port applies, and of every one whose networks hold the address it dials. It
+        needs interception, and no raw tunnel. Two different sections (the loader refuses that
+        for names and for networks, but a name can resolve into a sectioned network): no one
+        of them can decide, so the request is denied (`policy_error`).
+        """
+        if not (decision.allowed or decision.ask):
+            return decision
+        allow, r = self.tenant.allow, self.request
+        found = {id(rule.messages): rule for rule in allow.section_rules(r.host, self.ip, r.port)}
+        if self.ip is None and decision.address:
+            for rule in allow.section_rules("", parse_ip(decision.address), r.port):
+                found.setdefault(id(rule.messages), rule)
+        if not found:
+            return decision
+        if len(found) > 1:
+            names = " and ".join(f"{rule.rule_id} ({rule.origin})" for rule in found.values())
+            detail = f"different protocol sections apply to this request: {names}; give it one"
+            return decision.as_denial(Reason.POLICY_ERROR, detail)
+        (rule,) = found.values()
+        return replace(decision, messages=rule.messages, inspect=True, raw_tcp=False)
 
     def bound_credentials(self) -> tuple[str, ...]:
         """The credentials Rego's input names: the request's own, else those bound to its

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from sandgate.policy.addresses import CidrSet, internal_only, parse_network
@@ -145,13 +145,17 @@ class RuleIndex:
         "_internal",
         "_internal_rules",
         "_ports",
+        "_sectioned",
         "_suffix",
         "has_raw_tcp",
         "rules",
     )
 
-    def __init__(self, rules: Iterable[CompiledRule]) -> None:
+    def __init__(self, rules: Iterable[CompiledRule], *, sections: bool = True) -> None:
         self.rules = tuple(rules)
+        # The rules with a protocol section, indexed alike (None: there are none): a section
+        # applies to every request to its hosts and ports (`section_rules`).
+        self._sectioned = _section_index(self.rules) if sections else None
         exact: dict[str, list[CompiledRule]] = {}
         suffix: dict[str, list[CompiledRule]] = {}
         cidr_rules: list[tuple[CidrSet, CompiledRule]] = []
@@ -309,6 +313,25 @@ class RuleIndex:
         """Whether a rule names this host itself (exactly or by suffix), not only `hosts: ["*"]`."""
         return next(self.named_candidates(host, None), None) is not None
 
+    @property
+    def has_sections(self) -> bool:
+        """Whether any rule of this list has an `mcp:`, `jsonrpc:` or `graphql:` section."""
+        return self._sectioned is not None
+
+    def section_rules(
+        self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None, port: int
+    ) -> tuple[CompiledRule, ...]:
+        """One rule per distinct section among the rules whose hosts (`*` included) or networks
+        and ports match, whatever their methods and paths: the sections that apply to every
+        request to host:port (`host` "" and `ip`: a resolved address's networks only)."""
+        if self._sectioned is None:
+            return ()
+        found: dict[int, CompiledRule] = {}
+        for rule in self._sectioned.candidates(host, ip):
+            if rule.port_ok(port):
+                found.setdefault(id(rule.messages), rule)
+        return tuple(found.values())
+
     def needs_inspection(
         self, host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None, port: int
     ) -> bool:
@@ -316,3 +339,17 @@ class RuleIndex:
         return any(
             rule.port_ok(port) and (rule.inspect or rule.per_request) for rule in self.candidates(host, ip)
         )
+
+
+def _section_index(rules: tuple[CompiledRule, ...]) -> RuleIndex | None:
+    """The rules with a section, each section that equals another one written elsewhere (a
+    preset's in two places, the same text twice) replaced by the first: one object per content."""
+    same: dict[str, McpSection | JsonRpcSection | GraphqlSection] = {}
+    sectioned = []
+    for rule in rules:
+        if rule.messages is None:
+            continue
+        key = f"{type(rule.messages).__name__}:{rule.messages.model_dump_json()}"
+        first = same.setdefault(key, rule.messages)
+        sectioned.append(rule if first is rule.messages else replace(rule, messages=first))
+    return RuleIndex(sectioned, sections=False) if sectioned else None

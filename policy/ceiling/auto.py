@@ -4,7 +4,9 @@ for may be approved without a person.
 Only when it adds nothing outside the operator's ceiling (every request it would allow is one
 a ceiling region allows, as `sandgate policy prove` decides it) and names no host the
 operator keeps for people (`approvals.always_human`, and every host a tenant's credentials
-are bound to: a real secret goes there). Anything else, an unprovable one too, waits.
+are bound to: a real secret goes there), nor any a `protocols` entry bounds (its requests are
+decided by the tenant's protocol sections, which only `policy prove` reads). Anything else, an
+unprovable one too, waits.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def needs_a_person(shape: RuleShape, ceiling: Ceiling, credential_hosts: Iterabl
         name = lookup_excess(shape, ceiling)
     except Exception as e:  # ProofTooLarge or any other: not proved inside, so not automatic
         return f"the ceiling could not be proved for it ({type(e).__name__})"
+    for bounded in ceiling.protocols:
+        if overlap(shape, [bounded.shape]) is not None:
+            # Whether the tenant's sections hold the entry's bounds is `policy prove`'s question,
+            # on the tenant's rules: not this one's.
+            return f"a host the ceiling's {bounded.shape.rule_id} bounds by protocol: kept for people"
     if human is not None:
         entry, example = human
         return f"always_human ({entry.origin or entry.rule_id}) covers {example.url}"

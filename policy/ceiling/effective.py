@@ -105,6 +105,7 @@ def _shape(compiled: CompiledRule, written: Rule, deny: bool) -> RuleShape:
         rule_id=compiled.rule_id,
         origin=compiled.origin,
         deny=deny,
+        messages=written.messages,
     )
 
 

@@ -11,48 +11,26 @@ may grant (pydantic; errors as `file:line:column: field: problem`, like policy f
         paths: ["/simple/**"]      # default: every path (the tenant glob syntax)
     always_human:                  # what an automatic approval never grants
       - hosts: [api.github.com]
+    protocols:                     # hosts a protocol section must decide, and what it may never
+      - hosts: [mcp.github.example]  # allow (sandgate.policy.ceiling.bounds)
+        mcp: {tools: {deny: ["delete_*"]}}
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandgate.policy.ceiling.bounds import ProtocolBound, ProtocolEntry
 from sandgate.policy.ceiling.sets import Intervals
-from sandgate.policy.ceiling.shape import RuleShape, ports_of
+from sandgate.policy.ceiling.shape import PortOrRange, RuleShape, port_span, ports_of
 from sandgate.policy.model.tenant import NAME_PATTERN, HostPattern, Method, Network, PathGlob
 from sandgate.policy.model.yamlsource import YamlDocument, load_yaml, validate
 
 __all__ = ["Ceiling", "CeilingFile", "Region", "load_ceiling", "port_span"]
-
-_RANGE = re.compile(r"^([0-9]{1,5})-([0-9]{1,5})$")
-
-
-def port_span(value: int | str) -> tuple[int, int]:
-    """The (low, high) ports of a port (1..65535) or a `low-high` range of them."""
-    if isinstance(value, int):
-        if not 1 <= value <= 65535:
-            raise ValueError(f"port {value} is out of range 1..65535")
-        return value, value
-    m = _RANGE.match(value)
-    if m is None:
-        raise ValueError(f"{value!r}: a port is a number or a range 'low-high'")
-    low, high = int(m[1]), int(m[2])
-    if not 1 <= low <= high <= 65535:
-        raise ValueError(f"{value!r}: a range needs 1 <= low <= high <= 65535")
-    return low, high
-
-
-def _check_port(value: int | str) -> int | str:
-    port_span(value)
-    return value
-
-
-PortOrRange = Annotated[int | str, AfterValidator(_check_port)]
 
 
 class Region(BaseModel):
@@ -95,6 +73,13 @@ class CeilingFile(BaseModel):
         default_factory=list,
         description="what an automatic approval never grants (credential-bound hosts, for example)",
     )
+    protocols: list[ProtocolBound] = Field(
+        default_factory=list,
+        description=(
+            "hosts whose every request an `mcp:`, `jsonrpc:` or `graphql:` section must decide, and "
+            "what that section may never allow"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +89,7 @@ class Ceiling:
     file: str
     regions: tuple[RuleShape, ...]
     always_human: tuple[RuleShape, ...] = ()
+    protocols: tuple[ProtocolEntry, ...] = ()
 
 
 def load_ceiling(path: Path) -> Ceiling:
@@ -114,6 +100,7 @@ def load_ceiling(path: Path) -> Ceiling:
         str(path),
         tuple(_shape(doc, "regions", i, r) for i, r in enumerate(model.regions)),
         tuple(_shape(doc, "always_human", i, r) for i, r in enumerate(model.always_human)),
+        tuple(_protocol(doc, i, p) for i, p in enumerate(model.protocols)),
     )
 
 
@@ -129,6 +116,11 @@ def _shape(doc: YamlDocument, key: str, i: int, region: Region) -> RuleShape:
         rule_id=f"ceiling/{key}/{region.id or i}",
         origin=f"{where.file}:{where.line}" if where.line is not None else where.file,
     )
+
+
+def _protocol(doc: YamlDocument, i: int, entry: ProtocolBound) -> ProtocolEntry:
+    region = Region(id=entry.id, hosts=entry.hosts, cidrs=entry.cidrs, ports=entry.ports)
+    return ProtocolEntry(_shape(doc, "protocols", i, region), entry.kind, entry.section)
 
 
 def _port_spans(ports: list[int | str] | None) -> list[tuple[int, int]] | None:

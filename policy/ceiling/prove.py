@@ -25,7 +25,7 @@ from sandgate.policy.ceiling.sets import RAW_TCP, DestSet, HostSpace, Intervals,
 from sandgate.policy.ceiling.shape import RuleShape
 from sandgate.policy.matcher import ANY_HOST
 
-__all__ = ["CounterExample", "excess", "lookup_excess", "overlap"]
+__all__ = ["CounterExample", "excess", "lookup_excess", "overlap", "shared"]
 
 _PREFERRED_PORTS = (443, 80, 8080, 8443)
 
@@ -208,6 +208,25 @@ def overlap(
         if _nonempty(both):
             return region, _example(both)
     return None
+
+
+def shared(rule: RuleShape, within: RuleShape, takeaway: Sequence[RuleShape] = ()) -> CounterExample | None:
+    """A request `rule` allows to a destination and port of `within` (any method and path of
+    it) that no shape of `takeaway` covers (each read as a region: deny rules fold case), or None."""
+    if not _touches(rule, within):
+        return None
+    space = _space((rule, within, *takeaway))
+    a = _box(rule, space, region=False)
+    w = _box(replace(within, methods=None, paths=None, raw_tcp=False), space, region=True)
+    left = [_Box(a.dest & w.dest, a.ports & w.ports, a.methods & w.methods, a.paths)]
+    if not _nonempty(left[0]):
+        return None
+    for shape in takeaway:
+        area = _box(shape, space, region=True)
+        left = [piece for box in left for piece in _minus(box, area)]
+        if not left:
+            return None
+    return _example(left[0])
 
 
 def _touches(a: RuleShape, b: RuleShape) -> bool:

@@ -6,7 +6,9 @@ case and take the paths the gateway cannot read). Deny networks that a name reso
 are not taken from names (no DNS here): conservative, never unsound.
 Rego can only refuse what the rules allow, so a Rego tenant is proved on its rules. A tenant
 in report mode allows what its rules would deny: it is checked as if it allowed everything.
-No I/O.
+The ceiling's `protocols:` entries are proved on the tenants' protocol sections
+(sandgate.policy.ceiling.sections); a report-mode tenant lets what a section refuses through,
+so it is found under every entry. No I/O.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from sandgate.policy.ceiling.effective import TenantRules
 from sandgate.policy.ceiling.model import Ceiling
 from sandgate.policy.ceiling.pathlang import ProofTooLarge
 from sandgate.policy.ceiling.prove import CounterExample, excess, lookup_excess
+from sandgate.policy.ceiling.sections import section_findings
 from sandgate.policy.ceiling.sets import ALL_PORTS
 from sandgate.policy.ceiling.shape import RuleShape
 from sandgate.policy.matcher import ANY_HOST
@@ -39,6 +42,8 @@ class Excess:
     # A name the gateway would look up for this rule that no region names (its requests
     # being all denied); None with no example: not decided.
     lookup: str | None = None
+    # A protocol message its section allows that a `protocols` entry denies (`tool 'delete_x'`).
+    message: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -47,6 +52,7 @@ class Excess:
             "origin": self.origin,
             "request": self.example.as_dict() if self.example is not None else None,
             "lookup": self.lookup,
+            "message": self.message,
             "why": self.why,
         }
 
@@ -92,7 +98,30 @@ def prove_tenants(tenants: list[TenantRules], ceiling: Ceiling) -> Proof:
         for rule in t.rules:
             count += 1
             found += _check(t.tenant, rule, cover, ceiling.regions, "")
+        found += _sections(t, ceiling)
     return Proof(ceiling.file, len(tenants), count, tuple(found), tuple(notes))
+
+
+def _sections(t: TenantRules, ceiling: Ceiling) -> list[Excess]:
+    """What the tenant's protocol sections (or their absence) let past the `protocols` entries."""
+    found: list[Excess] = []
+    for entry in ceiling.protocols:
+        where = f"the ceiling's {entry.shape.rule_id} ({entry.shape.origin})"
+        if t.report_mode is not None:
+            why = f"report mode lets through what a protocol section refuses (recorded would_deny); {where}"
+            found.append(Excess(t.tenant, f"{t.tenant}/mode", t.report_mode, None, why))
+        try:
+            findings = section_findings(t.rules, t.denies, entry)
+        except Exception as e:  # ProofTooLarge, GlobTooLarge or other: never "inside" for want of an answer
+            found.append(
+                Excess(t.tenant, f"{t.tenant}/allow", t.source, None, f"not decided: {e!r} ({where})")
+            )
+            continue
+        found += [
+            Excess(t.tenant, f.rule.rule_id, f.rule.origin, f.example, f.why, message=f.message)
+            for f in findings
+        ]
+    return found
 
 
 def _report(t: TenantRules) -> RuleShape:

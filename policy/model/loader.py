@@ -34,6 +34,7 @@ from sandgate.policy.model.policyset import LoadNotice, PolicySet, SandboxRecord
 from sandgate.policy.model.rego_loader import RegoLoad, load_rego, rego_watch_files
 from sandgate.policy.model.salvage import salvage
 from sandgate.policy.model.sandbox_tokens import resolve_token_reference
+from sandgate.policy.model.section_conflicts import WrittenRule, section_conflicts
 from sandgate.policy.model.tenant import BaseFile, PresetFile, Rule, TenantFile
 from sandgate.policy.model.yamlsource import YamlDocument, load_yaml, validate
 from sandgate.policy.rego.compiler import keep_only
@@ -170,6 +171,7 @@ def _compile_tenants(
     for loaded in read.tenant_files:
         errors = read.tenant_errors[loaded.doc.file]
         tenant = _compile_tenant(loaded, preset_rules, broken_presets, base_deny, errors)
+        errors += section_conflicts(_written_allow(loaded, read.presets, preset_rules), loaded.model.tenant)
         if tenant.name in defined:
             problem = f"tenant {tenant.name!r} is defined twice (also in {defined[tenant.name]})"
             errors.append(_err(loaded.doc, ("tenant",), problem))
@@ -522,6 +524,21 @@ def _orphan_grants(grants_files: dict[str, Path], defined: dict[str, str]) -> li
         for name, path in sorted(grants_files.items())
         if name not in defined
     ]
+
+
+def _written_allow(
+    loaded: _Loaded[TenantFile],
+    presets: dict[str, _Loaded[PresetFile]],
+    preset_rules: dict[str, list[CompiledRule]],
+) -> list[WrittenRule]:
+    """A tenant's allow rules as written, in the order it compiles them (its own, then each
+    included preset's that loaded), with the file each is written in."""
+    written = [WrittenRule(rule, loaded.doc, i) for i, rule in enumerate(loaded.model.allow)]
+    for name in loaded.model.include:
+        preset = presets.get(name)
+        if preset is not None and name in preset_rules:
+            written += [WrittenRule(rule, preset.doc, i) for i, rule in enumerate(preset.model.allow)]
+    return written
 
 
 def _compile_tenant(

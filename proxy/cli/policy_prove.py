@@ -71,7 +71,9 @@ def _bad(rules: Path, lines: list[str], fmt_json: bool) -> tuple[dict[str, Any],
 def _print(proof: Proof, rules: Path) -> None:
     for e in proof.excesses:
         if e.example is not None:
-            example = f"e.g. {e.example}"
+            example = f"e.g. {e.example}" + (f" with {e.message}" if e.message is not None else "")
+        elif e.message is not None:
+            example = f"e.g. {e.message}"
         else:
             example = f"e.g. a DNS lookup of {e.lookup}" if e.lookup is not None else "not decided"
         print(f"{e.origin}: tenant {e.tenant}: {e.rule_id} allows requests outside the ceiling: {example}")
