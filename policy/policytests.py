@@ -18,26 +18,39 @@ A case file (rules/tests/*.yaml):
         tenant: acme
         request: POST https://api.github.com/repos/evil/tools/issues
         expect: {decision: deny, reason: policy_denied}
+      - name: issues only in the tenant's repositories
+        tenant: acme
+        request: POST https://mcp.github.example/mcp
+        body: {jsonrpc: "2.0", id: 1, method: tools/call,
+               params: {name: create_issue, arguments: {repo: evil/x}}}
+        expect: {decision: deny, reason: policy_denied}
 
 Cases are decided by `decide` with the embedded engine and no cache, exactly as the gateway
-would, except for the resolver. Rego tests run in a compiler process (`rego.compiler`).
+would, except for the resolver. A case with a `body` (a JSON value, or a string sent as is)
+goes on as the gateway's body goes on when the allow rule has an `mcp:`, `jsonrpc:` or
+`graphql:` section: the section decides the body (a refusal's reason is the protocol's,
+`tool_denied`, `argument_not_allowed` ...), then, when the tenant's Rego reads `input.mcp`,
+`input.jsonrpc` or `input.graphql`, Rego decides each message (phase "message",
+sandgate.policy.rego.messages). Without such a section the body is not read. The body sets
+`body_size` when the case does not. Rego tests run in a compiler process (`rego.compiler`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decide import decide
-from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
+from sandgate.policy.decision import Decision, EgressRequest, Identity, Mode, Phase
 from sandgate.policy.errors import HostError, PolicyLoadError, SourceLocation
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.matcher import UNPARSEABLE_PATH
@@ -47,9 +60,26 @@ from sandgate.policy.model.tenant import NAME_PATTERN
 from sandgate.policy.model.yamlsource import load_yaml, validate
 from sandgate.policy.overrides import decide_readings
 from sandgate.policy.paths import normalise_path
+from sandgate.policy.protocols.decide import (
+    BodyVerdict,
+    decide_graphql_body,
+    decide_jsonrpc_body,
+    decide_mcp_body,
+)
+from sandgate.policy.protocols.json_strict import loads_strict
+from sandgate.policy.protocols.reasons import ProtocolReason
+from sandgate.policy.protocols.rules import GraphqlSection, JsonRpcSection, McpSection
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.compiler import RegoTestResult, run_rego_tests
 from sandgate.policy.rego.engine import make_engine
+from sandgate.policy.rego.message_input import graphql_variables
+from sandgate.policy.rego.messages import (
+    ReadMessages,
+    decide_messages,
+    message_inputs,
+    protocol_of,
+    reads_messages,
+)
 from sandgate.policy.rego.program import RegoModule
 from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.rego.source import module_facts, ref_text
@@ -87,7 +117,10 @@ class Expect(_Strict):
     decision: Literal["allow", "deny", "would_deny"] = Field(
         description="the verdict the case needs (would_deny: a report-mode tenant's refusal)"
     )
-    reason: Reason | None = Field(default=None, description="the reason code it needs too; unset: any reason")
+    reason: Reason | ProtocolReason | None = Field(
+        default=None,
+        description="the reason code it needs too (a protocol one, tool_denied, for a body); unset: any",
+    )
 
 
 class Case(_Strict):
@@ -115,6 +148,14 @@ class Case(_Strict):
     client: str | None = Field(default=None, description="the guest's address (Rego's input.client)")
     credentials: list[str] = Field(
         default_factory=list, description="credential names the broker would use (Rego's input.credentials)"
+    )
+    body: Any = Field(
+        default=None,
+        description=(
+            "the request body: a JSON value (sent as JSON) or a string (sent as is); decided by the allow "
+            "rule's mcp:, jsonrpc: or graphql: section, then message by message by the tenant's Rego when it "
+            "reads input.mcp, input.jsonrpc or input.graphql"
+        ),
     )
     expect: Expect
 
@@ -258,6 +299,16 @@ async def _run_cases(
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """What the policy answered a case: verdict, reason, the rule that decided, its detail."""
+
+    verdict: str
+    reason: Reason | ProtocolReason
+    rule: str | None = None
+    detail: str = ""
+
+
 async def _run_case(
     case: Case,
     policy: PolicySet,
@@ -269,8 +320,10 @@ async def _run_case(
     identity = _identity(case, policy)
     if isinstance(identity, str):
         return TestOutcome(case.name, "error", f"{where}: {identity}")
+    data = _body_bytes(case.body)
+    body_size = case.body_size if case.body_size is not None or data is None else len(data)
     try:
-        request = parse_request(case.request, headers=case.headers.items(), body_size=case.body_size)
+        request = parse_request(case.request, headers=case.headers.items(), body_size=body_size)
     except ValueError as e:
         return TestOutcome(case.name, "error", f"{where}: {e}")
     if case.client or case.credentials:
@@ -282,16 +335,71 @@ async def _run_case(
     decision = await decide_one(identity, request)
     if decision.allowed:
         decision = await decide_readings(decide_one, identity, request, decision)
-    got = (decision.verdict, decision.reason)
+    got = _Answer(decision.verdict, decision.reason, decision.rule_id, decision.detail)
+    if data is not None and decision.allowed and decision.messages is not None:
+        got = await _body_answer(data, policy, identity, request, decision, engine) or got
     want = case.expect
-    if got[0] == want.decision and (want.reason is None or got[1] == want.reason):
+    if got.verdict == want.decision and (want.reason is None or got.reason == want.reason):
         return TestOutcome(case.name, "pass")
     expected = want.decision + (f" {want.reason.value}" if want.reason else "")
-    rule = f", rule {decision.rule_id}" if decision.rule_id else ""
-    detail = f"expected {expected}, got {got[0]} {got[1].value}{rule}"
-    if decision.detail:
-        detail += f" ({decision.detail})"
+    rule = f", rule {got.rule}" if got.rule else ""
+    detail = f"expected {expected}, got {got.verdict} {got.reason.value}{rule}"
+    if got.detail:
+        detail += f" ({got.detail})"
     return TestOutcome(case.name, "fail", f"{where}: {detail}")
+
+
+def _body_bytes(body: Any) -> bytes | None:
+    """A case's body as sent: a string as is, any other value as JSON; None without one."""
+    if body is None:
+        return None
+    if isinstance(body, str):
+        return body.encode()
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def _body_answer(
+    data: bytes,
+    policy: PolicySet,
+    identity: Identity,
+    request: EgressRequest,
+    decision: Decision,
+    engine: PolicyEngine,
+) -> _Answer | None:
+    """The refusal of an allowed request's body, as the gateway's agent-protocol addons give it:
+    the rule's section first, then the tenant's Rego per message; None when both allow."""
+    section = decision.messages
+    assert section is not None
+    verdict, read = _decide_section(section, data)
+    report = decision.mode is Mode.REPORT
+    if not verdict.allowed or read is None:
+        return _Answer("would_deny" if report else "deny", verdict.reason, verdict.rule, verdict.detail)
+    tenant = policy.tenant(identity.tenant)
+    program = tenant.rego if tenant is not None else None
+    if program is None or not reads_messages(program, protocol_of(section)):
+        return None
+    session = next((v for k, v in request.headers if k.lower() == "mcp-session-id"), None)
+    variables = graphql_variables(loads_strict(data)) if isinstance(section, GraphqlSection) else ()
+    inputs = message_inputs(read, session_id=session, variables=variables)
+    batch = len(read) > 1 if isinstance(read, tuple) else read.batch
+    said = await decide_messages(engine, program, identity, request, decision.address, inputs, batch=batch)
+    if said.allowed:
+        return None
+    body = said.body
+    verdict_text = "would_deny" if report and not said.fault else "deny"
+    return _Answer(verdict_text, body.reason, body.rule, body.detail)
+
+
+def _decide_section(
+    section: McpSection | JsonRpcSection | GraphqlSection, data: bytes
+) -> tuple[BodyVerdict, ReadMessages | None]:
+    """The section's verdict on a body, and the body as its reader read it (None: unread)."""
+    if isinstance(section, McpSection):
+        return decide_mcp_body(data, section)
+    if isinstance(section, GraphqlSection):
+        verdict, requests = decide_graphql_body(data, section)
+        return verdict, requests or None
+    return decide_jsonrpc_body(data, section)
 
 
 def _identity(case: Case, policy: PolicySet) -> Identity | str:

@@ -57,7 +57,12 @@ _tenant := x if {
 """
 
 # SHA-256 of each shipped rules/rego/sandgate.rego whose decision rules the reduction mirrors.
-SHIPPED_DECISION_DIGESTS = frozenset({"613a8a9b9402d76558ae8a56e4319db97cffa315956d0ef2e65fc8dcb5606944"})
+SHIPPED_DECISION_DIGESTS = frozenset(
+    {
+        "613a8a9b9402d76558ae8a56e4319db97cffa315956d0ef2e65fc8dcb5606944",  # input version 1 only
+        "812944ad32d4912b30181d36f8877a9967f3141d7a6e8224d85897d52f29e007",  # input versions 1 and 2
+    }
+)
 
 # The rules that make the decision; defined anywhere but the shipped module, they turn the fast path off.
 _DECISION_RULES = frozenset({"decision", "denials", "_denial"})

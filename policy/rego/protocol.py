@@ -23,7 +23,13 @@ from typing import Any, Protocol
 from sandgate.policy.decision import EgressRequest, Identity
 from sandgate.policy.errors import PolicyError
 from sandgate.policy.reasons import Reason
-from sandgate.policy.rego.input_document import PathTree, input_document, project, projected_input
+from sandgate.policy.rego.input_document import (
+    MessageField,
+    PathTree,
+    input_document,
+    project,
+    projected_input,
+)
 from sandgate.policy.rego.program import RegoProgram
 
 __all__ = [
@@ -105,9 +111,10 @@ class RegoQuery:
 
     `for_request` builds nothing up front: the embedded engine asks for `projected` (only the
     fields the program reads, built directly), the opa engine for the whole `document`.
+    `for_message` is the same for one message of a body (phase "message").
     """
 
-    __slots__ = ("_document", "_projected", "_request", "program")
+    __slots__ = ("_document", "_message", "_projected", "_request", "program")
 
     def __init__(
         self,
@@ -115,13 +122,17 @@ class RegoQuery:
         document: Mapping[str, Any] | None = None,
         *,
         request: tuple[Identity, EgressRequest, str | None] | None = None,
+        message: MessageField | None = None,
     ) -> None:
         if (document is None) == (request is None):
             raise ValueError("a query needs either the input document or the request to build it from")
+        if message is not None and request is None:
+            raise ValueError("a message's query is built from its request")
         self.program = program
         self._document = document
         self._projected: Mapping[str, Any] | None = None
         self._request = request
+        self._message = message
 
     @classmethod
     def for_request(
@@ -129,12 +140,24 @@ class RegoQuery:
     ) -> RegoQuery:
         return cls(program, request=(identity, request, ip))
 
+    @classmethod
+    def for_message(
+        cls,
+        program: RegoProgram,
+        identity: Identity,
+        request: EgressRequest,
+        ip: str | None,
+        message: MessageField,
+    ) -> RegoQuery:
+        """The query about one message of `request`'s body (phase "message")."""
+        return cls(program, request=(identity, request, ip), message=message)
+
     @property
     def document(self) -> Mapping[str, Any]:
-        """The whole input document (version 1, secrets redacted)."""
+        """The whole input document (version 2, secrets redacted)."""
         if self._document is None:
             assert self._request is not None
-            self._document = input_document(*self._request)
+            self._document = input_document(*self._request, self._message)
         return self._document
 
     @property
@@ -143,7 +166,7 @@ class RegoQuery:
         if self._projected is None:
             tree: PathTree | None = self.program.tree
             if self._document is None and self._request is not None:
-                self._projected = projected_input(*self._request, tree)
+                self._projected = projected_input(*self._request, tree, self._message)
             else:
                 self._projected = project(self.document, tree)
         return self._projected

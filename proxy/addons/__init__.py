@@ -1,8 +1,10 @@
 """The mitmproxy addons, one concern each, in the one order `pipeline` gives them (the
 gateway's and the in-process tests'): identify the sandbox, decide each tunnel (tunnel_gate)
 and each request (request_gate), dial only what they allowed (dial_guard), count tenant
-limits (limits), decide MCP and JSON-RPC messages in request bodies (agent_protocols) and
-filter MCP list answers (agent_lists),
+limits (limits), decide MCP, JSON-RPC and GraphQL messages in request bodies
+(agent_protocols, reading them with protocol_bodies), ask the tenant's Rego about each of them
+(agent_rego), decide the guest's WebSocket messages likewise (agent_websocket) and filter MCP
+list answers (agent_lists),
 complete the audit record (audit_completion), broker credentials
 (credential_broker), and the guards on connections, heads, HTTP/2 streams, upgrades and
 trailers; `drain` lets requests in flight finish on shutdown. One request's facts and its one
@@ -14,6 +16,8 @@ record travel in its `exchange`; what the front shares with them is in plain mod
 __all__ = [
     "agent_lists",
     "agent_protocols",
+    "agent_rego",
+    "agent_websocket",
     "audit_completion",
     "connection_limits",
     "credential_broker",
@@ -29,6 +33,7 @@ __all__ = [
     "latency",
     "limits",
     "pipeline",
+    "protocol_bodies",
     "refusal",
     "request_gate",
     "trailers",

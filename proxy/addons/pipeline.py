@@ -15,6 +15,8 @@ from mitmproxy.addons.tlsconfig import TlsConfig
 
 from sandgate.proxy.addons.agent_lists import AgentListFilter
 from sandgate.proxy.addons.agent_protocols import AgentProtocols
+from sandgate.proxy.addons.agent_rego import AgentRego
+from sandgate.proxy.addons.agent_websocket import AgentWebsocket
 from sandgate.proxy.addons.audit_completion import AuditCompletion
 from sandgate.proxy.addons.connection_limits import ConnectionLimits, SandboxConnectionCap
 from sandgate.proxy.addons.credential_broker import CredentialBroker
@@ -107,9 +109,15 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
         (TenantLimits, lambda: TenantLimits(ctx, s.closer)),
         # What the limits let go, its body read and decided (`mcp:`, `jsonrpc:`) before the broker
         # swaps placeholders in it; its stream holder wraps the limits' body meter.
-        (AgentProtocols, lambda: AgentProtocols(ctx)),
+        (AgentProtocols, lambda: AgentProtocols(ctx, holds())),
+        # The messages it allowed, asked about by the tenant's Rego (phase "message") before the
+        # list filter and the broker; a body of unknown length is refused at its head.
+        (AgentRego, lambda: AgentRego(ctx)),
         # Its list answers filtered, before the broker chains its scrubber behind the stream.
         (AgentListFilter, lambda: AgentListFilter()),
+        # The guest's WebSocket messages on such a rule, decided one by one after Upgrades checked
+        # them for placeholders and counted their bytes.
+        (AgentWebsocket, lambda: AgentWebsocket(ctx, _given(s.closer, "closer"))),
         # Completes the allowed exchange's record before the broker scrubs the response it counts.
         (AuditCompletion, lambda: AuditCompletion(ctx)),
         (HopByHop, HopByHop),  # upstream responses lose hop-by-hop fields before the broker scrubs them

@@ -39,5 +39,7 @@ _denial(x) := {"reason": "policy_denied", "message": x} if {
 	is_object(x)
 } else := {"reason": "policy_denied", "message": "a deny rule produced neither a string nor an object"}
 
-# The input document this module understands (see `sandgate policy schema --input`).
-deny contains "unsupported input version" if input.version != 1
+# The input documents this module understands (see `sandgate policy schema --input`): version
+# 2 adds the phase "message" and its fields to version 1, so both are read alike (an OPA server
+# a fleet shares may be asked by gateways of either version while they are upgraded).
+deny contains "unsupported input version" if not input.version in {1, 2}

@@ -11,8 +11,13 @@ test_no_denial_allows if {
 	d == {"allow": true, "reason": "allowed"}
 }
 
-test_unknown_version_denies if {
+test_version_2_is_understood if {
 	d := sandgate.decision with input.version as 2 with input.tenant as "nobody"
+	d == {"allow": true, "reason": "allowed"}
+}
+
+test_unknown_version_denies if {
+	d := sandgate.decision with input.version as 3 with input.tenant as "nobody"
 	d.allow == false
 	d.reason == "policy_denied"
 	d.message == "unsupported input version"

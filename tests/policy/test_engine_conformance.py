@@ -105,7 +105,7 @@ ACME_TABLE: list[tuple[str, dict[str, Any], bool, Reason, str]] = [
     ("a CONNECT (no request fields yet)", acme_doc(req(None, "api.github.com")), True, Reason.ALLOWED, ""),
     (
         "an input version the module does not know",
-        acme_doc(req("GET", "pypi.org"), version=2),
+        acme_doc(req("GET", "pypi.org"), version=3),
         False,
         Reason.POLICY_DENIED,
         "unsupported input version",

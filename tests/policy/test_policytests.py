@@ -28,7 +28,7 @@ def test_every_shipped_rego_test_passes() -> None:
     assert [o for o in outcomes if o[2] != "pass"] == []
     sources = {Path(r.source).name for r in reports}
     assert {"sandgate_test.rego", "methods_test.rego", "paths_test.rego", "hours_test.rego"} <= sources
-    assert {"body_size_test.rego", "github_orgs_test.rego"} <= sources
+    assert {"body_size_test.rego", "github_orgs_test.rego", "mcp_arguments_test.rego"} <= sources
 
 
 def test_the_shipped_cases_pass() -> None:

@@ -99,7 +99,7 @@ def test_fast_and_full_decisions_agree(rules: str, method: str) -> None:
 
 def test_the_operator_deny_set_counts_too() -> None:
     program = compiled(tenant_module("deny contains 1 if false"))
-    fast, slow = both_paths(program, doc(version=2))
+    fast, slow = both_paths(program, doc(version=3))
     assert fast == slow
     assert (fast.allowed, fast.reason, fast.message) == (
         False,

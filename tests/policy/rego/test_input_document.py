@@ -33,7 +33,7 @@ def request(**kw: object) -> EgressRequest:
     return EgressRequest(**base)  # type: ignore[arg-type]
 
 
-def test_the_document_has_every_field_of_version_1() -> None:
+def test_the_document_has_every_field_of_version_2() -> None:
     doc = input_document(
         WHO,
         request(
@@ -46,7 +46,7 @@ def test_the_document_has_every_field_of_version_1() -> None:
         "93.184.215.14",
     )
     assert doc == {
-        "version": 1,
+        "version": 2,
         "phase": "request",
         "tenant": "acme",
         "sandbox": "acme-1",
@@ -143,5 +143,9 @@ def test_the_schema_names_every_top_level_field() -> None:
         "dest",
         "request",
         "credentials",
+        "mcp",
+        "jsonrpc",
+        "graphql",
     }
-    assert "version 1" in schema["title"]
+    assert set(schema["required"]) == set(schema["properties"]) - {"mcp", "jsonrpc", "graphql"}
+    assert "version 2" in schema["title"]

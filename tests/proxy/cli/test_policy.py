@@ -258,7 +258,7 @@ def test_schema_of_the_rego_input(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "schema", "--input")
     assert code == 0
     schema = json.loads(out)
-    assert schema["title"] == "sandgate Rego input, version 1"
+    assert schema["title"] == "sandgate Rego input, version 2"
     golden("schema_input", out)
 
 
