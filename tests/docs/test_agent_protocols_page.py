@@ -19,7 +19,12 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "agent-protoc
 
 @pytest.fixture(scope="module")
 def section(tmp_path_factory: pytest.TempPathFactory) -> McpSection:
-    (block,) = re.findall(r"```yaml\n(.*?)```", PAGE.read_text(), re.S)
+    # The worked policy: the page's one whole tenant file (its other blocks are fragments).
+    (block,) = [
+        b
+        for b in re.findall(r"```yaml\n(.*?)```", PAGE.read_text(), re.S)
+        if "tenant: agents" in b and "id: github-mcp" in b
+    ]
     rules = tmp_path_factory.mktemp("rules")
     (rules / "tenants").mkdir()
     (rules / "tenants" / "agents.yaml").write_text(block)
