@@ -168,7 +168,7 @@ MEANINGS: Mapping[Reason, Meaning] = MappingProxyType(
         Reason.APPROVAL_REQUIRED: Meaning(
             "an `ask` rule (or `unmatched: ask`) matched: the request is held for an operator's"
             " decision (`sandgate requests`; the audit record's decision is `ask`); refused at once"
-            " where it cannot be held (transparent mode)"
+            " where it cannot be held (a TLS handshake on the transparent listener, a chunked MCP body)"
         ),
         Reason.APPROVAL_DENIED: Meaning("an operator denied the held request"),
         Reason.APPROVAL_TIMEOUT: Meaning(

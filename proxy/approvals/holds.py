@@ -20,7 +20,7 @@ import structlog
 from mitmproxy import connection
 from mitmproxy.connection import ConnectionState as WireState
 
-from sandgate.policy.decision import Decision
+from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.overrides import Decide
 from sandgate.policy.reasons import Reason
 from sandgate.proxy.approvals.store import AccessRequest, Approvals, QueueFull, State
@@ -62,8 +62,10 @@ class Holds:
         with the time it waited. `calls`: the tool calls of a held MCP body (shown to the
         operator); `facts`: what the held request's record carries besides (its `mcp`)."""
         approvals, identity = self.approvals, dctx.identity
-        if approvals is None or state.transparent or identity is None:
-            # Transparent mode cannot hold a request yet: refused, saying what it would need.
+        # A transparent connection's HTTP requests are held like a proxied one's (identity is its
+        # source address); its ClientHello is not: no CONNECT stands for it, and a client
+        # waiting on a handshake times out long before an operator answers.
+        if approvals is None or identity is None or (state.transparent and dctx.phase is not Phase.REQUEST):
             denial = decision.as_denial(Reason.APPROVAL_REQUIRED, "this request cannot be held for approval")
             return denial, dctx
         try:

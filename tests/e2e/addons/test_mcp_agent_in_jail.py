@@ -15,12 +15,9 @@ names. The MCP server is the SDK's MCPServer (streamable HTTP) served by uvicorn
 4. an `ask` tool is held for an operator and released by `sandgate requests approve`.
 
 Run in `sandgate jail` (transparent listener, the jail's DNS, CA and placeholder
-environment) the scenario holds to step 3; step 4 cannot run there: every TCP connection of a
-jail is redirected to the transparent listener, which cannot hold a request (documented in
-docs/concepts/agent-protocols.md, proxy/approvals/holds.py), so the asked call is refused
-`approval_required` and the session goes on. The whole scenario, step 4 included, runs again
-with the same agent in a namespace this module creates, through the same gateway's explicit
-listener (its address on that namespace's veth, the sandbox's proxy token).
+environment), and again with the same agent in a namespace this module creates, through the
+same gateway's explicit listener (its address on that namespace's veth, the sandbox's proxy
+token). In both, the asked call waits until `sandgate requests approve` and then completes.
 """
 
 from __future__ import annotations
@@ -436,17 +433,32 @@ def assert_server_saw(placeholder: str, *, merged: bool) -> None:
 
 
 @pytest.mark.usefixtures("one_jail_at_a_time")
-def test_an_mcp_agent_in_a_jail_lists_calls_with_a_placeholder_and_is_refused_in_protocol(lab: Lab) -> None:
-    """Steps 1 to 3 in `sandgate jail`; the asked call is refused `approval_required` there (a
-    jail's transparent listener cannot hold a request) and the session goes on."""
+def test_an_mcp_agent_in_a_jail_runs_the_whole_scenario(lab: Lab) -> None:
+    """Steps 1 to 4 in `sandgate jail`: through its transparent listener the asked call is held
+    until `sandgate requests approve`, and then completes."""
     SEEN.clear()
+    wait_quiet(lab.audit, 0.3)
     sandbox = f"jail-mcp-{lab.nl.tag}"
     argv = [SANDGATE, "jail", "--config", str(lab.config), "--tenant", "t1", "--sandbox", sandbox, "--"]
-    result = subprocess.run(
-        [*argv, *agent_argv(lab)], capture_output=True, text=True, timeout=90, env=guest_environ()
-    )
-    assert result.returncode == 0, result.stderr + result.stdout
-    out = steps(result.stdout)
+    with subprocess.Popen(
+        [*argv, *agent_argv(lab)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=guest_environ(),
+    ) as agent:
+        try:
+            pending = held(lab, timeout=60)
+            assert (pending["tool"], pending["sandbox"]) == ("merge_pull", sandbox)
+            assert agent.poll() is None, "the agent waits while its call is held"
+            approved = lab.sandgate("requests", "approve", pending["id"])
+            assert approved.returncode == 0, approved.stderr
+            stdout, stderr = agent.communicate(timeout=60)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+    assert agent.returncode == 0, stderr + stdout
+    out = steps(stdout)
 
     # The jail handed the agent its placeholder and the gateway's CA, and no proxy.
     environ = out["environment"]["environ"]
@@ -454,19 +466,20 @@ def test_an_mcp_agent_in_a_jail_lists_calls_with_a_placeholder_and_is_refused_in
     assert placeholder.startswith("sgph_") and environ[ENV_NAME] == placeholder
     assert environ["SSL_CERT_FILE"] and environ["SANDGATE_SANDBOX"] == sandbox
     assert not {k for k in environ if k.lower().endswith("_proxy")}
-    assert_no_secret(result.stdout)
+    assert_no_secret(stdout)
 
     assert_common_scenario(out, placeholder)
-    assert refusal(out["asked"]) == ("approval_required", "mcp.tools.ask[0]")
-    assert out["asked"]["error"]["data"]["detail"] == "this request cannot be held for approval"
-    assert_server_saw(placeholder, merged=False)
+    assert text_of(out["asked"]) == "merged 7"
+    assert_server_saw(placeholder, merged=True)
 
-    records = lab.records(sandbox, done=6)
+    records = lab.records(sandbox, done=7)
     # Its name resolved by the gateway's DNS listener, its calls through the transparent one.
     assert any(r["phase"] == "dns" and r["dest"]["host"] == MCP_HOST for r in records)
     listeners = {r["listener"].split("@")[0] for r in tool_records(records)}
     assert listeners == {"transparent"}, "the jail's calls went through its transparent listener"
-    assert_trail(lab, records, placeholder, asked=("deny", "approval_required"))
+    [ask] = [r for r in records if r.get("approval_id") == pending["id"]]
+    assert (ask["decision"], ask["mcp"]["messages"][0]["tool"]) == ("ask", "merge_pull")
+    assert_trail(lab, [r for r in records if r is not ask], placeholder, asked=("allow", "allowed"))
 
 
 def held(lab: Lab, timeout: float = 20.0) -> dict[str, Any]:
