@@ -29,11 +29,13 @@ from sandgate.proxy.worker_role import SINGLE, WorkerRole
 
 __all__ = [
     "AdminConfig",
+    "AgentProtocolsConfig",
     "ApprovalsConfig",
     "AuditConfig",
     "ConnectionsConfig",
     "DnsListenerConfig",
     "GatewayConfig",
+    "GraphqlBoundsConfig",
     "HeadsConfig",
     "Http2Config",
     "LimitsSyncConfig",
@@ -539,6 +541,58 @@ class WebSocketConfig(_Strict):
     )
 
 
+# The most a decided body may be: bodies up to it are buffered whole before any hook lets
+# them go (mitmproxy's `stream_large_bodies` and the credential broker's buffer are 1 MiB);
+# a larger one would stream upstream before it was decided.
+_MAX_DECIDED_BODY = 1024 * 1024
+
+
+class GraphqlBoundsConfig(_Strict):
+    """How much of a GraphQL query a `graphql:` rule reads (sandgate.policy.protocols.graphql_ops)."""
+
+    max_query_bytes: Annotated[int, Field(ge=1024, le=_MAX_DECIDED_BODY)] = Field(
+        default=64 * 1024, description="a query text over this is `invalid_request` (too_large)"
+    )
+    max_tokens: Annotated[int, Field(ge=100, le=100_000)] = Field(
+        default=10_000, description="a query of more tokens is `invalid_request` (too_many_tokens)"
+    )
+    max_nesting: Annotated[int, Field(ge=2, le=64)] = Field(
+        default=64,
+        description=(
+            "brackets nested deeper in a query are `invalid_request` (too_deep); at most 64, so "
+            "the recursive parser never meets Python's recursion limit"
+        ),
+    )
+    max_batch: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=16, description="requests in one GraphQL batch (an array); more are `invalid_request`"
+    )
+
+
+class AgentProtocolsConfig(_Strict):
+    """How much of a body, WebSocket message or list answer an `mcp:`, `jsonrpc:` or `graphql:`
+    rule reads to decide it; past any bound it is `invalid_request`, never passed unread."""
+
+    max_body_bytes: Annotated[int, Field(ge=1024, le=_MAX_DECIDED_BODY)] = Field(
+        default=_MAX_DECIDED_BODY,
+        description=(
+            "a request body (encoded and decoded), a WebSocket message, a list answer or one of "
+            "its server-sent events; over it: `invalid_request` (too_large), a list answer "
+            "withheld. At most 1 MiB: bodies up to it are buffered whole before they are decided"
+        ),
+    )
+    max_depth: Annotated[int, Field(ge=4, le=256)] = Field(
+        default=64,
+        description=(
+            "JSON nesting (arrays and objects, the message itself counting 1, a tool's arguments 3); "
+            "deeper: `invalid_request` (too_deep), found before the body is parsed"
+        ),
+    )
+    max_batch: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=64, description="messages in one JSON-RPC batch (an array); more are `invalid_request`"
+    )
+    graphql: GraphqlBoundsConfig = Field(default_factory=GraphqlBoundsConfig)
+
+
 class Http2Config(_Strict):
     """Hardening of intercepted HTTP/2 connections from guests (proxy/addons/h2_guard.py)."""
 
@@ -815,6 +869,7 @@ class GatewayConfig(_Strict):
     http2: Http2Config = Field(default_factory=Http2Config)
     heads: HeadsConfig = Field(default_factory=HeadsConfig)
     websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
+    agent_protocols: AgentProtocolsConfig = Field(default_factory=AgentProtocolsConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     approvals: ApprovalsConfig = Field(default_factory=ApprovalsConfig)
     # Filled in by load_config: the folder relative paths are resolved against.

@@ -248,6 +248,7 @@ class Gateway:
             closer=ConnectionCloser(server),
             heads=config.heads,
             websocket=config.websocket,
+            agent_protocols=config.agent_protocols,
             require_sni=config.passthrough.require_sni,
             approvals=self.approvals.pending,
             endpoint=self.approvals.endpoint,

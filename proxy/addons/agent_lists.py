@@ -37,7 +37,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.agent_protocols import ProtocolBodyRefused
 from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.limits import declared_length
-from sandgate.proxy.addons.protocol_bodies import MAX_BODY, Unreadable, decoded
+from sandgate.proxy.addons.protocol_bodies import DEFAULT_BOUNDS, BodyBounds, Unreadable, decoded
 from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
 
 __all__ = ["LIST_WITHHELD", "AgentListFilter", "withheld_response"]
@@ -52,7 +52,11 @@ _MAX_REMOVED_NAMES = 50
 
 
 class AgentListFilter:
-    """Filters the answers to MCP list calls AgentProtocols allowed."""
+    """Filters the answers to MCP list calls AgentProtocols allowed, each read within `bounds`
+    (a whole answer, or one server-sent event)."""
+
+    def __init__(self, bounds: BodyBounds = DEFAULT_BOUNDS) -> None:
+        self.bounds = bounds
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
@@ -66,7 +70,7 @@ class AgentListFilter:
         if calls is None or _bodiless(flow, response):
             return
         try:
-            if not sse and not response.stream and _buffered(response):
+            if not sse and not response.stream and _buffered(response, self.bounds.max_body):
                 exchange.list_answer = calls  # read whole in `response`
                 return
             encoding = (response.headers.get("content-encoding") or "").strip().lower()
@@ -83,9 +87,9 @@ class AgentListFilter:
                 response.headers["transfer-encoding"] = "chunked"
             # The credential broker, after this addon, chains its scrubber behind this stream.
             if sse:
-                response.stream = _sse_stream(flow, exchange, calls, decoder)
+                response.stream = _sse_stream(flow, exchange, calls, decoder, self.bounds)
             else:
-                response.stream = _json_stream(flow, exchange, calls, decoder)
+                response.stream = _json_stream(flow, exchange, calls, decoder, self.bounds)
         except Exception:
             log.exception("hook_failed", hook="agent_lists.responseheaders")
             flow.kill()
@@ -100,8 +104,8 @@ class AgentListFilter:
             raw = response.raw_content or b""
             if not raw:
                 return
-            data = decoded(raw, response.headers.get("content-encoding"))
-            filtered = filter_list_body(calls, data)
+            data = decoded(raw, response.headers.get("content-encoding"), self.bounds.max_body)
+            filtered = filter_list_body(calls, data, self.bounds.json)
             _removed(exchange, filtered.removed)
             if filtered.data is None and data is raw:
                 return
@@ -140,11 +144,12 @@ def _media_type(message: http.Message) -> str:
     return (message.headers.get("content-type") or "").partition(";")[0].strip().lower()
 
 
-def _buffered(response: http.Response) -> bool:
-    """Whether mitmproxy hands the `response` hook the whole body (a known length within MAX_BODY;
-    a longer or unknown one it would start streaming past its own bound, unseen)."""
+def _buffered(response: http.Response, limit: int) -> bool:
+    """Whether the `response` hook reads the whole body: a known length within `limit` (the
+    bounds' bytes, at most mitmproxy's own bound: a longer or unknown one it would start
+    streaming past that bound, unseen)."""
     length = declared_length(response)
-    return length is not None and length <= MAX_BODY
+    return length is not None and length <= limit
 
 
 def _content(decoder: StreamDecoder | None, chunk: bytes) -> Iterable[bytes]:
@@ -155,11 +160,15 @@ def _content(decoder: StreamDecoder | None, chunk: bytes) -> Iterable[bytes]:
 
 
 def _sse_stream(
-    flow: http.HTTPFlow, exchange: Exchange, calls: ListCalls, decoder: StreamDecoder | None
+    flow: http.HTTPFlow,
+    exchange: Exchange,
+    calls: ListCalls,
+    decoder: StreamDecoder | None,
+    bounds: BodyBounds,
 ) -> Callable[[bytes], list[bytes]]:
     """A response stream sending an event stream on with its list results filtered (each
     event once complete); raises ProtocolBodyRefused to cut one it cannot read within bounds."""
-    events = SseListFilter(calls, max_event=MAX_BODY)
+    events = SseListFilter(calls, max_event=bounds.max_body, limits=bounds.json)
 
     def stream(chunk: bytes) -> list[bytes]:
         try:
@@ -179,23 +188,28 @@ def _sse_stream(
 
 
 def _json_stream(
-    flow: http.HTTPFlow, exchange: Exchange, calls: ListCalls, decoder: StreamDecoder | None
+    flow: http.HTTPFlow,
+    exchange: Exchange,
+    calls: ListCalls,
+    decoder: StreamDecoder | None,
+    bounds: BodyBounds,
 ) -> Callable[[bytes], list[bytes]]:
     """A response stream holding a JSON answer of unknown (or large) length until it ends, then
-    sending it filtered; raises ProtocolBodyRefused to cut one over MAX_BODY or unreadable."""
+    sending it filtered; raises ProtocolBodyRefused to cut one over the bounds or unreadable."""
     held = bytearray()
+    limit = bounds.max_body
 
     def stream(chunk: bytes) -> list[bytes]:
         try:
             for piece in _content(decoder, chunk):
                 held.extend(piece)
-                if len(held) > MAX_BODY:
-                    raise Unreadable(f"a list answer over the {MAX_BODY} bytes read to filter it")
+                if len(held) > limit:
+                    raise Unreadable(f"a list answer over the {limit} bytes read to filter it")
             if chunk or not held:
                 return []
             body = bytes(held)
             held.clear()
-            filtered = filter_list_body(calls, body)
+            filtered = filter_list_body(calls, body, bounds.json)
             _removed(exchange, filtered.removed)
             return [body if filtered.data is None else filtered.data]
         except (ProtocolError, UndecodableBody, Unreadable) as e:

@@ -6,8 +6,10 @@ one strict way (sandgate.policy.protocols) and decided; the addon only feeds byt
 writes answers out:
 
 - the body is decoded from its Content-Encoding (gzip, deflate, br, zstd; stacked or unknown
-  encodings cannot be read and are refused) and read within MAX_BODY bytes, encoded and
-  decoded; a declared length over it is refused at the head, a decoded body over it too;
+  encodings cannot be read and are refused) and read within the gateway's bounds (`BodyBounds`,
+  the config's `agent_protocols:`: 1 MiB encoded and decoded, 64 levels of nesting, 64 batch
+  members by default); a declared length over the bytes is refused at the head, a decoded body
+  over them too;
 - a body of unknown length (chunked, HTTP/2 without Content-Length) is held back chunk by
   chunk (the upstream has the head, nothing of the body) and decided when it ends;
 - a request with no body passes (a GET that opens MCP's event stream, a DELETE that ends a
@@ -63,7 +65,8 @@ from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.limits import body_length_unknown, declared_length
 from sandgate.proxy.addons.protocol_bodies import (
-    MAX_BODY,
+    DEFAULT_BOUNDS,
+    BodyBounds,
     ReadBody,
     Section,
     Unreadable,
@@ -117,10 +120,13 @@ class _Held:
 class AgentProtocols:
     """Decides the JSON-RPC messages of requests whose allow rule has `mcp:` or `jsonrpc:`."""
 
-    def __init__(self, ctx: GatewayContext, holds: Holds | None = None) -> None:
+    def __init__(
+        self, ctx: GatewayContext, holds: Holds | None = None, bounds: BodyBounds = DEFAULT_BOUNDS
+    ) -> None:
         self.ctx = ctx
         # The gates' Holds (one for the pipeline); None: asked calls are refused approval_required.
         self.holds = holds
+        self.bounds = bounds
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         found = _governed(flow)
@@ -137,17 +143,15 @@ class AgentProtocols:
                     return
                 # GraphQL over HTTP's GET: the query string decided as the body it stands for
                 # (a body beside it is decided on its own, as any body is).
-                verdict, read = decide_graphql_get(section, request.path.partition("?")[2])
+                verdict, read = decide_graphql_get(section, request.path.partition("?")[2], self.bounds)
                 if not verdict.allowed:
                     await self._refuse(flow, exchange, dctx, decision, section, verdict, read)
                     return
                 _note(exchange, section, verdict, read, decision, dctx.decision_id)
-            length = declared_length(request)
-            if length is not None and length > MAX_BODY:
+            length, limit = declared_length(request), self.bounds.max_body
+            if length is not None and length > limit:
                 verdict = unreadable_verdict(
-                    Unreadable(
-                        f"a body of {length} bytes, over the {MAX_BODY} a rule reads", Problem.TOO_LARGE
-                    ),
+                    Unreadable(f"a body of {length} bytes, over the {limit} a rule reads", Problem.TOO_LARGE),
                 )
                 await self._refuse(flow, exchange, dctx, decision, section, verdict, None)
                 return
@@ -169,7 +173,8 @@ class AgentProtocols:
             raw = flow.request.raw_content or b""
             if not raw and flow.request.method not in _BODY_METHODS:
                 return  # nothing to decide: an event stream opened, a session ended
-            verdict, body = decide_body(section, raw, flow.request.headers.get("content-encoding"))
+            encoding = flow.request.headers.get("content-encoding")
+            verdict, body = decide_body(section, raw, encoding, self.bounds)
             if verdict.verdict is Verdict.ASK:
                 verdict = self._by_grants(flow, exchange, dctx, verdict, body)
             if verdict.allowed:
@@ -195,9 +200,10 @@ class AgentProtocols:
     ) -> Callable[[bytes], bytes]:
         """A request body stream that sends nothing until the body has ended and is allowed.
 
-        The chunk that passes MAX_BODY, a refused body, and any byte after a decided one raise
+        The chunk that passes the bounds' bytes, a refused body, and any byte after a decided one raise
         (the HTTP error seam cuts the upstream and sends the answer set here)."""
         metered = before if callable(before) else None
+        bounds = self.bounds
 
         def hold(chunk: bytes) -> bytes:
             if metered is not None:
@@ -218,9 +224,9 @@ class AgentProtocols:
                 return b""
             if chunk:
                 held.buffer += chunk
-                if len(held.buffer) > MAX_BODY:
+                if len(held.buffer) > bounds.max_body:
                     verdict = unreadable_verdict(
-                        Unreadable(f"a body over the {MAX_BODY} bytes a rule reads", Problem.TOO_LARGE)
+                        Unreadable(f"a body over the {bounds.max_body} bytes a rule reads", Problem.TOO_LARGE)
                     )
                     self._refuse_now(flow, exchange, dctx, decision, section, verdict, None)
                     raise ProtocolBodyRefused(Reason.INVALID_REQUEST.value)
@@ -231,7 +237,7 @@ class AgentProtocols:
             held.buffer.clear()
             if not body and flow.request.method not in _BODY_METHODS:
                 return b""
-            verdict, read = decide_body(section, body, flow.request.headers.get("content-encoding"))
+            verdict, read = decide_body(section, body, flow.request.headers.get("content-encoding"), bounds)
             if verdict.verdict is Verdict.ASK:
                 verdict = self._streamed_ask(flow, exchange, dctx, decision, verdict, read)
             if verdict.allowed:

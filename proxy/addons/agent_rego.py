@@ -4,9 +4,10 @@ allowed (phase "message"): what the YAML section cannot say, said in Rego.
 AgentProtocols (sandgate.proxy.addons.agent_protocols) reads and decides such a body first;
 the body it allowed, as read, is on the exchange (`Exchange.messages_read`). When the
 tenant's Rego reads the field that body fills (`input.mcp`, `input.jsonrpc`,
-`input.graphql`; sandgate.policy.rego.messages.reads_messages), `data.sandgate.decision` is
-asked once per message (per GraphQL operation) before the body goes upstream. A tenant whose
-modules never name that field is not asked: it pays nothing here.
+`input.graphql`; sandgate.proxy.addons.message_rego, shared with AgentWebsocket, which asks
+the same of WebSocket messages), `data.sandgate.decision` is asked once per message (per
+GraphQL operation) before the body goes upstream. A tenant whose modules never name that
+field is not asked: it pays nothing here.
 
 - A denied message refuses the body, all or nothing, as the YAML's refusals: JSON-RPC errors
   (one per request id, in an HTTP 200) or GraphQL errors, each naming the reason, the rule
@@ -37,33 +38,32 @@ from typing import Any
 import structlog
 from mitmproxy import http
 
-from sandgate.policy.decide import default_engine
-from sandgate.policy.decision import Decision, EgressRequest, Identity, Mode, Phase
-from sandgate.policy.paths import read_target
+from sandgate.policy.decision import Decision, Mode
 from sandgate.policy.protocols.decide import BodyVerdict, Verdict
-from sandgate.policy.protocols.graphql_ops import GraphqlRequest
 from sandgate.policy.protocols.json_strict import JsonValue, loads_strict
-from sandgate.policy.protocols.jsonrpc import RpcBody
-from sandgate.policy.protocols.mcp import McpBody
-from sandgate.policy.protocols.rules import GraphqlSection, McpSection
+from sandgate.policy.protocols.rules import GraphqlSection
 from sandgate.policy.reasons import Reason
 from sandgate.policy.rego.message_input import graphql_variables
-from sandgate.policy.rego.messages import (
-    REGO_RULE,
-    MessagesVerdict,
-    ReadMessages,
-    decide_messages,
-    message_inputs,
-    protocol_of,
-    reads_messages,
-)
+from sandgate.policy.rego.messages import MessagesVerdict, ReadMessages
 from sandgate.policy.rego.program import RegoProgram
-from sandgate.policy.upgrade import requested_upgrade
 from sandgate.proxy.addons.agent_protocols import ProtocolBodyRefused
 from sandgate.proxy.addons.exchange import Exchange
-from sandgate.proxy.addons.guest_peer import peer_ip
-from sandgate.proxy.addons.limits import body_length_unknown, declared_length
-from sandgate.proxy.addons.protocol_bodies import Section, body_facts, decoded, refusal_response
+from sandgate.proxy.addons.limits import body_length_unknown
+from sandgate.proxy.addons.message_rego import (
+    ask_messages,
+    message_program,
+    read_messages,
+    record_detail,
+    rego_facts,
+)
+from sandgate.proxy.addons.protocol_bodies import (
+    DEFAULT_BOUNDS,
+    BodyBounds,
+    Section,
+    body_facts,
+    decoded,
+    refusal_response,
+)
 from sandgate.proxy.audit.records import DecisionContext
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.respond import decision_response
@@ -82,8 +82,10 @@ type Governed = tuple[Exchange, DecisionContext, Decision, Section, RegoProgram]
 class AgentRego:
     """Asks the tenant's Rego about each message of a body an agent-protocol rule allowed."""
 
-    def __init__(self, ctx: GatewayContext) -> None:
+    def __init__(self, ctx: GatewayContext, bounds: BodyBounds = DEFAULT_BOUNDS) -> None:
         self.ctx = ctx
+        # The bounds AgentProtocols read the body within (GraphQL's variables are read again).
+        self.bounds = bounds
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         try:
@@ -110,7 +112,7 @@ class AgentRego:
                 return  # streamed (refused or let go at its head), or nothing was read and allowed
             verdict, body = await self._decide(flow, found, exchange.messages_read)
             if verdict.allowed:
-                exchange.extra["rego"] = _rego_facts("allow", verdict)
+                exchange.extra["rego"] = rego_facts("allow", verdict)
                 return
             await self._refuse(flow, found, verdict, body)
         except Exception:
@@ -122,20 +124,9 @@ class AgentRego:
     ) -> tuple[MessagesVerdict, ReadMessages]:
         """The tenant's Rego on each message of the body AgentProtocols read and allowed."""
         _, dctx, decision, section, program = found
-        body = _read_messages(read, section)
-        variables = _variables(flow) if isinstance(section, GraphqlSection) else ()
-        inputs = message_inputs(
-            body, session_id=flow.request.headers.get("mcp-session-id"), variables=variables
-        )
-        identity = dctx.identity
-        if identity is None or dctx.host is None or dctx.port is None:
-            raise RuntimeError("an allowed exchange without its identity or destination")
-        egress = _egress_request(flow, dctx, self._credentials(identity, dctx.host, dctx.port))
-        engine = self.ctx.engine or default_engine()
-        batch = body.batch if isinstance(body, McpBody | RpcBody) else len(body) > 1
-        verdict = await decide_messages(
-            engine, program, identity, egress, decision.address, inputs, batch=batch
-        )
+        body = read_messages(read, section)
+        variables = _variables(flow, self.bounds) if isinstance(section, GraphqlSection) else ()
+        verdict = await ask_messages(self.ctx, flow, dctx, decision, program, body, variables=variables)
         return verdict, body
 
     def _governed(self, flow: http.HTTPFlow) -> Governed | None:
@@ -150,16 +141,10 @@ class AgentRego:
         dctx, decision = pending
         section = decision.messages
         assert section is not None
-        tenant = self.ctx.policy.tenant(dctx.identity.tenant) if dctx.identity is not None else None
-        program = tenant.rego if tenant is not None else None
-        if program is None or not reads_messages(program, protocol_of(section)):
+        program = message_program(self.ctx, dctx.identity, section)
+        if program is None:
             return None
         return exchange, dctx, decision, section, program
-
-    def _credentials(self, identity: Identity, host: str, port: int) -> tuple[str, ...]:
-        """The credentials bound to the destination (Rego's `input.credentials`)."""
-        broker = self.ctx.broker
-        return broker.bound_names(identity.tenant, host, port) if broker is not None else ()
 
     def _first_byte_refuses(
         self, flow: http.HTTPFlow, found: Governed, inner: Any
@@ -247,78 +232,23 @@ def _refusal(
     mode for a denial (never for a fault): the body goes on, recorded as would_deny."""
     report = decision.mode is Mode.REPORT and not verdict.fault
     exchange.extra.update(body_facts(section, verdict.body, body, report=report))
-    exchange.extra["rego"] = _rego_facts("would_deny" if report else "deny", verdict)
+    exchange.extra["rego"] = rego_facts("would_deny" if report else "deny", verdict)
     if report:
         return None
     body_verdict = verdict.body
-    denial = decision.as_denial(Reason(str(body_verdict.reason)), _record_detail(verdict))
+    denial = decision.as_denial(Reason(str(body_verdict.reason)), record_detail(verdict))
     return denial, refusal_response(section, body_verdict, dctx.decision_id)
 
 
-def _record_detail(verdict: MessagesVerdict) -> str:
-    """The record's detail: the refused member, never the policy's message (it may quote an
-    argument); a fault's or an unknown length's own text (no request data in either)."""
-    body = verdict.body
-    if verdict.fault or verdict.evaluated == 0:
-        return body.detail
-    denied = next((m for m in body.messages if m.verdict is Verdict.DENY and m.rule == REGO_RULE), None)
-    where = "the message" if denied is None or denied.index is None else f"batch member {denied.index}"
-    return f"{REGO_RULE} denied {where} ({body.reason})"
-
-
-def _rego_facts(outcome: str, verdict: MessagesVerdict) -> dict[str, object]:
-    """The record's `rego` object: the phase, what came of it, how many evaluations."""
-    facts: dict[str, object] = {"phase": "message", "verdict": outcome, "evaluated": verdict.evaluated}
-    if outcome != "allow":
-        facts.update(reason=str(verdict.body.reason), rule=verdict.body.rule)
-    return facts
-
-
-def _read_messages(read: object, section: Section) -> ReadMessages:
-    """The body AgentProtocols read and allowed, of the kind its section reads."""
-    if isinstance(section, McpSection):
-        if isinstance(read, McpBody):
-            return read
-    elif isinstance(section, GraphqlSection):
-        if isinstance(read, tuple) and all(isinstance(r, GraphqlRequest) for r in read):
-            return read
-    elif isinstance(read, RpcBody):
-        return read
-    raise TypeError(f"a {type(read).__name__} read for a {type(section).__name__}")
-
-
-def _variables(flow: http.HTTPFlow) -> tuple[JsonValue, ...]:
+def _variables(flow: http.HTTPFlow, bounds: BodyBounds) -> tuple[JsonValue, ...]:
     """Each GraphQL request's `variables`, from what AgentProtocols read (its reading keeps
-    none): the body's bytes, or a GET's one `variables` parameter, by the same strict reader."""
+    none): the body's bytes, or a GET's one `variables` parameter, by the same strict reader
+    within the same bounds."""
     raw = flow.request.raw_content or b""
     if raw:
-        data = decoded(raw, flow.request.headers.get("content-encoding"))
-        return graphql_variables(loads_strict(data))
+        data = decoded(raw, flow.request.headers.get("content-encoding"), bounds.max_body)
+        return graphql_variables(loads_strict(data, bounds.json))
     given = flow.request.query.get_all("variables")
     if len(given) > 1:
         raise ValueError("'variables' given twice")
-    return (loads_strict(given[0]) if given else None,)
-
-
-def _egress_request(
-    flow: http.HTTPFlow, dctx: DecisionContext, credentials: tuple[str, ...]
-) -> EgressRequest:
-    """The request as the request gate decided it (its input document's request fields)."""
-    assert dctx.host is not None and dctx.port is not None
-    target = read_target(flow.request.path)
-    headers = tuple(flow.request.headers.items(multi=True))
-    return EgressRequest(
-        Phase.REQUEST,
-        dctx.host,
-        dctx.port,
-        scheme=flow.request.scheme,
-        method=flow.request.method,
-        path=target.path,
-        sni=dctx.sni,
-        query=target.query,
-        headers=headers,
-        body_size=declared_length(flow.request),
-        client=peer_ip(flow.client_conn.peername),
-        credentials=credentials,
-        upgrade=requested_upgrade(headers),
-    )
+    return (loads_strict(given[0], bounds.json) if given else None,)

@@ -9,21 +9,29 @@ placeholders and counted its bytes, is, in this order:
 1. counted as one request against the tenant's request limits, as the HTTP POST carrying it
    would be; over one, the session ends (CLOSE 1013) with one `rate_limited` record;
 2. read as a JSON-RPC body and decided like one over HTTP (protocol_bodies.decide_body: the
-   same deciders, the same bounds). A binary message, or a text message that is not strict,
-   bounded JSON-RPC, is `invalid_request`;
-3. allowed: forwarded. Refused: dropped, and the guest gets the JSON-RPC error answer (one
+   same deciders, the same bounds, the gateway config's `agent_protocols:`). A binary
+   message, or a text message that is not strict, bounded JSON-RPC, is `invalid_request`;
+3. allowed by the section, and the tenant's Rego reads the field it fills (`input.mcp`,
+   `input.jsonrpc`): `data.sandgate.decision` asked once per message of it, exactly as about
+   an HTTP body (sandgate.proxy.addons.message_rego; the input's request is the handshake's).
+   A denial refuses the message (its reason, `data.sandgate.decision` as the rule, the
+   policy's message as the answer's detail, never in the record); an engine fault refuses it
+   with `policy_error`, in report mode too. A tenant whose Rego does not read that field is
+   not asked (no engine call);
+4. allowed: forwarded. Refused: dropped, and the guest gets the JSON-RPC error answer (one
    error per request id, a batch's as one array; nothing when only notifications were
    refused) as one text message, each error's `data` naming the message's record
    (`decision_id`); the session goes on. In report mode it is forwarded, its record says
    `would_deny`.
 
 Each decided message has one record of its own, allowed ones too (a tool call over a
-WebSocket is audited as one over HTTP is), carrying the `mcp` or `jsonrpc` object and
-`websocket: {session, message}` (the handshake's decision id, the message's number in the
-session). Step 1 bounds them: the trail grows no faster than the tenant's requests may, and
-each record is written before the next message is read. A session ended by a limit or a
-fault has one denial record, and its later messages none (Upgrades refuses them unrecorded).
-Messages from the upstream pass (the credential broker scrubs them).
+WebSocket is audited as one over HTTP is), carrying the `mcp` or `jsonrpc` object, the
+`rego` object when the tenant's Rego was asked, and `websocket: {session, message}` (the
+handshake's decision id, the message's number in the session). Step 1 bounds them: the
+trail grows no faster than the tenant's requests may, and each record is written before the
+next message is read. A session ended by a limit or a fault has one denial record, and its
+later messages none (Upgrades refuses them unrecorded). Messages from the upstream pass
+(the credential broker scrubs them).
 
 A `graphql:` rule's WebSocket (subscriptions over graphql-ws) is not read: every guest
 message on it is refused as `invalid_request`, answered with a GraphQL error.
@@ -44,8 +52,18 @@ from sandgate.policy.protocols.decide import BodyVerdict
 from sandgate.policy.protocols.json_strict import JsonValue
 from sandgate.policy.protocols.rules import GraphqlSection
 from sandgate.policy.reasons import Reason
+from sandgate.policy.rego.messages import MessagesVerdict
 from sandgate.proxy.addons.exchange import Exchange
+from sandgate.proxy.addons.message_rego import (
+    ask_messages,
+    message_program,
+    read_messages,
+    record_detail,
+    rego_facts,
+)
 from sandgate.proxy.addons.protocol_bodies import (
+    DEFAULT_BOUNDS,
+    BodyBounds,
     ReadBody,
     Section,
     Unreadable,
@@ -78,9 +96,12 @@ class _Count:
 class AgentWebsocket:
     """Decides the guest's WebSocket messages on a rule with `mcp:` or `jsonrpc:`."""
 
-    def __init__(self, ctx: GatewayContext, closer: ConnectionCloser) -> None:
+    def __init__(
+        self, ctx: GatewayContext, closer: ConnectionCloser, bounds: BodyBounds = DEFAULT_BOUNDS
+    ) -> None:
         self.ctx = ctx
         self.closer = closer
+        self.bounds = bounds
 
     async def websocket_message(self, flow: http.HTTPFlow) -> None:
         found = _governed(flow)
@@ -100,7 +121,8 @@ class AgentWebsocket:
     async def _decide(
         self, flow: http.HTTPFlow, session: WebSocketSession, section: Section, message: WebSocketMessage
     ) -> None:
-        """Count, read and decide one guest message; forward it, or answer it and record why."""
+        """Count, read and decide one guest message (its section, then the tenant's Rego);
+        forward it, or answer it and record why."""
         count = _count(flow)
         count.decided += 1
         where = {"websocket": {"session": session.dctx.decision_id, "message": count.decided}}
@@ -109,21 +131,47 @@ class AgentWebsocket:
             message.drop()
             await end_session(self.ctx.audit, self.closer, flow, session, exceeded, where)
             return
-        verdict, body = _verdict(section, message)
-        report = session.decision.mode is Mode.REPORT
+        verdict, body = _verdict(section, message, self.bounds)
+        rego = await self._rego(flow, session, section, verdict, body)
+        detail = verdict.detail
+        if rego is not None and not rego.allowed:
+            verdict, detail = rego.body, record_detail(rego)
+        # Report mode relaxes a denial, never a fault of the policy engine.
+        report = session.decision.mode is Mode.REPORT and not (rego is not None and rego.fault)
         dctx = replace(session.dctx, decision_id=new_decision_id())
         if verdict.allowed or report:
             decision = session.decision
         else:
-            decision = session.decision.as_denial(Reason(str(verdict.reason)), verdict.detail)
+            decision = session.decision.as_denial(Reason(str(verdict.reason)), detail)
             message.drop()
             answer = protocol_answer(section, verdict)
             if answer is not None and not request_answer(flow, _answer_text(answer, dctx.decision_id)):
                 raise RuntimeError("the WebSocket guard is not installed: no answer can be sent")
         record = decision_record(dctx, decision, bytes_up=len(message.content))
         record.update(body_facts(section, verdict, body, report=report))
+        if rego is not None:
+            outcome = "allow" if rego.allowed else "would_deny" if report else "deny"
+            record["rego"] = rego_facts(outcome, rego)
         record.update(where)
         await self.ctx.audit.emit(record)
+
+    async def _rego(
+        self,
+        flow: http.HTTPFlow,
+        session: WebSocketSession,
+        section: Section,
+        verdict: BodyVerdict,
+        body: ReadBody,
+    ) -> MessagesVerdict | None:
+        """The tenant's Rego on a message its section allowed, when its modules read the field
+        the section fills; None (no engine call) otherwise."""
+        if not verdict.allowed or body is None:
+            return None
+        program = message_program(self.ctx, session.dctx.identity, section)
+        if program is None:
+            return None
+        read = read_messages(body, section)
+        return await ask_messages(self.ctx, flow, session.dctx, session.decision, program, read)
 
     def _admit(self, session: WebSocketSession) -> Decision | None:
         """Count the message as one request; the denial when a limit refuses it."""
@@ -153,13 +201,13 @@ def _governed(flow: http.HTTPFlow) -> tuple[WebSocketSession, Section, WebSocket
     return session, section, message
 
 
-def _verdict(section: Section, message: WebSocketMessage) -> tuple[BodyVerdict, ReadBody]:
-    """The message read as its rule's body (permessage-deflate is undone by then)."""
+def _verdict(section: Section, message: WebSocketMessage, bounds: BodyBounds) -> tuple[BodyVerdict, ReadBody]:
+    """The message read as its rule's body within `bounds` (permessage-deflate is undone by then)."""
     if isinstance(section, GraphqlSection):
         return unreadable_verdict(Unreadable("GraphQL over a WebSocket is not decided by sandgate")), None
     if not message.is_text:
         return unreadable_verdict(Unreadable("a binary WebSocket message where JSON-RPC is read")), None
-    return decide_body(section, message.content, None)
+    return decide_body(section, message.content, None, bounds)
 
 
 def _answer_text(answer: JsonValue, decision_id: str) -> str:

@@ -29,6 +29,7 @@ from sandgate.proxy.addons.http_seam import HttpErrorSeam
 from sandgate.proxy.addons.identify import Identify
 from sandgate.proxy.addons.latency import UpstreamTiming
 from sandgate.proxy.addons.limits import TenantLimits
+from sandgate.proxy.addons.protocol_bodies import bounds_of
 from sandgate.proxy.addons.request_gate import RequestGate
 from sandgate.proxy.addons.trailers import Trailers
 from sandgate.proxy.addons.transparent import Transparent
@@ -37,7 +38,7 @@ from sandgate.proxy.addons.upgrades import Upgrades
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.approvals.endpoint import AccessEndpoint
 from sandgate.proxy.approvals.holds import Holds
-from sandgate.proxy.config import HeadsConfig, WebSocketConfig
+from sandgate.proxy.config import AgentProtocolsConfig, HeadsConfig, WebSocketConfig
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.mitm.closer import ConnectionCloser
 
@@ -56,6 +57,8 @@ class Shared:
     closer: ConnectionCloser | None = None
     heads: HeadsConfig = field(default_factory=HeadsConfig)
     websocket: WebSocketConfig | None = None
+    # How much of a body or message an agent-protocol rule reads (`agent_protocols:`).
+    agent_protocols: AgentProtocolsConfig = field(default_factory=AgentProtocolsConfig)
     require_sni: bool = True
     # Holds `ask` decisions; None: they are refused (approval_required).
     approvals: Approvals | None = None
@@ -73,6 +76,7 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
     s = shared
     holds = _once(lambda: Holds(ctx, s.approvals))  # one, shared by both gates
     reserved = s.endpoint.reserved if s.endpoint is not None else None
+    bounds = bounds_of(s.agent_protocols)
     order: list[tuple[type, Callable[[], Any]]] = [
         (Proxyserver, lambda: _given(s.server, "server")),  # mitmproxy's listeners and connections
         # First: a connection over the caps reaches nothing else.
@@ -109,15 +113,15 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
         (TenantLimits, lambda: TenantLimits(ctx, s.closer)),
         # What the limits let go, its body read and decided (`mcp:`, `jsonrpc:`) before the broker
         # swaps placeholders in it; its stream holder wraps the limits' body meter.
-        (AgentProtocols, lambda: AgentProtocols(ctx, holds())),
+        (AgentProtocols, lambda: AgentProtocols(ctx, holds(), bounds)),
         # The messages it allowed, asked about by the tenant's Rego (phase "message") before the
         # list filter and the broker; a body of unknown length is refused at its head.
-        (AgentRego, lambda: AgentRego(ctx)),
+        (AgentRego, lambda: AgentRego(ctx, bounds)),
         # Its list answers filtered, before the broker chains its scrubber behind the stream.
-        (AgentListFilter, lambda: AgentListFilter()),
+        (AgentListFilter, lambda: AgentListFilter(bounds)),
         # The guest's WebSocket messages on such a rule, decided one by one after Upgrades checked
         # them for placeholders and counted their bytes.
-        (AgentWebsocket, lambda: AgentWebsocket(ctx, _given(s.closer, "closer"))),
+        (AgentWebsocket, lambda: AgentWebsocket(ctx, _given(s.closer, "closer"), bounds)),
         # Completes the allowed exchange's record before the broker scrubs the response it counts.
         (AuditCompletion, lambda: AuditCompletion(ctx)),
         (HopByHop, HopByHop),  # upstream responses lose hop-by-hop fields before the broker scrubs them

@@ -2,10 +2,12 @@
 
 Shared by the HTTP addons (sandgate.proxy.addons.agent_protocols, agent_lists) and anything
 else that carries the same messages: the body is decoded from its Content-Encoding (gzip,
-deflate, br, zstd; stacked or unknown encodings cannot be read) within MAX_BODY bytes, read
-by the rule's section (`mcp:`, `jsonrpc:`, `graphql:`; sandgate.policy.protocols), and a
-refused one is answered in its protocol (JSON-RPC errors, one per request id, in an HTTP 200;
-a GraphQL error object). Records carry what was asked and decided, never an argument's value.
+deflate, br, zstd; stacked or unknown encodings cannot be read) within the gateway's bounds
+(`BodyBounds`: bytes, nesting, batch members, GraphQL's query limits, from the gateway
+config's `agent_protocols:` section; MAX_BODY bytes by default), read by the rule's section
+(`mcp:`, `jsonrpc:`, `graphql:`; sandgate.policy.protocols), and a refused one is answered
+in its protocol (JSON-RPC errors, one per request id, in an HTTP 200; a GraphQL error
+object). Records carry what was asked and decided, never an argument's value.
 
 A GraphQL call may also come as a GET (GraphQL over HTTP): `graphql_get_body` turns its query
 string into the JSON body the decider reads, strictly (each of `query`, `operationName`,
@@ -20,6 +22,7 @@ import hashlib
 import json
 import urllib.parse
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from mitmproxy import http
 
@@ -34,23 +37,27 @@ from sandgate.policy.protocols.decide import (
     decide_mcp_body,
 )
 from sandgate.policy.protocols.errors import Problem, ProtocolError
-from sandgate.policy.protocols.graphql_ops import GraphqlRequest
-from sandgate.policy.protocols.json_strict import DEFAULT_LIMITS, JsonValue, loads_strict
-from sandgate.policy.protocols.jsonrpc import RpcBody, RpcMessage
+from sandgate.policy.protocols.graphql_ops import DEFAULT_GRAPHQL_LIMITS, GraphqlLimits, GraphqlRequest
+from sandgate.policy.protocols.json_strict import DEFAULT_LIMITS, JsonLimits, JsonValue, loads_strict
+from sandgate.policy.protocols.jsonrpc import DEFAULT_MAX_BATCH, RpcBody, RpcMessage
 from sandgate.policy.protocols.mcp import TOOLS_CALL, McpBody, McpMessage
 from sandgate.policy.protocols.reasons import ProtocolReason
 from sandgate.policy.protocols.rules import GraphqlSection, JsonRpcSection, McpSection
 from sandgate.policy.reasons import Reason
+from sandgate.proxy.config import AgentProtocolsConfig
 from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
 
 __all__ = [
+    "DEFAULT_BOUNDS",
     "GRAPHQL_GET_PARAMETERS",
     "MAX_BODY",
+    "BodyBounds",
     "ReadBody",
     "Section",
     "Unreadable",
     "arguments_digest",
     "body_facts",
+    "bounds_of",
     "decide_body",
     "decide_graphql_get",
     "decoded",
@@ -60,8 +67,26 @@ __all__ = [
     "unreadable_verdict",
 ]
 
-# The most a decided body may be, encoded or decoded: the strict JSON reader's own bound.
-MAX_BODY = DEFAULT_LIMITS.max_bytes
+
+@dataclass(frozen=True, slots=True)
+class BodyBounds:
+    """How much of a body (or WebSocket message, or list answer) the gateway reads to decide
+    it: bytes and nesting (the strict JSON reader's limits), JSON-RPC batch members, and
+    GraphQL's query limits. Past any of them: `invalid_request`, never passed unread."""
+
+    json: JsonLimits = DEFAULT_LIMITS
+    max_batch: int = DEFAULT_MAX_BATCH
+    graphql: GraphqlLimits = DEFAULT_GRAPHQL_LIMITS
+
+    @property
+    def max_body(self) -> int:
+        """The most a decided body may be, encoded or decoded."""
+        return self.json.max_bytes
+
+
+DEFAULT_BOUNDS = BodyBounds()
+# Today's (and the config's default) bound on a decided body: the strict JSON reader's own.
+MAX_BODY = DEFAULT_BOUNDS.max_body
 # GraphQL over HTTP's GET parameters, exactly as spelled there; the last two are JSON.
 GRAPHQL_GET_PARAMETERS = ("query", "operationName", "variables", "extensions")
 _GRAPHQL_GET_JSON = frozenset({"variables", "extensions"})
@@ -79,9 +104,25 @@ class Unreadable(Exception):
         self.problem = problem
 
 
+def bounds_of(config: AgentProtocolsConfig) -> BodyBounds:
+    """The bounds the gateway config's `agent_protocols:` section sets."""
+    graphql = config.graphql
+    return BodyBounds(
+        json=JsonLimits(max_bytes=config.max_body_bytes, max_depth=config.max_depth),
+        max_batch=config.max_batch,
+        graphql=GraphqlLimits(
+            max_bytes=graphql.max_query_bytes,
+            max_tokens=graphql.max_tokens,
+            max_nesting=graphql.max_nesting,
+            max_nodes=DEFAULT_GRAPHQL_LIMITS.max_nodes,
+            max_batch=graphql.max_batch,
+        ),
+    )
+
+
 def decoded(raw: bytes, content_encoding: str | None, limit: int = MAX_BODY) -> bytes:
     """The body as its Content-Encoding says, at most `limit` bytes; Unreadable otherwise."""
-    name = (content_encoding or "").strip().lower()
+    name = (content_encoding or "")
     if name in ("", "identity"):
         return raw
     decoder = stream_decoder(name)
@@ -103,26 +144,28 @@ def _chain(*parts: Iterable[bytes]) -> Iterable[bytes]:
         yield from part
 
 
-def decide_body(section: Section, raw: bytes, content_encoding: str | None) -> tuple[BodyVerdict, ReadBody]:
-    """The verdict on a request body under `section`, and what it read (None: unread)."""
+def decide_body(
+    section: Section, raw: bytes, content_encoding: str | None, bounds: BodyBounds = DEFAULT_BOUNDS
+) -> tuple[BodyVerdict, ReadBody]:
+    """The verdict on a request body under `section` within `bounds`, and what it read (None: unread)."""
     try:
-        data = decoded(raw, content_encoding)
+        data = decoded(raw, content_encoding, bounds.max_body)
     except Unreadable as e:
         return unreadable_verdict(e), None
     if isinstance(section, McpSection):
-        return decide_mcp_body(data, section)
+        return decide_mcp_body(data, section, bounds.json, max_batch=bounds.max_batch)
     if isinstance(section, GraphqlSection):
-        verdict, requests = decide_graphql_body(data, section)
+        verdict, requests = decide_graphql_body(data, section, bounds.json, bounds.graphql)
         return verdict, requests or None
-    return decide_jsonrpc_body(data, section)
+    return decide_jsonrpc_body(data, section, bounds.json, max_batch=bounds.max_batch)
 
 
-def graphql_get_body(query_string: str) -> bytes:
+def graphql_get_body(query_string: str, bounds: BodyBounds = DEFAULT_BOUNDS) -> bytes:
     """The JSON body a GraphQL-over-HTTP GET's query string (what follows `?`) stands for;
     Unreadable for a parameter repeated, unknown (also one of ours spelled otherwise), not
     percent-encoded UTF-8, or, for `variables` and `extensions`, not strict JSON."""
-    if len(query_string) > MAX_BODY:
-        raise Unreadable(f"a query string over the {MAX_BODY} bytes a rule reads", Problem.TOO_LARGE)
+    if len(query_string) > bounds.max_body:
+        raise Unreadable(f"a query string over the {bounds.max_body} bytes a rule reads", Problem.TOO_LARGE)
     try:
         pairs = urllib.parse.parse_qsl(
             query_string,
@@ -147,21 +190,23 @@ def graphql_get_body(query_string: str) -> bytes:
             body[name] = value
             continue
         try:
-            body[name] = loads_strict(value)
+            body[name] = loads_strict(value, bounds.json)
         except ProtocolError as e:
             raise Unreadable(f"query parameter {name!r} is not strict JSON ({e.code})", e.code) from None
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def decide_graphql_get(section: GraphqlSection, query_string: str) -> tuple[BodyVerdict, ReadBody]:
+def decide_graphql_get(
+    section: GraphqlSection, query_string: str, bounds: BodyBounds = DEFAULT_BOUNDS
+) -> tuple[BodyVerdict, ReadBody]:
     """A GraphQL-over-HTTP GET, decided as the body `graphql_get_body` makes of its query
     string; then any operation of its document other than a query is refused (GraphQL over
     HTTP: a GET never runs a mutation), whatever `operation_types` allows."""
     try:
-        body = graphql_get_body(query_string)
+        body = graphql_get_body(query_string, bounds)
     except Unreadable as e:
         return unreadable_verdict(e), None
-    verdict, read = decide_body(section, body, None)
+    verdict, read = decide_body(section, body, None, bounds)
     if not verdict.allowed or not isinstance(read, tuple):
         return verdict, read
     for i, request in enumerate(read):
