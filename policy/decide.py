@@ -18,9 +18,9 @@ from sandgate.policy.address_choice import (
 )
 from sandgate.policy.address_guard import AddressGuard
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
-from sandgate.policy.evaluation import CredentialBindings, Evaluation
-from sandgate.policy.model.grants import Grants
-from sandgate.policy.model.policyset import PolicySet
+from sandgate.policy.evaluation import CredentialBindings, Evaluation, RulesOutcome
+from sandgate.policy.model.grants import Grant, Grants
+from sandgate.policy.model.policyset import PolicySet, TenantPolicy
 from sandgate.policy.rego.protocol import PolicyEngine
 from sandgate.policy.resolver import Resolver
 from sandgate.policy.steps import DNS_STEPS, REQUEST_STEPS, credential_interception, default_engine, evaluate
@@ -64,7 +64,10 @@ def decide(
     4. tenant allow rules (`hosts: ["*"]` last, and never for an
        IP literal), then the grants approvals added (the tenant's
        grants file, and `grants`: the gateway's sandbox and fleet
-       grants), live ones only, then ask rules (`unmatched: ask`)       → host_not_allowed,
+       grants), live ones only (a counted one with uses left: once the
+       request is allowed, one of its uses is taken, and with none left
+       it is decided again without that grant), then ask rules
+       (`unmatched: ask`)                                                → host_not_allowed,
                                                                           port_not_allowed,
                                                                           method_not_allowed,
                                                                           path_not_allowed,
@@ -113,9 +116,12 @@ def decide(
 
 
 def _steps(ev: Evaluation, trace: Trace | None) -> Coroutine[Any, Any, Decision]:
-    """The request's steps; for a tenant with protocol sections, followed by applying them."""
+    """The request's steps; for a tenant with protocol sections, followed by applying them; a
+    request a counted grant may allow, followed by taking one of its uses (_counted)."""
     who = ev.identity
     tenant = ev.policy.tenant(who.tenant) if who is not None else None
+    if _may_count(ev, tenant):
+        return _counted(ev, trace)
     if tenant is None or not tenant.allow.has_sections:
         # The steps' coroutine itself, not one awaiting it: one coroutine per decision, not two.
         return evaluate(REQUEST_STEPS, ev, trace)
@@ -125,6 +131,46 @@ def _steps(ev: Evaluation, trace: Trace | None) -> Coroutine[Any, Any, Decision]
 async def _sectioned(ev: Evaluation, trace: Trace | None) -> Decision:
     """The steps' decision with the protocol section of its host and port (Evaluation.with_sections)."""
     return ev.with_sections(await evaluate(REQUEST_STEPS, ev, trace))
+
+
+def _may_count(ev: Evaluation, tenant: TenantPolicy | None) -> bool:
+    """Whether a counted grant (`max_uses`) may allow this request, and the gateway counts: an
+    HTTP request only (a connection, a TLS hello, a DNS name take no use; a counted grant's
+    requests are each decided, its connection intercepted)."""
+    counts = ev.grants is not None and ev.grants.uses is not None
+    return (
+        counts
+        and tenant is not None
+        and ev.request.phase is Phase.REQUEST
+        and (tenant.grants.counted or (ev.grants is not None and ev.grants.counted))
+    )
+
+
+async def _counted(ev: Evaluation, trace: Trace | None) -> Decision:
+    """The steps' decision; when a counted grant allowed it, one of the grant's uses is taken,
+    atomically. None left, or the count out of reach: decided again as without that grant
+    (another grant, an ask rule, or a denial), so exactly max_uses requests pass."""
+    tenant = ev.policy.tenant(ev.identity.tenant) if ev.identity is not None else None
+    while True:
+        decision = await evaluate(REQUEST_STEPS, ev, trace)
+        if tenant is not None and tenant.allow.has_sections:
+            decision = ev.with_sections(decision)
+        grant = ev.grant if ev.outcome is RulesOutcome.GRANTED else None
+        uses = ev.grants.uses if ev.grants is not None else None
+        if grant is None or grant.max_uses is None or uses is None or not decision.allowed:
+            return decision
+        if await uses.take(grant):
+            return decision
+        ev = _again(ev, grant)
+
+
+def _again(ev: Evaluation, spent: Grant) -> Evaluation:
+    """A fresh evaluation of the same request that passes over `spent` (and those before it)."""
+    again = Evaluation(ev.policy, ev.identity, ev.request, ev.grants)
+    again.resolver, again.guard, again.engine = ev.resolver, ev.guard, ev.engine
+    again.address, again.reserved, again.bindings = ev.address, ev.reserved, ev.bindings
+    again.skip = ev.skip | {spent.id}
+    return again
 
 
 async def decide_name(

@@ -80,6 +80,7 @@ class Evaluation:
         "resolver",
         "rule",
         "rule_id",
+        "skip",
         "tenant",
         "verdict",
         "who",
@@ -98,6 +99,8 @@ class Evaluation:
     # The gateway's own name (approvals.endpoint_name), never a destination.
     reserved: str | None
     bindings: CredentialBindings | None
+    # Counted grants step 4 passes over: those whose use could not be taken (sandgate.policy.decide).
+    skip: frozenset[str]
 
     # Found by step 1: who asks (the identity, known to be there), and its tenant.
     who: Identity
@@ -132,6 +135,7 @@ class Evaluation:
         self.identity = identity
         self.request = request
         self.grants = grants
+        self.skip = frozenset()
         self.outcome = None
         self.match = None
         self.verdict = None

@@ -173,9 +173,16 @@ def _granted(ev: Evaluation) -> Grant | None:
         return None
     r = ev.request
     args = (tenant.name, ev.who.sandbox, r.host, r.port, r.method, r.path, r.upgrade, time.time())
-    found = tenant.grants.match(*args)
+    uses = grants.uses if grants is not None else None
+    skip, spent = ev.skip, uses.spent if uses is not None else None
+
+    def passed_over(g: Grant) -> bool:
+        # A counted grant used up (known here), or whose use could not be taken: as if gone.
+        return g.max_uses is not None and (g.id in skip or (spent is not None and spent(g.id)))
+
+    found = tenant.grants.match(*args, skip=passed_over)
     if found is None and grants is not None:
-        found = grants.match(*args)
+        found = grants.match(*args, skip=passed_over)
     return found
 
 

@@ -25,6 +25,7 @@ and reviewed like code:
         approved_at: "2026-12-01T22:40:00Z"
         reason: the build needs the package index
         expires: "2026-12-02T22:40:00Z"   # optional
+        max_uses: 20                      # optional
     # sandgate-grants-file end sha256:<digest of every line above>
 
 Every grant in a grants file states its methods and its paths: `["*"]` alone means every
@@ -32,6 +33,15 @@ method (every path), and a grant that says neither is refused, so a file cut or 
 half-way through a grant never allows more than the whole grant would
 (sandgate.policy.model.grants_seal: the first and last lines tell a whole gateway-written
 file from a cut one; a hand-written file has neither and loads as any policy file does).
+
+A grant with `max_uses` allows at most that many requests in all: each one it lets through
+uses one, counted by the gateway (sandgate.proxy.approvals.uses: in redis for a fleet, else in
+its state folder), shared by every worker and gateway. Once
+used up it is exhausted and matches nothing more, as if it were gone. The counting is the
+gateway's (GrantUses, on the Grants snapshot it decides with): evaluating without one (`policy
+explain`, `policy test`) counts nothing. A counted grant is always inspected (its connection is
+intercepted), so each request is decided, and counted, one by one. A tool grant takes no
+`max_uses` (refused): the tool calls it releases are not counted yet.
 
 A grant with a `tool` (a tool grant) allows one MCP tool call an `mcp.tools.ask` glob would
 hold, on its host, port, method and path: that exact tool, and, when it says so, only
@@ -47,11 +57,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Protocol, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -72,6 +82,7 @@ __all__ = [
     "EVERY",
     "Grant",
     "GrantEntry",
+    "GrantUses",
     "Grants",
     "GrantsFile",
     "GrantsFileEntry",
@@ -146,6 +157,8 @@ class Grant:
     tool: str | None = None
     arguments_sha256: str | None = None
     arguments: tuple[ArgumentPredicate, ...] | None = None
+    # At most this many requests (tool calls) in all, counted by the gateway; None: no limit.
+    max_uses: int | None = None
     rule: CompiledRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -155,7 +168,8 @@ class Grant:
             ports=frozenset({self.port}),
             methods=self.methods,
             paths=compile_path_globs(self.paths) if self.paths is not None else None,
-            inspect=self.methods is not None or self.paths is not None,
+            # A counted grant's requests are each decided (and counted), never tunnelled blind.
+            inspect=self.methods is not None or self.paths is not None or self.max_uses is not None,
             hosts=() if ip is not None else (self.host,),
             cidrs=(f"{ip}/{ip.max_prefixlen}",) if ip is not None else (),
             origin=self.origin,
@@ -226,6 +240,7 @@ class Grant:
             "methods": sorted(self.methods) if self.methods is not None else None,
             "paths": list(self.paths) if self.paths is not None else None,
             "expires": format_utc(self.expires) if self.expires is not None else None,
+            "max_uses": self.max_uses,
             "by": self.by,
             "at": format_utc(self.at),
             "reason": self.reason,
@@ -244,6 +259,7 @@ class Grant:
             "methods": sorted(self.methods) if self.methods is not None else None,
             "paths": list(self.paths) if self.paths is not None else None,
             "expires": self.expires,
+            "max_uses": self.max_uses,
             "by": self.by,
             "at": self.at,
             "reason": self.reason,
@@ -266,6 +282,7 @@ class Grant:
             tool=data.get("tool"),
             arguments_sha256=data.get("arguments_sha256"),
             arguments=data.get("arguments"),
+            max_uses=data.get("max_uses"),
         )
         sandbox = data.get("sandbox")
         expires = data.get("expires")
@@ -282,17 +299,36 @@ class Grant:
             at=float(data.get("at") or 0.0),
             reason=str(data["reason"]) if data.get("reason") is not None else None,
             origin=origin,
+            max_uses=entry.max_uses,
             **entry.tool_scope(),
         )
+
+
+class GrantUses(Protocol):
+    """Where the uses of counted grants (`max_uses`) are counted: shared by every worker and
+    gateway that decides with the same grants (sandgate.proxy.approvals.uses)."""
+
+    def spent(self, grant_id: str) -> bool:
+        """Whether this process already knows the grant is used up (no I/O)."""
+        ...
+
+    async def take(self, grant: Grant) -> bool:
+        """Use one of the grant's uses, atomically: False when none is left, or when the count
+        cannot be reached (fail closed: the request is decided as without the grant)."""
+        ...
 
 
 class Grants:
     """A set of grants, indexed by (tenant, host): a lookup is one dict access."""
 
-    __slots__ = ("_all", "_by_host")
+    __slots__ = ("_all", "_by_host", "counted", "uses")
 
-    def __init__(self, grants: Iterable[Grant] = ()) -> None:
+    def __init__(self, grants: Iterable[Grant] = (), uses: GrantUses | None = None) -> None:
         self._all: tuple[Grant, ...] = tuple(grants)
+        # Where counted grants are counted (the gateway's); None: nothing is counted here.
+        self.uses = uses
+        # Whether any grant here is counted (decide then takes a use of the one that allows).
+        self.counted = any(g.max_uses is not None for g in self._all)
         by_host: dict[tuple[str, str], list[Grant]] = {}
         for g in self._all:
             by_host.setdefault((g.tenant, g.host), []).append(g)
@@ -317,11 +353,13 @@ class Grants:
         path: str | None,
         upgrade: str | None,
         now: float,
+        skip: Callable[[Grant], bool] | None = None,
     ) -> Grant | None:
-        """The first live grant of `tenant` (for the whole tenant, or for `sandbox`) that allows it."""
+        """The first live grant of `tenant` (for the whole tenant, or for `sandbox`) that allows
+        it, passing over those `skip` names (used up, or already tried)."""
         for g in self._by_host.get((tenant, host), ()):
             ours = g.sandbox is None or g.sandbox == sandbox
-            if ours and g.matches(host, port, method, path, upgrade, now):
+            if ours and g.matches(host, port, method, path, upgrade, now) and (skip is None or not skip(g)):
                 return g
         return None
 
@@ -404,10 +442,19 @@ class _GrantShape(BaseModel):
         "(as in mcp.tools.arguments)",
     )
 
+    max_uses: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = Field(
+        default=None,
+        description="at most this many requests in all, counted by the gateway across its workers "
+        "(and the fleet's gateways with redis); none: no limit. Not on a tool grant (yet)",
+    )
+
     @model_validator(mode="after")
     def _tool_scoped(self) -> Self:
         if self.tool is None and (self.arguments_sha256 is not None or self.arguments is not None):
             raise ValueError("arguments_sha256 and arguments go with tool: name the tool they are for")
+        if self.tool is not None and self.max_uses is not None:
+            # A tool call released inside a streamed body cannot wait for a shared count yet.
+            raise ValueError("max_uses goes with a request grant: a tool grant's calls are not counted yet")
         return self
 
     def tool_scope(self) -> dict[str, Any]:
@@ -536,6 +583,7 @@ def grant_from_entry(tenant: str, entry: GrantsFileEntry, origin: str) -> Grant:
         at=parse_utc(entry.approved_at) if entry.approved_at is not None else 0.0,
         reason=entry.reason,
         origin=origin,
+        max_uses=entry.max_uses,
         **entry.tool_scope(),
     )
 
@@ -609,6 +657,7 @@ def render_grants_file(tenant: str, grants: Iterable[Grant]) -> str:
 def _render_grant(g: Grant) -> list[str]:
     """One grant's comment and entry; methods and paths always written (`["*"]`: all)."""
     until = f", until {format_utc(g.expires)}" if g.expires is not None else ""
+    until += f", at most {g.max_uses} uses" if g.max_uses is not None else ""
     methods = sorted(g.methods) if g.methods is not None else [EVERY]
     paths = list(g.paths) if g.paths is not None else [EVERY]
     lines = [
@@ -628,6 +677,8 @@ def _render_grant(g: Grant) -> list[str]:
         lines.append(f"    reason: {_scalar(g.reason)}")
     if g.expires is not None:
         lines.append(f"    expires: {_scalar(format_utc(g.expires))}")
+    if g.max_uses is not None:
+        lines.append(f"    max_uses: {g.max_uses}")
     if g.tool is not None:
         lines.append(f"    tool: {_scalar(g.tool)}")
     if g.arguments_sha256 is not None:

@@ -140,6 +140,8 @@ def decide_access_request(
     scope: str | None = None,
     ttl_seconds: float | None = None,
     any_arguments: bool = False,
+    max_uses: int | None = None,
+    expires_at: str | None = None,
 ) -> dict[str, Any]:
     """Approve (with a scope) or deny a request (AdminApiError 404: unknown, 409: already decided)."""
     verb = "approve" if approve else "deny"
@@ -151,6 +153,10 @@ def decide_access_request(
         body["ttl_seconds"] = ttl_seconds
     if any_arguments:
         body["any_arguments"] = True
+    if max_uses is not None:
+        body["max_uses"] = max_uses
+    if expires_at is not None:
+        body["expires_at"] = expires_at
     return _call(config, "POST", path, json=body)
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 from tornado.web import Application, HTTPError, RequestHandler
 
 from sandgate.brokers import Secret
@@ -587,6 +587,10 @@ class AccessDecision(BaseModel):
     # grant's TTL (sandbox: approvals.grant_ttl_seconds by default; capped by grant_max_ttl_seconds).
     scope: Literal["once", "sandbox", "tenant"] | None = None
     ttl_seconds: Annotated[float, Field(gt=0)] | None = None
+    # Or the grant's end as an RFC 3339 time with its zone (not both; capped the same way).
+    expires_at: AwareDatetime | None = None
+    # At most this many requests the grant lets through, counted by the gateway (not a tool grant).
+    max_uses: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = None
     # A held tool call's grant (scope sandbox or tenant) for its tool whatever the arguments
     # (default: only its exact arguments, by their digest).
     any_arguments: bool = False
@@ -630,11 +634,16 @@ class AccessRequestDecision(_Handler):
                     scope=ask.scope,
                     ttl_seconds=ask.ttl_seconds,
                     any_arguments=ask.any_arguments,
+                    max_uses=ask.max_uses,
+                    expires_at=ask.expires_at.timestamp() if ask.expires_at is not None else None,
                 )
             else:
                 widened = ask.scope is not None or ask.ttl_seconds is not None or ask.any_arguments
+                widened = widened or ask.max_uses is not None or ask.expires_at is not None
                 if not approving and widened:
-                    raise SettleError(400, "scope, ttl_seconds and any_arguments go with approve only")
+                    raise SettleError(
+                        400, "scope, ttl_seconds, expires_at, max_uses and any_arguments go with approve only"
+                    )
                 settled = await settle_request(
                     self.state, _request_id(request_id), approve=approving, by=ask.by, reason=ask.reason
                 )
@@ -653,9 +662,9 @@ class GrantRevoke(BaseModel):
 
 
 class GrantsRoute(_Handler):
-    def get(self) -> None:
-        """The grants in force (the gateway's and the tenants' grants files')."""
-        self.reply(list_grants(self.state.grants, self.state.ctx))
+    async def get(self) -> None:
+        """The grants in force (the gateway's and the tenants' grants files'), with their uses."""
+        self.reply(await list_grants(self.state.grants, self.state.ctx))
 
 
 class GrantRevokeRoute(_Handler):

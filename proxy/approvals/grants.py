@@ -15,6 +15,11 @@ expired grant allows nothing); the lead's sweep then removes it and records that
 A store that cannot be read keeps the last snapshot for STALE_SECONDS (a redis blip does not
 take grants away; the expiry check still applies), then drops it: a grant revoked meanwhile
 must not go on allowing for as long as redis stays away (fail closed: asks again).
+
+A counted grant's (`max_uses`) uses are counted beside the store (sandgate.proxy.approvals.
+uses: redis, or the state folder), the tenants' grants files' grants too; every snapshot a
+worker publishes carries the count (Grants.uses), and decide takes a use of the grant that
+allowed a request.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from sandgate.policy.model.grants import EMPTY_GRANTS, Grant, Grants
+from sandgate.policy.model.grants import Grant, Grants
+from sandgate.proxy.approvals.uses import CountedUses, RedisUseCount, StateFileUseCount, UseCount
 from sandgate.proxy.redis.outage import REDIS_OUTAGE
 from sandgate.proxy.tasks import BackgroundTask
 
@@ -46,6 +52,7 @@ __all__ = [
     "RedisGrants",
     "StateFileGrants",
     "grant_record",
+    "use_count_for",
 ]
 
 log = structlog.get_logger("sandgate.grants")
@@ -207,9 +214,24 @@ def _parse_all(entries: object, origin: str) -> list[Grant]:
     return out
 
 
-def grant_record(grant: Grant, action: str, *, where: str, by: str | None) -> dict[str, Any]:
-    """The audit record of a grant made, expired or revoked (`by`: who did it), tied to its
-    approval by id."""
+def use_count_for(store: GrantStore) -> UseCount:
+    """Where a store's grants' uses are counted: beside it (redis, or the state folder)."""
+    if isinstance(store, RedisGrants):
+        return RedisUseCount(store.client, store.key.removesuffix("grants"))
+    if isinstance(store, StateFileGrants):
+        return StateFileUseCount(store.path.parent / "grant-uses")
+    raise TypeError(f"no use count for a {type(store).__name__}: pass one")
+
+
+def grant_record(
+    grant: Grant, action: str, *, where: str, by: str | None, uses: int | None = None
+) -> dict[str, Any]:
+    """The audit record of a grant made, expired, revoked or exhausted (`by`: who did it),
+    tied to its approval by id; a counted grant's carries its max_uses (and `uses`, the uses
+    taken, when known)."""
+    counted: dict[str, Any] = {}
+    if grant.max_uses is not None:
+        counted = {"max_uses": grant.max_uses, **({"uses": uses} if uses is not None else {})}
     return {
         "event": "grant",
         "time": time.time(),
@@ -229,6 +251,7 @@ def grant_record(grant: Grant, action: str, *, where: str, by: str | None) -> di
         "where": where,
         # A tool grant's tool, arguments' digest and predicates (the operator's, never a call's values).
         **grant.tool_fields(),
+        **counted,
     }
 
 
@@ -245,12 +268,19 @@ class GrantBook:
         refresh_seconds: float = REFRESH_SECONDS,
         default_ttl: float = 3600.0,
         max_ttl: float = 7 * 86_400.0,
+        uses: UseCount | None = None,
     ) -> None:
         self.store = store
         # Puts a new snapshot in force (GatewayContext.grants: one assignment).
         self.publish = publish
         self.emit = emit
-        self.grants: Grants = EMPTY_GRANTS
+        count = uses if uses is not None else use_count_for(store)
+        # Counted grants' uses (this store's and the grants files'), shared by every worker.
+        self.uses = CountedUses(
+            count, emit, lambda g, n: grant_record(g, "exhausted", where=count.where, by=None, uses=n)
+        )
+        self.grants: Grants = Grants((), uses=self.uses)
+        publish(self.grants)
         self.refresh_seconds = refresh_seconds
         # A sandbox grant's TTL when the approval names none, and the cap on any grant's.
         self.default_ttl = default_ttl
@@ -278,7 +308,7 @@ class GrantBook:
         if not force and token == self._token:
             self._read_at = time.monotonic()
             return False
-        grants = Grants(await self.store.load())
+        grants = Grants(await self.store.load(), uses=self.uses)
         self._read_at = time.monotonic()
         self._token = token
         self.grants = grants
@@ -292,8 +322,8 @@ class GrantBook:
             return False
         log.error("grants.dropped_stale", seconds=round(now - self._read_at), grants=len(self.grants))
         self._token = object()
-        self.grants = EMPTY_GRANTS
-        self.publish(EMPTY_GRANTS)
+        self.grants = Grants((), uses=self.uses)
+        self.publish(self.grants)
         return True
 
     async def add(self, grant: Grant) -> None:
@@ -309,6 +339,7 @@ class GrantBook:
         await self.refresh(force=True)
         if removed is not None:
             await self.emit(grant_record(removed, "revoked", where=self.store.where, by=by))
+            await self.uses.forget(removed)
         return removed
 
     async def sweep(self, now: float | None = None) -> list[Grant]:
@@ -322,6 +353,7 @@ class GrantBook:
             if removed is not None:
                 gone.append(removed)
                 await self.emit(grant_record(removed, "expired", where=self.store.where, by=None))
+                await self.uses.forget(removed)
         if gone:
             await self.refresh(force=True)
         return gone

@@ -94,10 +94,11 @@ def _check_reads_back(path: Path, tenant: str, text: str, grants: list[Grant]) -
 
 
 def _shape(g: Grant) -> tuple[object, ...]:
-    """What a grant allows and until when (times to the second, as the file writes them)."""
+    """What a grant allows, until when (times to the second, as the file writes them) and how
+    many times."""
     methods = sorted(g.methods) if g.methods is not None else None
     expires = int(g.expires) if g.expires is not None else None
-    return (g.id, g.host, g.port, methods, g.paths, expires)
+    return (g.id, g.host, g.port, methods, g.paths, expires, g.max_uses)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -87,6 +87,8 @@ async def approve(
     scope: str | None,
     ttl_seconds: float | None,
     any_arguments: bool = False,
+    max_uses: int | None = None,
+    expires_at: float | None = None,
 ) -> dict[str, Any]:
     """Approve an access request with a scope (SettleError 400 / 404 / 409 / 503).
 
@@ -94,7 +96,9 @@ async def approve(
     `tenant` also add a grant, in force before the request is released: the next matching
     request of that sandbox (or tenant) is allowed without asking. A proposal holds nothing
     to release: `once` is refused for it. A held tool call's grant is a tool grant: its tool,
-    and its exact arguments (their digest) unless `any_arguments`.
+    and its exact arguments (their digest) unless `any_arguments`. A grant ends at
+    `expires_at` (epoch seconds) or after `ttl_seconds`, not both, and allows at most
+    `max_uses` requests (tool calls) when given.
     """
     view = await desk.workers.find(request_id)
     if view is None:
@@ -110,8 +114,12 @@ async def approve(
                 "a proposal holds no request to release once: approve it with scope sandbox "
                 "(the default for proposals) or tenant",
             )
-        if ttl_seconds is not None:
-            raise SettleError(400, "a TTL goes with scope sandbox or tenant (once ends with the request)")
+        if ttl_seconds is not None or expires_at is not None:
+            raise SettleError(
+                400, "a TTL or an end goes with scope sandbox or tenant (once ends with the request)"
+            )
+        if max_uses is not None:
+            raise SettleError(400, "max_uses goes with scope sandbox or tenant (once is one use)")
         if any_arguments:
             raise SettleError(400, "any_arguments widens a grant: it goes with scope sandbox or tenant")
         settled = await desk.workers.settle(request_id, approve=True, by=by, reason=reason)
@@ -119,7 +127,15 @@ async def approve(
     if view.get("state") not in OPEN_STATES:
         raise SettleError(409, f"access request {request_id!r} is already {view.get('state')}")
     grant = grant_for(
-        desk.grants, view, chosen, by=by, reason=reason, ttl_seconds=ttl_seconds, any_arguments=any_arguments
+        desk.grants,
+        view,
+        chosen,
+        by=by,
+        reason=reason,
+        ttl_seconds=ttl_seconds,
+        any_arguments=any_arguments,
+        max_uses=max_uses,
+        expires_at=expires_at,
     )
     # The grant first: in force before the held request is released, so what the agent sends
     # next is allowed; taken back when the request can no longer be approved.
@@ -141,6 +157,8 @@ def grant_for(
     reason: str | None,
     ttl_seconds: float | None,
     any_arguments: bool = False,
+    max_uses: int | None = None,
+    expires_at: float | None = None,
 ) -> Grant:
     """The grant an approval adds: exactly what the request asked for (SettleError 400 when
     that cannot be written as a grant)."""
@@ -162,13 +180,11 @@ def grant_for(
             paths=paths,
             tool=tool,
             arguments_sha256=digest,
+            max_uses=max_uses,
         )
     except (ValidationError, ValueError, KeyError) as e:
         raise SettleError(400, f"this request cannot be granted beyond once: {_first_error(e)}") from None
     now = time.time()
-    ttl = ttl_seconds if ttl_seconds is not None else (book.default_ttl if scope == "sandbox" else None)
-    if ttl is not None:
-        ttl = min(ttl, book.max_ttl)
     return Grant(
         id=entry.id,
         tenant=str(view["tenant"]),
@@ -177,12 +193,28 @@ def grant_for(
         port=entry.port,
         methods=frozenset(entry.methods) if entry.methods is not None else None,
         paths=tuple(entry.paths) if entry.paths is not None else None,
-        expires=now + ttl if ttl is not None else None,
+        expires=_expiry(book, scope, now, ttl_seconds, expires_at),
         by=by,
         at=now,
         reason=reason,
+        max_uses=entry.max_uses,
         **entry.tool_scope(),
     )
+
+
+def _expiry(
+    book: GrantBook, scope: str, now: float, ttl_seconds: float | None, expires_at: float | None
+) -> float | None:
+    """When a grant ends: at `expires_at`, or after `ttl_seconds` (a sandbox grant's default
+    TTL when neither), capped by the maximum TTL; None: until revoked (tenant scope)."""
+    if ttl_seconds is not None and expires_at is not None:
+        raise SettleError(400, "give a TTL or an end time, not both")
+    if expires_at is not None:
+        if expires_at <= now:
+            raise SettleError(400, "the end time is already past")
+        return min(expires_at, now + book.max_ttl)
+    ttl = ttl_seconds if ttl_seconds is not None else (book.default_ttl if scope == "sandbox" else None)
+    return now + min(ttl, book.max_ttl) if ttl is not None else None
 
 
 def _tool_scope(view: dict[str, Any], any_arguments: bool) -> tuple[str | None, str | None]:
@@ -249,17 +281,31 @@ async def _reload_for(path: Path, reload: Reload) -> None:
         raise GrantsFileError(f"{path} was written, but the policy did not reload: {message}") from None
 
 
-def list_grants(book: GrantBook | None, ctx: GatewayContext) -> dict[str, Any]:
+async def list_grants(book: GrantBook | None, ctx: GatewayContext) -> dict[str, Any]:
     """Every grant in force: the gateway's (sandbox scope; tenant scope in a fleet) and the
-    tenants' grants files'; expired ones are marked (they allow nothing)."""
+    tenants' grants files'; expired ones are marked (they allow nothing), and a counted
+    one shows its uses (`uses`: taken so far, None when the count is out of reach) and
+    whether it is exhausted."""
     now = time.time()
     out: list[dict[str, Any]] = []
     dynamic = list(book.grants) if book is not None else []
     files = [g for t in ctx.policy.tenants.values() for g in t.grants]
+    counts = await book.uses.used([*dynamic, *files]) if book is not None else None
     for g in [*dynamic, *files]:
-        out.append({**g.view(), "expired": not g.live(now)})
+        out.append({**g.view(), "expired": not g.live(now), **_uses_view(g, counts)})
     out.sort(key=lambda v: (str(v["tenant"]), str(v["id"])))
     return {"grants": out}
+
+
+def _uses_view(grant: Grant, counts: dict[str, int] | None) -> dict[str, Any]:
+    """A counted grant's uses as listed: taken, left, exhausted (None each: not known)."""
+    if grant.max_uses is None:
+        return {"uses": None, "uses_left": None, "exhausted": False}
+    used = counts.get(grant.id) if counts is not None else None
+    if used is None:
+        return {"uses": None, "uses_left": None, "exhausted": None}
+    left = max(grant.max_uses - used, 0)
+    return {"uses": used, "uses_left": left, "exhausted": left == 0}
 
 
 async def sweep_file_grants(ctx: GatewayContext, reload: Reload) -> list[Grant]:
@@ -288,6 +334,12 @@ async def sweep_file_grants(ctx: GatewayContext, reload: Reload) -> list[Grant]:
     return [g for _, g in gone]
 
 
+async def _forget(desk: OperatorDesk, grant: Grant) -> None:
+    """Drop a withdrawn grant's count of uses."""
+    if desk.grants is not None:
+        await desk.grants.uses.forget(grant)
+
+
 async def revoke_grant(desk: OperatorDesk, grant_id: str, *, by: str | None) -> dict[str, Any]:
     """Withdraw a grant (SettleError 404 when there is none by that id)."""
     book = desk.grants
@@ -305,6 +357,7 @@ async def revoke_grant(desk: OperatorDesk, grant_id: str, *, by: str | None) -> 
             await _reload_for(path, desk.reload)
             for g in gone:
                 await desk.ctx.audit.emit(grant_record(g, "revoked", where=str(path), by=by))
+                await _forget(desk, g)
                 return {**g.view(), "revoked": True}
     except (GrantStoreError, GrantsFileError) as e:
         raise SettleError(503, f"the grant could not be revoked: {e}") from None

@@ -139,7 +139,9 @@ def granted(
         grant = next(
             (g for book in books if (g := book.match_call(where.tenant, where.sandbox, call, now))), None
         )
-        if grant is None:
+        if grant is None or grant.max_uses is not None:
+            # A counted tool grant is refused where grants are made; one that got in anyway
+            # releases nothing, since its call would not be counted (fail closed).
             return None
         found.append(grant)
     return tuple(found)

@@ -164,7 +164,7 @@ def _add_requests(sub: Subparsers) -> None:
         "approvals made, through the running gateway's admin API. approve, deny and revoke record "
         "the operating-system user who runs them as `by`. Exit 1: no such request or grant, or it "
         "was already decided; 2: no gateway answers, or usage (a scope the request cannot take, a "
-        "bad --ttl). See Approvals in the manual.",
+        "bad --ttl, --until or --uses). See Approvals in the manual.",
     )
     req_sub = req.add_subparsers(dest="requests_command", required=True)
     ls = req_sub.add_parser("list", help="the requests held now (and those whose client hung up)")
@@ -187,6 +187,19 @@ def _add_requests(sub: Subparsers) -> None:
         metavar="D",
         help="how long the grant allows: 90s, 30m, 2h, 1d (default: approvals.grant_ttl_seconds for "
         "sandbox, none for tenant; capped by approvals.grant_max_ttl_seconds)",
+    )
+    approve.add_argument(
+        "--until",
+        metavar="TIME",
+        help="when the grant ends, an RFC 3339 time with its zone (2026-12-01T22:40:00Z); instead "
+        "of --ttl, capped the same way",
+    )
+    approve.add_argument(
+        "--uses",
+        metavar="N",
+        type=int,
+        help="the grant allows at most N requests in all, counted across the gateway's workers (and "
+        "the fleet's gateways with redis); then it is exhausted and requests are asked about again",
     )
     approve.add_argument(
         "--any-arguments",

@@ -1,15 +1,17 @@
-"""`sandgate requests list|show ID|approve ID [--scope S] [--ttl D] [--any-arguments]|deny ID
-[--reason TEXT]|grants|revoke ID`: requests held for a decision (`ask` rules, `mcp.tools.ask`
-tool calls) or proposed by a sandbox, through the running gateway's admin API.
+"""`sandgate requests list|show ID|approve ID [--scope S] [--ttl D | --until TIME] [--uses N]
+[--any-arguments]|deny ID [--reason TEXT]|grants|revoke ID`: requests held for a decision
+(`ask` rules, `mcp.tools.ask` tool calls) or proposed by a sandbox, through the running
+gateway's admin API.
 
 Scope `once` (a held request's default) releases that one request and changes no rule;
 `sandbox` (a proposal's default) also grants what it asked for to its sandbox for a TTL;
 `tenant` grants it to the whole tenant (its grants file, or redis in a fleet). A held tool
 call's grant names its tool and its exact arguments (their digest); `--any-arguments`: the
-tool with any arguments.
+tool with any arguments. A grant ends after --ttl or at --until (an RFC 3339 time), and with
+--uses N it allows N requests in all; `grants` shows the uses taken and left.
 
 Exit 0: done. 1: no such request or grant, or it was already decided. 2: no gateway answers,
-or usage (a scope the request cannot take, a bad --ttl).
+or usage (a scope the request cannot take, a bad --ttl, --until or --uses).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import re
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sandgate.proxy.admin import client as admin_client
@@ -40,6 +43,24 @@ def parse_duration(text: str) -> float:
     if found is None or float(found.group(1)) <= 0:
         raise ValueError(f"--ttl {text!r}: use a positive duration like 90s, 30m, 2h or 1d")
     return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
+
+
+def parse_until(text: str) -> str:
+    """An RFC 3339 time with its zone, as the admin API takes it (ValueError otherwise)."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"--until {text!r}: use an RFC 3339 time like 2026-12-01T22:40:00Z") from None
+    if when.tzinfo is None:
+        raise ValueError(f"--until {text!r} has no time zone: add one, like Z for UTC")
+    return when.isoformat()
+
+
+def check_uses(value: int) -> int:
+    """A positive number of uses (ValueError otherwise)."""
+    if value < 1:
+        raise ValueError(f"--uses {value}: a grant allows at least one use")
+    return value
 
 
 def run_requests_command(args: argparse.Namespace) -> int:
@@ -71,6 +92,8 @@ def run_requests_command(args: argparse.Namespace) -> int:
         approve = command == "approve"
         try:
             ttl = parse_duration(args.ttl) if approve and args.ttl is not None else None
+            until = parse_until(args.until) if approve and args.until is not None else None
+            uses = check_uses(args.uses) if approve and args.uses is not None else None
         except ValueError as e:
             print(f"sandgate: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -83,6 +106,8 @@ def run_requests_command(args: argparse.Namespace) -> int:
             scope=args.scope if approve else None,
             ttl_seconds=ttl,
             any_arguments=approve and bool(args.any_arguments),
+            max_uses=uses,
+            expires_at=until,
         )
         _emit(args.format, decided, _decided(decided))
         return EXIT_OK
@@ -125,7 +150,8 @@ def _decided(d: dict[str, Any]) -> str:
     grant = d.get("grant")
     if isinstance(grant, dict):
         until = grant.get("expires") or "revoked"
-        line += f"\ngranted: {_grant_what(grant)}, until {until} ({grant.get('origin')})"
+        uses = f", {grant['max_uses']} uses" if grant.get("max_uses") is not None else ""
+        line += f"\ngranted: {_grant_what(grant)}, until {until}{uses} ({grant.get('origin')})"
     return line
 
 
@@ -154,17 +180,27 @@ def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 def _grants_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no grants"
-    header = ("id", "scope", "until", "grant")
+    header = ("id", "scope", "until", "uses", "grant")
     table = [
         (
             g["id"],
             g["scope"],
             (g.get("expires") or "-") + (" (expired)" if g.get("expired") else ""),
+            _uses(g),
             _grant_what(g),
         )
         for g in rows
     ]
     return "\n".join(_aligned(header, table))
+
+
+def _uses(g: dict[str, Any]) -> str:
+    """A grant's uses as listed: `1/3`, `3/3 (exhausted)`, `?/3` (the count out of reach), `-`."""
+    if g.get("max_uses") is None:
+        return "-"
+    used = g.get("uses")
+    text = f"{used if used is not None else '?'}/{g['max_uses']}"
+    return text + (" (exhausted)" if g.get("exhausted") else "")
 
 
 def _table(rows: list[dict[str, Any]], unanswered: list[dict[str, Any]]) -> str:
