@@ -122,7 +122,7 @@ def bounds_of(config: AgentProtocolsConfig) -> BodyBounds:
 
 def decoded(raw: bytes, content_encoding: str | None, limit: int = MAX_BODY) -> bytes:
     """The body as its Content-Encoding says, at most `limit` bytes; Unreadable otherwise."""
-    name = (content_encoding or "")
+    name = (content_encoding or "").strip().lower()
     if name in ("", "identity"):
         return raw
     decoder = stream_decoder(name)
