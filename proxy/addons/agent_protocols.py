@@ -45,10 +45,12 @@ guarded: a fault denies with `internal_error`.
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import unquote_plus
 
 import structlog
 from mitmproxy import http
@@ -402,8 +404,18 @@ def _governed(flow: http.HTTPFlow) -> tuple[Exchange, DecisionContext, Decision,
 def _rpc_query(request: http.Request, section: Section) -> bool:
     """Whether the query string carries a call: JSON-RPC's `method`, `params`, `jsonrpc`, or
     GraphQL's `query`, `operationName`, `variables`, `extensions` (a GET)."""
-    keys = _QUERY_GRAPHQL if isinstance(section, GraphqlSection) else _QUERY_RPC
-    return any(key.strip().lower() in keys for key in request.query)
+    names = _QUERY_GRAPHQL if isinstance(section, GraphqlSection) else _QUERY_RPC
+    return any(any(name in key for name in names) for key in _query_keys(request.path))
+
+
+def _query_keys(target: str) -> Iterator[str]:
+    """Every key of the raw query string as a lenient server might read it: split on `&` and
+    `;`, percent-decoded, case-folded, only letters and digits kept (`method[]`, `Method%00`,
+    ` params` all name a call)."""
+    query = target.partition("?")[2].partition("#")[0]
+    for pair in re.split(r"[&;]", query):
+        key = unquote_plus(pair.partition("=")[0], errors="replace").casefold()
+        yield "".join(c for c in key if c.isalnum())
 
 
 def _note(

@@ -249,8 +249,9 @@ def test_a_call_split_across_fragments_is_decided_as_the_whole_message(
         assert reply == "echo: " + text
         assert _upstream_texts(upstream, conn, 1) == [text]
     (record,) = _message_records(gw, 1)
-    assert (record["decision"], record["mcp"]["messages"][0]["tool"]) == (
+    assert (record["decision"], record["reason"], record["mcp"]["messages"][0]["tool"]) == (
         "deny" if refused else "allow",
+        "tool_denied" if refused else "allowed",
         tool,
     )
 

@@ -467,6 +467,9 @@ GETS: dict[str, tuple[str, str]] = {
     "a method named percent-encoded in the query string": (MCP, "%6Dethod=tools%2Fcall&name=delete_repo"),
     "a method named after a space in the query string": (MCP, "%20method=tools%2Fcall"),
     "params alone in the query string": (MCP, _query(params=json.dumps({"name": "delete_repo"}))),
+    "a method after a semicolon in the query string": (RPC, "x=1;method=eth_sendTransaction"),
+    "a method named as an array in the query string": (RPC, "method%5B%5D=eth_sendTransaction"),
+    "a method named with a NUL in the query string": (RPC, "method%00=eth_sendTransaction"),
     "a denied JSON-RPC method in the query string": (RPC, _query(method="eth_sendTransaction", params="[]")),
     "an allowed JSON-RPC method in the query string": (RPC, _query(method="eth_call", params="[]", id="1")),
 }
