@@ -39,7 +39,7 @@ from pydantic import (
 from sandgate.policy.protocols.json_strict import JsonValue
 from sandgate.policy.protocols.patterns import BoundedPattern, compile_globs, compile_regex
 
-__all__ = ["ArgumentPredicate", "PredicateFailure", "check_arguments", "parse_path"]
+__all__ = ["ArgumentPredicate", "PredicateFailure", "check_arguments", "parse_path", "values_at"]
 
 # A `[*]` step: every element of an array.
 EACH: Final = "[*]"
@@ -260,3 +260,9 @@ def _length_problem(value: JsonValue, limit: int) -> str | None:
     if not isinstance(value, str | list):
         return "is neither a string nor an array"
     return None if len(value) <= limit else "is too long"
+
+
+def values_at(path: str, arguments: JsonValue) -> list[JsonValue]:
+    """The values a path reaches in the arguments (none when it is missing or misshapen)."""
+    values, _, shape = _resolve(parse_path(path), arguments)
+    return [] if shape is not None else values

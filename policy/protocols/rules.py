@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from sandgate.policy.protocols.arguments import ArgumentPredicate
+from sandgate.policy.protocols.arguments import ArgumentPredicate, parse_path
 from sandgate.policy.protocols.patterns import GlobList
 
 __all__ = [
@@ -91,6 +91,14 @@ UriGlob = Annotated[str, _checker(_URI_GLOB, "URI glob (no spaces or control cha
 GraphqlNameGlob = Annotated[str, _checker(_GRAPHQL_NAME_GLOB, "GraphQL name glob")]
 FieldGlob = Annotated[str, _checker(_FIELD_GLOB, "GraphQL field glob (`field` or `mutation.field`)")]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+def _argument_path(value: str) -> str:
+    parse_path(value)  # ValueError names what is wrong
+    return value
+
+
+ArgumentPath = Annotated[str, AfterValidator(_argument_path)]
 
 
 type OperationType = Literal["query", "mutation", "subscription"]
@@ -161,15 +169,34 @@ class McpTools(_Lists):
         ),
     )
 
+    record: dict[ToolGlob, list[ArgumentPath]] = Field(
+        default_factory=dict,
+        description=(
+            "per tool glob (any case), argument paths whose values the audit record carries "
+            "(`mcp.messages[].arguments`; placeholders masked, 256 characters each at most); "
+            "by default a record carries only the arguments' digest"
+        ),
+    )
+
     _ask: GlobList = PrivateAttr(default_factory=lambda: GlobList(()))
     _argument_keys: GlobList = PrivateAttr(default_factory=lambda: GlobList(()))
+    _record_keys: GlobList = PrivateAttr(default_factory=lambda: GlobList(()))
 
     @model_validator(mode="after")
     def _build(self) -> McpTools:
         self._compile(self.allow, self.deny)
         self._ask = GlobList(self.ask, fold_case=True, timeout_matches=True)
         self._argument_keys = GlobList(self.arguments, fold_case=True, timeout_matches=True)
+        self._record_keys = GlobList(self.record, fold_case=True)
         return self
+
+    def recorded_paths(self, name: str) -> list[str]:
+        """The argument paths a record of a call of this tool carries, in order, once each."""
+        if not self.record:
+            return []
+        keys = self._record_keys
+        paths = (path for i in keys.match_all(name) for path in self.record[keys.entries[i]])
+        return list(dict.fromkeys(paths))
 
     def asked(self, name: str) -> int | None:
         """The ask entry that matches in any case, or None."""

@@ -28,6 +28,7 @@ from mitmproxy import http
 
 from sandgate.brokers.decoding import UndecodableBody, stream_decoder
 from sandgate.policy.protocols.answers import graphql_refusal_answer, refusal_answer
+from sandgate.policy.protocols.arguments import values_at
 from sandgate.policy.protocols.decide import (
     BodyVerdict,
     MessageVerdict,
@@ -44,6 +45,7 @@ from sandgate.policy.protocols.mcp import TOOLS_CALL, McpBody, McpMessage
 from sandgate.policy.protocols.reasons import ProtocolReason
 from sandgate.policy.protocols.rules import GraphqlSection, JsonRpcSection, McpSection
 from sandgate.policy.reasons import Reason
+from sandgate.proxy.approvals.tool_calls import masked_placeholders
 from sandgate.proxy.config import AgentProtocolsConfig
 from sandgate.proxy.respond import DECISION_HEADER, REASON_HEADER
 
@@ -51,6 +53,7 @@ __all__ = [
     "DEFAULT_BOUNDS",
     "GRAPHQL_GET_PARAMETERS",
     "MAX_BODY",
+    "RECORDED_VALUE_MAX",
     "BodyBounds",
     "ReadBody",
     "Section",
@@ -63,6 +66,7 @@ __all__ = [
     "decoded",
     "graphql_get_body",
     "protocol_answer",
+    "recorded_arguments",
     "refusal_response",
     "unreadable_verdict",
 ]
@@ -276,6 +280,10 @@ def body_facts(section: Section, verdict: BodyVerdict, body: ReadBody, *, report
         if mcp is not None and rpc.method == TOOLS_CALL:
             fact["tool"] = mcp.tool
             fact["arguments_sha256"] = arguments_digest(mcp.arguments or {})
+            if isinstance(section, McpSection) and mcp.tool is not None:
+                chosen = recorded_arguments(section, mcp.tool, mcp.arguments or {})
+                if chosen:
+                    fact["arguments"] = chosen
         if i < len(verdict.messages):
             decided = verdict.messages[i]
             fact.update(verdict=str(decided.verdict), reason=str(decided.reason), rule=decided.rule)
@@ -320,3 +328,30 @@ def _graphql_facts(
     if verdict.problem is not None:
         facts["problem"] = str(verdict.problem)
     return facts
+
+
+# The most of one recorded argument value: a record stays small whatever the agent sends.
+RECORDED_VALUE_MAX = 256
+
+
+def recorded_arguments(
+    section: McpSection, tool: str, arguments: dict[str, JsonValue]
+) -> dict[str, JsonValue]:
+    """The argument values a rule's `mcp.tools.record` asks the record to carry, by path:
+    scalars as sent (strings cut at RECORDED_VALUE_MAX), a path reaching several values a list,
+    anything else its JSON type's name; placeholders masked. Missing paths are left out."""
+    chosen: dict[str, JsonValue] = {}
+    for path in section.tools.recorded_paths(tool):
+        values = [_recordable(v) for v in values_at(path, arguments)]
+        if values:
+            chosen[path] = values[0] if len(values) == 1 and "[*]" not in path else values[:32]
+    return chosen
+
+
+def _recordable(value: JsonValue) -> JsonValue:
+    if isinstance(value, str):
+        masked: str = masked_placeholders(value)
+        return masked if len(masked) <= RECORDED_VALUE_MAX else masked[:RECORDED_VALUE_MAX] + "..."
+    if isinstance(value, dict | list):
+        return f"<{'object' if isinstance(value, dict) else 'array'}>"
+    return value

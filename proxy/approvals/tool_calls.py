@@ -31,6 +31,7 @@ __all__ = [
     "arguments_preview",
     "asked_calls",
     "granted",
+    "masked_placeholders",
     "refused_verdict",
     "released_verdict",
 ]
@@ -66,21 +67,23 @@ class ToolCall:
 
 def arguments_preview(arguments: JsonValue, limit: int = PREVIEW_MAX) -> str:
     """The arguments for an operator to read (see the module docstring)."""
-    text = json.dumps(_masked(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    text = json.dumps(
+        masked_placeholders(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+    )
     if len(text) <= limit:
         return text
     marker = f"...[truncated: {len(text)} characters in all]"
     return text[: max(limit - len(marker), 0)] + marker
 
 
-def _masked(value: JsonValue) -> Any:
+def masked_placeholders(value: JsonValue) -> Any:
     """The value with every placeholder-shaped run in its strings (keys too) masked."""
     if isinstance(value, str):
         return _PLACEHOLDER.sub(PLACEHOLDER_MASK, value)
     if isinstance(value, dict):
-        return {_PLACEHOLDER.sub(PLACEHOLDER_MASK, k): _masked(v) for k, v in value.items()}
+        return {_PLACEHOLDER.sub(PLACEHOLDER_MASK, k): masked_placeholders(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_masked(v) for v in value]
+        return [masked_placeholders(v) for v in value]
     return value
 
 
