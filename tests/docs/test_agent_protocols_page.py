@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from sandgate.policy.model.loader import load_policy_dir
-from sandgate.policy.protocols.decide import decide_mcp_body
+from sandgate.policy.protocols.decide import decide_graphql_body, decide_mcp_body
 from sandgate.policy.protocols.list_filter import filter_list_message
-from sandgate.policy.protocols.rules import McpSection
+from sandgate.policy.protocols.rules import GraphqlSection, McpSection
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "agent-protocols.md"
 
@@ -65,3 +65,37 @@ def test_the_worked_policy_lists_as_the_page_says(section: McpSection) -> None:
     _, removed = filter_list_message(section, "tools/list", answer)  # type: ignore[arg-type]
     assert removed == ("delete_repository", "merge_pull_request")
     assert "`delete_repository` and\n  `merge_pull_request` are not listed" in PAGE.read_text()
+
+
+@pytest.fixture(scope="module")
+def graphql_section(tmp_path_factory: pytest.TempPathFactory) -> GraphqlSection:
+    """The page's GraphQL policy, loaded as the tenant file it is."""
+    blocks = re.findall(r"```yaml\n(.*?)```", PAGE.read_text(), re.S)
+    (block,) = [b for b in blocks if "tenant: agents" in b and "id: github-graphql" in b]
+    rules = tmp_path_factory.mktemp("graphql-rules")
+    (rules / "tenants").mkdir()
+    (rules / "tenants" / "agents.yaml").write_text(block)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AGENT_1_TOKEN", "agent-token-0123456789abcdef")
+        policy = load_policy_dir(rules)
+    (rule,) = [r for r in policy.tenants["agents"].allow.rules if r.rule_id.endswith("github-graphql")]
+    assert isinstance(rule.messages, GraphqlSection)
+    return rule.messages
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ("query { viewer { login } }", "allowed"),
+        ("mutation { createIssue(title: 1) { id } }", "allowed"),
+        ("mutation { deleteRepository(id: 1) { id } }", "field_not_allowed"),
+        ("mutation { x: transferRepository(id: 1) { id } }", "field_not_allowed"),  # behind an alias
+        ("{ __schema { types { name } } }", "introspection_not_allowed"),
+        ("subscription { issues { id } }", "operation_not_allowed"),
+    ],
+)
+def test_the_graphql_policy_decides_as_the_page_says(
+    graphql_section: GraphqlSection, query: str, reason: str
+) -> None:
+    verdict, _ = decide_graphql_body(json.dumps({"query": query}).encode(), graphql_section)
+    assert verdict.reason == reason
