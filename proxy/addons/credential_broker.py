@@ -202,6 +202,8 @@ class CredentialBroker:
             decision.reason, dctx.host, dctx.decision_id
         )
         credentials = tuple(extra.pop("credentials", ()))
+        # Refused after the gate permitted its dial: nothing may dial on its account.
+        exchange.withdraw_dial(self.ctx.connections.get(flow.client_conn.id))
         await exchange.refuse(
             self.ctx.audit,
             flow,

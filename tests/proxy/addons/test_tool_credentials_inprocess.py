@@ -189,6 +189,9 @@ async def test_a_tool_credentials_placeholder_anywhere_else_is_refused_once_and_
     flow = await send(gw, host, body(ph))
     assert flow.response is not None
     assert flow.response.headers["X-Sandgate-Reason"] == "credential_host_mismatch"
+    # Refused after the gate permitted its dial: the permit is withdrawn with it.
+    state = gw.ctx.connections.get(flow.client_conn.id)
+    assert state is not None and state.dial_permits == {}
     # Refused in the protocol the rule read (the MCP session lives on), else a 403.
     if host == "plain.test":
         assert flow.response.status_code == 403
