@@ -32,6 +32,7 @@ __all__ = [
     "identify",
     "latency",
     "limits",
+    "message_rego",
     "pipeline",
     "protocol_bodies",
     "refusal",

@@ -199,7 +199,8 @@ def test_a_tenant_grants_file_grants_count_survives_a_restart(
     assert statuses([gw], url, 1, sandbox="sb2") == [200]
     again = restart(gw)
     own.append(again)
-    assert statuses([again], url, 2) == [200, 403], "one use left after the restart, not two"
+    # Sent at once: which of the two takes the last use is a race, that one of them does is not.
+    assert sorted(statuses([again], url, 2)) == [200, 403], "one use left after the restart, not two"
     assert listed(again, gid)["uses"] == 2
 
 
