@@ -40,8 +40,9 @@ its state folder), shared by every worker and gateway. Once
 used up it is exhausted and matches nothing more, as if it were gone. The counting is the
 gateway's (GrantUses, on the Grants snapshot it decides with): evaluating without one (`policy
 explain`, `policy test`) counts nothing. A counted grant is always inspected (its connection is
-intercepted), so each request is decided, and counted, one by one. A tool grant takes no
-`max_uses` (refused): the tool calls it releases are not counted yet.
+intercepted), so each request is decided, and counted, one by one. A tool grant's `max_uses`
+counts the tool calls it releases, one per call (a call decided inside a streamed body, where
+nothing can wait for the count, is not released by a counted grant: it is asked about).
 
 A grant with a `tool` (a tool grant) allows one MCP tool call an `mcp.tools.ask` glob would
 hold, on its host, port, method and path: that exact tool, and, when it says so, only
@@ -445,16 +446,13 @@ class _GrantShape(BaseModel):
     max_uses: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = Field(
         default=None,
         description="at most this many requests in all, counted by the gateway across its workers "
-        "(and the fleet's gateways with redis); none: no limit. Not on a tool grant (yet)",
+        "(and the fleet's gateways with redis); none: no limit. On a tool grant, tool calls",
     )
 
     @model_validator(mode="after")
     def _tool_scoped(self) -> Self:
         if self.tool is None and (self.arguments_sha256 is not None or self.arguments is not None):
             raise ValueError("arguments_sha256 and arguments go with tool: name the tool they are for")
-        if self.tool is not None and self.max_uses is not None:
-            # A tool call released inside a streamed body cannot wait for a shared count yet.
-            raise ValueError("max_uses goes with a request grant: a tool grant's calls are not counted yet")
         return self
 
     def tool_scope(self) -> dict[str, Any]:

@@ -56,7 +56,7 @@ import structlog
 from mitmproxy import http
 
 from sandgate.policy.decision import Decision, Mode
-from sandgate.policy.model.grants import EMPTY_GRANTS
+from sandgate.policy.model.grants import EMPTY_GRANTS, Grant
 from sandgate.policy.paths import read_target
 from sandgate.policy.protocols.decide import BodyVerdict, Verdict
 from sandgate.policy.protocols.errors import Problem
@@ -178,7 +178,8 @@ class AgentProtocols:
             encoding = flow.request.headers.get("content-encoding")
             verdict, body = decide_body(section, raw, encoding, self.bounds)
             if verdict.verdict is Verdict.ASK:
-                verdict = self._by_grants(flow, exchange, dctx, verdict, body)
+                grants = await self._taken(self._tool_grants(flow, dctx, verdict, body))
+                verdict = _released_by(exchange, verdict, grants)
             if verdict.allowed:
                 _note(exchange, section, verdict, body, decision, dctx.decision_id)
                 return
@@ -251,28 +252,33 @@ class AgentProtocols:
 
         return hold
 
-    def _by_grants(
-        self,
-        flow: http.HTTPFlow,
-        exchange: Exchange,
-        dctx: DecisionContext,
-        verdict: BodyVerdict,
-        body: ReadBody,
-    ) -> BodyVerdict:
-        """An `ask` verdict, allowed when live tool grants allow every asked call (the record
-        then names the grant, as a granted request's does); else as it was."""
+    def _tool_grants(
+        self, flow: http.HTTPFlow, dctx: DecisionContext, verdict: BodyVerdict, body: ReadBody
+    ) -> tuple[Grant, ...] | None:
+        """The live tool grants that allow every asked call of an `ask` body, one per call, or
+        None."""
         identity = dctx.identity
         if not isinstance(body, McpBody) or identity is None or dctx.host is None or dctx.port is None:
-            return verdict
+            return None
         tenant = self.ctx.policy.tenant(identity.tenant)
         path = read_target(flow.request.path).path
         where = Where(identity.tenant, identity.sandbox, dctx.host, dctx.port, flow.request.method, path)
         books = (tenant.grants if tenant is not None else EMPTY_GRANTS, self.ctx.grants)
-        grants = granted(verdict, body, where, books, arguments_digest, time.time())
-        if grants is None:
-            return verdict
-        exchange.extra["approval"] = {"id": grants[0].id, "by": grants[0].by}
-        return released_verdict(verdict, [g.rule_id for g in grants])
+        return granted(verdict, body, where, books, arguments_digest, time.time())
+
+    async def _taken(self, grants: tuple[Grant, ...] | None) -> tuple[Grant, ...] | None:
+        """The grants, once a use of each counted one is taken for its call (atomically, shared
+        by workers and gateways); None when one has none left or its count is out of reach:
+        the call is then asked about (a use already taken for another call stays spent)."""
+        if grants is None or all(g.max_uses is None for g in grants):
+            return grants
+        uses = self.ctx.grants.uses
+        if uses is None:
+            return None
+        for grant in grants:
+            if grant.max_uses is not None and not await uses.take(grant):
+                return None
+        return grants
 
     def _streamed_ask(
         self,
@@ -285,7 +291,11 @@ class AgentProtocols:
     ) -> BodyVerdict:
         """An asked body decided in its stream: allowed by tool grants, else refused (nothing
         can wait for a person in there), saying how to be held; as it was in report mode."""
-        verdict = self._by_grants(flow, exchange, dctx, verdict, body)
+        grants = self._tool_grants(flow, dctx, verdict, body)
+        # Nothing can wait for a shared count in here: a counted grant releases nothing.
+        if grants is not None and any(g.max_uses is not None for g in grants):
+            grants = None
+        verdict = _released_by(exchange, verdict, grants)
         if verdict.verdict is Verdict.ASK and decision.mode is not Mode.REPORT:
             return refused_verdict(verdict, Reason.APPROVAL_REQUIRED, NEEDS_LENGTH)
         return verdict
@@ -416,6 +426,15 @@ def _query_keys(target: str) -> Iterator[str]:
     for pair in re.split(r"[&;]", query):
         key = unquote_plus(pair.partition("=")[0], errors="replace").casefold()
         yield "".join(c for c in key if c.isalnum())
+
+
+def _released_by(exchange: Exchange, verdict: BodyVerdict, grants: tuple[Grant, ...] | None) -> BodyVerdict:
+    """An `ask` verdict allowed by the tool grants that cover every asked call (the record then
+    names the first grant, as a granted request's does); as it was without them."""
+    if grants is None:
+        return verdict
+    exchange.extra["approval"] = {"id": grants[0].id, "by": grants[0].by}
+    return released_verdict(verdict, [g.rule_id for g in grants])
 
 
 def _note(

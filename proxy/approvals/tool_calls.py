@@ -126,7 +126,8 @@ def granted(
     now: float,
 ) -> tuple[Grant, ...] | None:
     """The live tool grants that allow every asked call of the body, one per call (in
-    order), or None when any asked call has none (a request grant never counts)."""
+    order), or None when any asked call has none (a request grant never counts). A counted
+    grant (`max_uses`) is among them: the caller takes its uses (sandgate.proxy.addons.agent_protocols)."""
     found: list[Grant] = []
     books = tuple(sources)
     asked = list(_asked(verdict, body))
@@ -142,9 +143,7 @@ def granted(
         grant = next(
             (g for book in books if (g := book.match_call(where.tenant, where.sandbox, call, now))), None
         )
-        if grant is None or grant.max_uses is not None:
-            # A counted tool grant is refused where grants are made; one that got in anyway
-            # releases nothing, since its call would not be counted (fail closed).
+        if grant is None:
             return None
         found.append(grant)
     return tuple(found)

@@ -91,13 +91,11 @@ def test_max_uses_is_stored_and_read_back_and_makes_the_grant_inspected() -> Non
         {"max_uses": 0},
         {"max_uses": -1},
         {"max_uses": "two"},
-        {"max_uses": 2, "tool": "search_issues"},
     ],
     ids=[
         "zero uses is refused",
         "a negative count is refused",
         "a word is refused",
-        "a tool grant is refused",
     ],
 )
 def test_a_grants_file_entry_with_a_wrong_max_uses_is_refused(entry: dict[str, object]) -> None:

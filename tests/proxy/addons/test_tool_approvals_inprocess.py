@@ -40,8 +40,10 @@ from sandgate.proxy.addons.request_gate import RequestGate
 from sandgate.proxy.addons.tunnel_gate import TunnelGate
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.approvals.auto import AutoApprover
+from sandgate.proxy.approvals.grants import grant_record
 from sandgate.proxy.approvals.store import AccessRequest
 from sandgate.proxy.approvals.tool_calls import PREVIEW_MAX
+from sandgate.proxy.approvals.uses import CountedUses, StateFileUseCount
 
 PORT = 8080
 HOSTS = {"mcp.test": ["127.0.0.2"]}
@@ -412,3 +414,45 @@ async def test_a_chunked_asked_call_is_refused_saying_to_send_a_content_length(
     assert approvals.listing() == []
     [record] = no_values(gw.records())
     assert (record["decision"], record["reason"]) == ("deny", "approval_required")
+
+
+def counting(folder: Path, emitted: list[dict[str, Any]]) -> CountedUses:
+    """The gateway's counter of grant uses without redis (a file per grant in `folder`)."""
+
+    async def emit(record: dict[str, Any]) -> bool:
+        emitted.append(record)
+        return True
+
+    count = StateFileUseCount(folder)
+    return CountedUses(
+        count, emit, lambda g, n: grant_record(g, "exhausted", where=count.where, by=None, uses=n)
+    )
+
+
+async def test_a_counted_tool_grant_releases_exactly_its_uses_then_the_call_is_held(
+    gw: InProcess, approvals: Approvals, tmp_path: Path
+) -> None:
+    emitted: list[dict[str, Any]] = []
+    gw.ctx.grants = Grants([tool_grant(tool="merge_pull", max_uses=2)], counting(tmp_path / "uses", emitted))
+    for _ in range(2):
+        sent = await start(gw, call("merge_pull", {"n": 1}))
+        await sent.done()
+        assert sent.forwarded() and approvals.listing() == []
+    [exhausted] = emitted
+    assert (exhausted["action"], exhausted["uses"]) == ("exhausted", 2)
+    third = await start(gw, call("merge_pull", {"n": 1}))
+    [held] = await until_held(approvals)
+    approvals.settle(held.id, approve=False, by=None, reason=None)
+    await third.done()
+    assert not third.forwarded()
+
+
+async def test_a_counted_tool_grant_without_a_counter_releases_nothing(
+    gw: InProcess, approvals: Approvals
+) -> None:
+    gw.ctx.grants = Grants([tool_grant(tool="merge_pull", max_uses=5)])  # no counter: fail closed
+    sent = await start(gw, call("merge_pull", {}))
+    [held] = await until_held(approvals)
+    approvals.settle(held.id, approve=False, by=None, reason=None)
+    await sent.done()
+    assert not sent.forwarded()
