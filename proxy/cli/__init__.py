@@ -19,4 +19,5 @@ __all__ = [
     "status",
     "stop",
     "token",
+    "usage",
 ]

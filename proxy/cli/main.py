@@ -115,6 +115,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from sandgate.proxy.cli.policy import run as run_policy_command
 
         return run_policy_command(args)
+    if command == "usage":
+        # Lazy: the audit readers, as `audit`.
+        from sandgate.proxy.cli.usage import run_usage_command
+
+        return run_usage_command(args)
     return EXIT_USAGE
 
 

@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(sub)
     _add_policy(sub)
     _add_requests(sub)
+    _add_usage(sub)
     return p
 
 
@@ -624,3 +625,29 @@ def _add_policy_admin(pol_sub: Subparsers) -> None:
     for p in (reload, status):
         p.add_argument("--config", type=Path, help="the gateway's config (its admin socket, redis:)")
         _format(p)
+
+
+def _add_usage(sub: Subparsers) -> None:
+    """`usage`: per hour and per sandbox (or tenant), from the audit trail."""
+    p = sub.add_parser(
+        "usage",
+        help="usage per hour and sandbox (or tenant) from the audit trail: requests, bytes, upstream "
+        "time, approvals, credentials",
+        description="Per UTC hour (2026-12-03T04:00Z) and per sandbox (or tenant): requests (phase "
+        "request) and connections (connect, tls, dns) apart, allowed (allow, would_deny) and denied, "
+        "bytes up and down, upstream_ms (allowed requests' duration_ms less their approval hold), "
+        "approvals asked and the seconds they waited, requests per credential injected. Reads the "
+        "trail (rotated files too) line by line, in memory that grows with hours x sandboxes only.",
+    )
+    _add_source(p)
+    p.add_argument("--since", metavar="T", help="from this time: RFC 3339, or 15m, 2h, 1d ago")
+    p.add_argument("--until", metavar="T", help="before this time: RFC 3339, or 15m, 2h, 1d ago")
+    p.add_argument(
+        "--by", choices=("sandbox", "tenant"), default="sandbox", help="a row per sandbox (default) or tenant"
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        default="table",
+        help="csv: a header row, credentials as name=count;...; json: an array of rows",
+    )
