@@ -7,6 +7,7 @@ formats, stats, suggestions).
 __all__ = [
     "approval_stats",
     "calls",
+    "chain",
     "collector",
     "files",
     "format",
@@ -25,4 +26,6 @@ __all__ = [
     "suggest_operator",
     "suggest_protocols",
     "trail",
+    "usage",
+    "verify",
 ]

@@ -28,23 +28,26 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
+from sandgate.proxy.audit.chain import Chain, ChainState, load_or_create_key, recover_state
 from sandgate.proxy.audit.intents import IntentJournal
 from sandgate.proxy.audit.records import format_time, new_decision_id
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.config import GatewayConfig
+from sandgate.proxy.errors import ConfigError
 
 __all__ = ["AuditLog", "AuditSink", "JsonlFileSink", "StdoutSink", "audit_file_sink"]
 
 log = structlog.get_logger("sandgate.audit")
 
 Record = Mapping[str, Any]
+ChainFactory = Callable[[ChainState], Chain]
 
 _BATCH = 512
 # Without acknowledgement, a writer that wrote in the last _BUSY seconds looks for records
@@ -75,7 +78,15 @@ class JsonlFileSink:
     the writer's retry after ENOSPC (even after a partial write) adds each record once.
     """
 
-    def __init__(self, path: Path, *, max_bytes: int, backups: int, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_bytes: int,
+        backups: int,
+        fsync: bool = False,
+        chain: ChainFactory | None = None,
+    ) -> None:
         self.path = path
         self._max_bytes = max_bytes
         self._backups = backups
@@ -84,6 +95,21 @@ class JsonlFileSink:
         self._fd = self._open()
         self._size = self._cut_torn_tail()  # bytes of whole records: where the next batch starts
         self._torn = False  # a failed write may have left bytes after _size
+        # The hash chain (sandgate.proxy.audit.chain), continued from the trail's end.
+        self._chain = chain(recover_state(path)) if chain is not None else None
+        self._lock = threading.Lock()  # write, tick (the checkpoint timer) and close
+        self._stop_ticks = threading.Event()
+        if self._chain is not None and self._chain.seconds > 0:
+            threading.Thread(target=self._ticks, name="sandgate-audit-checkpoint", daemon=True).start()
+
+    def _ticks(self) -> None:
+        """A checkpoint for records written, also when no record follows them for a while."""
+        assert self._chain is not None
+        while not self._stop_ticks.wait(self._chain.seconds / 4):
+            try:
+                self.tick()
+            except OSError as e:
+                log.error("audit.checkpoint_failed", error=e.strerror)  # tried again at the next tick
 
     def _open(self) -> int:
         return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -111,7 +137,23 @@ class JsonlFileSink:
         return end
 
     def write(self, lines: list[str]) -> None:
-        data = "".join(lines).encode()
+        with self._lock:
+            self._append(lines)
+
+    def tick(self) -> None:
+        """Write a checkpoint when one is due by time (records were written since the last)."""
+        with self._lock:
+            if self._chain is not None and self._chain.state.since and self._fd >= 0:
+                self._append([])
+
+    def _append(self, lines: list[str], *, final: bool = False) -> None:
+        pending: ChainState | None = None
+        if self._chain is not None:
+            data, pending = self._chain.link(lines, final=final)
+            if not data:
+                return
+        else:
+            data = "".join(lines).encode()
         if self._torn:
             os.ftruncate(self._fd, self._size)
             self._torn = False
@@ -129,6 +171,8 @@ class JsonlFileSink:
                 os.ftruncate(self._fd, self._size)
                 self._torn = False
             raise
+        if pending is not None and self._chain is not None:
+            self._chain.commit(pending)
         self._size += len(data)
         if self._size >= self._max_bytes:
             self._rotate()
@@ -144,9 +188,19 @@ class JsonlFileSink:
         self._size = 0
 
     def close(self) -> None:
-        """Flush to disk (fsync) and close."""
+        """Write a last checkpoint, flush to disk (fsync) and close."""
+        self._stop_ticks.set()
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._fd < 0:
             return
+        if self._chain is not None and self._chain.state.since:
+            try:
+                self._append([], final=True)
+            except OSError as e:
+                log.error("audit.checkpoint_failed", error=e.strerror)
         with contextlib.suppress(OSError):
             if self._torn:
                 os.ftruncate(self._fd, self._size)
@@ -159,8 +213,16 @@ def audit_file_sink(config: GatewayConfig) -> JsonlFileSink:
     """The gateway's audit file as its config says (one writer: the gateway, or with workers the
     supervisor's collector)."""
     audit = config.audit
+    try:
+        key = load_or_create_key(config.ca_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"audit signing key in {config.ca_dir}: {e}") from None
     return JsonlFileSink(
-        config.audit_path, max_bytes=audit.max_bytes, backups=audit.backups, fsync=audit.fsync == "per_batch"
+        config.audit_path,
+        max_bytes=audit.max_bytes,
+        backups=audit.backups,
+        fsync=audit.fsync == "per_batch",
+        chain=lambda state: Chain(key, state),
     )
 
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["build_query", "open_source", "open_stream", "run_audit_command"]
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_TAMPERED, EXIT_USAGE = 0, 1, 2
 
 
 def build_query(args: argparse.Namespace, now: datetime) -> Query:
@@ -118,6 +118,8 @@ def _server_name(url: str) -> str:
 
 def run_audit_command(args: argparse.Namespace) -> int:
     """Run one `sandgate audit` subcommand."""
+    if args.audit_command == "verify":
+        return _verify(args)
     query = build_query(args, datetime.now(UTC))
     source = open_source(args)
     command = {"tail": _tail, "query": _query, "stats": _stats, "suggest": _suggest}[args.audit_command]
@@ -139,6 +141,35 @@ def run_audit_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """`audit verify`: 0 intact, 1 tampered (the first break and the last good checkpoint), 2 bad input."""
+    # Lazy: the chain checker and its cryptography, only for `verify`.
+    from sandgate.proxy.audit.chain import load_public_key, public_key_path
+    from sandgate.proxy.audit.verify import render_verdict, verify_trail
+
+    files, partial = list(args.files), args.partial
+    key_path = args.key
+    if not files or key_path is None:
+        config = _load_config(args.config)
+        key_path = key_path or public_key_path(config.ca_dir)
+        if not files:
+            found = audit_files(config.audit_path)
+            if not found:
+                raise AuditInputError(f"no audit file at {config.audit_path}")
+            files = list(reversed(found))
+            partial = partial or len(found) - 1 >= config.audit.backups
+    try:
+        key = load_public_key(key_path)
+    except (OSError, ValueError) as e:
+        raise AuditInputError(f"audit verify: no public key: {e}") from None
+    try:
+        verdict = verify_trail(files, key, partial=partial, expect_seq=args.expect_seq)
+    except OSError as e:
+        raise AuditInputError(f"audit verify: {e.filename}: {e.strerror}") from None
+    sys.stdout.write(render_verdict(verdict, args.format))
+    return EXIT_OK if verdict.ok else EXIT_TAMPERED
 
 
 def _print_records(records: Iterable[Record], fmt: str, event: str, *, flush: bool = False) -> None:

@@ -362,7 +362,7 @@ def _add_credentials(sub: Subparsers) -> None:
 
 def _add_audit(sub: Subparsers) -> None:
     """Add the `audit` subcommand and its `tail`, `query`, `stats` and `suggest`."""
-    audit = sub.add_parser("audit", help="read the audit trail: tail, query, stats, suggest")
+    audit = sub.add_parser("audit", help="read the audit trail: tail, query, stats, suggest, verify")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
 
     tail = audit_sub.add_parser("tail", help="the last records, optionally following new ones")
@@ -406,12 +406,49 @@ def _add_audit(sub: Subparsers) -> None:
         "jsonrpc: section, as comments; argument denials need a predicate written by hand.",
     )
     suggest.add_argument("--min-count", type=_count(1), default=2, metavar="N", help="denials per rule (2)")
+    _add_audit_verify(audit_sub)
     for p in (tail, query, stats, suggest):
         _add_source(p)
         # stats and suggest count decisions; suggest is about one sandbox.
         _add_filters(p, any_event=p in (tail, query), one_sandbox=p is suggest)
         if p is not suggest:
             _add_format(p, "table")
+
+
+def _add_audit_verify(audit_sub: Subparsers) -> None:
+    """`audit verify [FILES...]`."""
+    verify = audit_sub.add_parser(
+        "verify",
+        help="check the trail's hash chain and signed checkpoints: exit 0 intact, 1 tampered, 2 bad input",
+        description="Walks the trail oldest first and reports the first broken link (file, line, what "
+        "broke: an altered, deleted, inserted or reordered line, a cut, a bad signature) and the last "
+        "checkpoint whose signature held. See Tamper evidence in the audit manual.",
+    )
+    verify.add_argument(
+        "files",
+        nargs="*",
+        type=Path,
+        metavar="FILE",
+        help="trail files, oldest first (default: the config's audit file and its rotated copies)",
+    )
+    verify.add_argument("--config", type=Path, help="gateway config: its audit.path and state_dir")
+    verify.add_argument(
+        "--key", type=Path, help="the public key (PEM; default: <state_dir>/ca/audit-signing.pub.pem)"
+    )
+    verify.add_argument(
+        "--partial",
+        action="store_true",
+        help="accept a trail whose first lines are gone (rotation removed its oldest file); by default "
+        "only when every rotated file the config keeps exists",
+    )
+    verify.add_argument(
+        "--expect-seq",
+        type=_count(1),
+        metavar="N",
+        help="the trail must reach checkpoint N (one a SIEM or an earlier verify saw): a trail cut "
+        "before it is reported truncated",
+    )
+    verify.add_argument("--format", choices=("text", "json"), default="text")
 
 
 def _count(minimum: int) -> Callable[[str], int]:

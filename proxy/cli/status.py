@@ -145,7 +145,7 @@ def run_status_command(args: argparse.Namespace) -> int:
             result = check(config, max(0.1, min(ANSWER_SECONDS, deadline - time.monotonic())))
     except KeyboardInterrupt:
         return 130
-    _print(args.format, result, config.state_path)
+    _print(args.format, result, config.state_path, _audit_key(config))
     return EXIT_OK if result.serving else EXIT_NOT_SERVING
 
 
@@ -173,9 +173,23 @@ def _timed_out(config: GatewayConfig, config_file: Path | None, timeout: float, 
     return text
 
 
-def _print(fmt: str, result: Readiness, state_path: Path) -> None:
+def _audit_key(config: GatewayConfig) -> dict[str, str] | None:
+    """The audit trail's signing key, public part (what a SIEM checks checkpoints with), if made."""
+    # Lazy: cryptography's Ed25519 is loaded only by the status command that shows the key.
+    from sandgate.proxy.audit.chain import key_id, load_public_key, public_key_path, public_pem
+
+    path = public_key_path(config.ca_dir)
+    try:
+        key = load_public_key(path)
+    except (OSError, ValueError):
+        return None
+    return {"key_id": key_id(key), "path": str(path), "pem": public_pem(key)}
+
+
+def _print(fmt: str, result: Readiness, state_path: Path, audit_key: dict[str, str] | None = None) -> None:
     if fmt == "json":
-        print(json.dumps({"serving": result.serving, "reason": result.reason, "status": result.status}))
+        doc = {"serving": result.serving, "reason": result.reason, "status": result.status}
+        print(json.dumps({**doc, "audit_key": audit_key}))
         return
     if not result.serving:
         print(f"sandgate: {result.reason}", file=sys.stderr)
@@ -190,4 +204,7 @@ def _print(fmt: str, result: Readiness, state_path: Path) -> None:
         print(f"listeners: {', '.join(st['listeners']) or '-'}")
     if "policy_version" in st and "tenants" in st:
         print(f"policy version {st['policy_version']}: {st['tenants']} tenants, {st['sandboxes']} sandboxes")
+    if audit_key is not None:
+        print(f"audit signing key: ed25519 {audit_key['key_id']}, exported to {audit_key['path']}")
+        print(audit_key["pem"], end="")
     print(f"state folder: {state_path}")

@@ -56,6 +56,8 @@ def test_every_decision_reaches_the_stream_with_all_its_fields(
     assert send(gw, http_upstream, 6) == [200, 403] * 3
     in_file = gw.records(6)
     wait_for(lambda: len(stream_records(redis_server)) >= 6)
+    # The file's chain link (`prev`) is the file's own: the stream carries the records as decided.
+    assert all(len(r.pop("prev")) == 64 for r in in_file)
     assert stream_records(redis_server) == in_file
     denied = [r for r in in_file if r["decision"] == "deny"]
     assert len(denied) == 3 and {r["reason"] for r in denied} == {"host_not_allowed"}

@@ -129,7 +129,9 @@ def test_wait_returns_once_every_listener_is_bound(tmp_path: Path) -> None:
         assert lines[0] == f"serving: gateway {socket.gethostname()} (pid {gw.pid})"
         assert lines[1] == f"listeners: 127.0.0.1:{port}"
         assert lines[2].startswith("policy version ") and lines[2].endswith(": 1 tenants, 1 sandboxes")
-        assert lines[3:] == [f"state folder: {tmp_path / 'state'}"]
+        # The audit trail's signing key (its public half, PEM), then the state folder.
+        assert lines[3].startswith("audit signing key: ed25519 ") and lines[4] == "-----BEGIN PUBLIC KEY-----"
+        assert lines[6:] == ["-----END PUBLIC KEY-----", f"state folder: {tmp_path / 'state'}"]
         # Once more without --wait, as JSON.
         proc = status(config_path, "--format", "json")
         assert proc.returncode == 0

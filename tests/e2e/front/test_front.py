@@ -22,7 +22,8 @@ from support.tunnels import counters, https_get, open_tunnel, read_head
 pytestmark = pytest.mark.slow
 
 # What an audit record says about a decision, without what differs per run or connection.
-_VOLATILE = ("time", "decision_id", "client", "duration_ms", "worker")
+# `prev`: each trail chains its own lines (docs/operations/audit.md, tamper evidence).
+_VOLATILE = ("time", "decision_id", "client", "duration_ms", "worker", "prev")
 
 
 @pytest.fixture(scope="module")
