@@ -84,6 +84,7 @@ class WebSocketUpstream:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()  # its selector's sockets too: left to gc, they fail a later test
 
     async def _start(self) -> None:
         app = web.Application()
