@@ -352,7 +352,10 @@ def test_each_message_counts_as_a_request_and_a_flood_ends_the_session_with_one_
             guest.send(TextMessage(_call(i, "delete_repo")))
             _next_text(guest, i)
         for i in range(3, 50):
-            guest.send(TextMessage(_call(i, "delete_repo")))
+            try:
+                guest.send(TextMessage(_call(i, "delete_repo")))
+            except OSError:  # ssl.SSLError too
+                break  # the gateway already closed the flooded session: what is tested below
         close = guest.close_event()
     finally:
         guest.close()
