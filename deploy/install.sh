@@ -76,7 +76,8 @@ done
 
 # redis-server: workers > 1 share limit counts through a private one (proxy/workers/limit_relay.py).
 packages=(curl ca-certificates iproute2 nftables redis-server)
-if (( dev )); then packages+=(wrk nginx-light); fi
+# dev: rsyslog (the syslog sink's receiver), chromium and its driver (the console's browser tests).
+if (( dev )); then packages+=(wrk nginx-light rsyslog rsyslog-gnutls chromium chromium-driver); fi
 missing=()
 [[ "$only" == venv ]] && packages=()
 for p in "${packages[@]}"; do
