@@ -11,6 +11,9 @@ set of secrets.
 
 A stream keeps a tail of `max_form_length - 1` bytes between chunks, so a form split
 across chunks is still replaced, and memory stays one chunk plus that tail.
+
+A `Tally` passed in counts the replacements by the placeholder they put in (for the audit's
+`secret_scrubbed` finding); a value with no match costs nothing more.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ import ahocorasick_rs
 from sandgate.brokers.decoding import StreamDecoder
 from sandgate.brokers.secret import Secret
 
-__all__ = ["MIN_SCRUB_BYTES", "Scrubber", "StreamScrubber", "secret_forms"]
+__all__ = ["MIN_SCRUB_BYTES", "Scrubber", "StreamScrubber", "Tally", "secret_forms"]
 
 # Shorter values cannot be replaced without mangling unrelated response text.
 MIN_SCRUB_BYTES = 8
+
+# Replacements made, by the placeholder each put in (never the secret).
+Tally = dict[str, int]
 
 
 def _b64_core(data: bytes, align: int) -> bytes:
@@ -104,18 +110,19 @@ class Scrubber:
     by the broker before they get here and skipped if they do.
     """
 
-    __slots__ = ("_automaton", "_patterns", "_replacements", "max_form_length")
+    __slots__ = ("_automaton", "_patterns", "_placeholders", "_replacements", "max_form_length")
 
     def __init__(self, pairs: Iterable[tuple[Secret, str]]) -> None:
-        table: dict[bytes, bytes] = {}
+        table: dict[bytes, tuple[bytes, str]] = {}
         for secret, placeholder in pairs:
             value = secret.reveal_bytes()
             if len(value) < MIN_SCRUB_BYTES:
                 continue
             for form, replacement in secret_forms(value, placeholder.encode("ascii")).items():
-                table.setdefault(form, replacement)
+                table.setdefault(form, (replacement, placeholder))
         self._patterns: Sequence[bytes] = list(table)
-        self._replacements: Sequence[bytes] = [table[p] for p in self._patterns]
+        self._replacements: Sequence[bytes] = [table[p][0] for p in self._patterns]
+        self._placeholders: Sequence[str] = [table[p][1] for p in self._patterns]
         self.max_form_length = max((len(p) for p in self._patterns), default=0)
         self._automaton = (
             ahocorasick_rs.BytesAhoCorasick(
@@ -135,27 +142,29 @@ class Scrubber:
         """Whether there is nothing to scrub (no secret known yet)."""
         return self._automaton is None
 
-    def scrub(self, data: bytes) -> bytes:
-        """`data` with every secret form replaced."""
-        out, rest = self._scrub_until(data, len(data))
+    def scrub(self, data: bytes, tally: Tally | None = None) -> bytes:
+        """`data` with every secret form replaced (counted in `tally`)."""
+        out, rest = self._scrub_until(data, len(data), tally)
         return out + rest
 
-    def scrub_text(self, text: str) -> str:
+    def scrub_text(self, text: str, tally: Tally | None = None) -> str:
         """A header value (or any text) with every secret form replaced."""
         if self._automaton is None:
             return text
         data = text.encode("utf-8", "surrogateescape")
-        return self.scrub(data).decode("utf-8", "surrogateescape")
+        return self.scrub(data, tally).decode("utf-8", "surrogateescape")
 
-    def scrub_headers(self, headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    def scrub_headers(
+        self, headers: Iterable[tuple[str, str]], tally: Tally | None = None
+    ) -> list[tuple[str, str]]:
         """Header pairs with every secret form replaced in names and values."""
-        return [(self.scrub_text(k), self.scrub_text(v)) for k, v in headers]
+        return [(self.scrub_text(k, tally), self.scrub_text(v, tally)) for k, v in headers]
 
-    def stream(self, decoder: StreamDecoder | None = None) -> StreamScrubber:
+    def stream(self, decoder: StreamDecoder | None = None, tally: Tally | None = None) -> StreamScrubber:
         """A scrubber for one streamed body (decoded first by `decoder`, if it is compressed)."""
-        return StreamScrubber(self, decoder)
+        return StreamScrubber(self, decoder, tally)
 
-    def _scrub_until(self, data: bytes, boundary: int) -> tuple[bytes, bytes]:
+    def _scrub_until(self, data: bytes, boundary: int, tally: Tally | None = None) -> tuple[bytes, bytes]:
         """Scrub matches starting before `boundary`; return (output, unprocessed tail)."""
         automaton = self._automaton
         if automaton is None:
@@ -170,6 +179,9 @@ class Scrubber:
                 break
             pieces.append(data[pos:start])
             pieces.append(self._replacements[index])
+            if tally is not None:
+                placeholder = self._placeholders[index]
+                tally[placeholder] = tally.get(placeholder, 0) + 1
             pos = end
         cut = max(pos, boundary)
         pieces.append(data[pos:cut])
@@ -185,11 +197,14 @@ class StreamScrubber:
     a chunked body's empty chunk is its end (the guest would get 0 bytes).
     """
 
-    __slots__ = ("_decoder", "_keep", "_scrubber", "_tail")
+    __slots__ = ("_decoder", "_keep", "_scrubber", "_tail", "_tally")
 
-    def __init__(self, scrubber: Scrubber, decoder: StreamDecoder | None = None) -> None:
+    def __init__(
+        self, scrubber: Scrubber, decoder: StreamDecoder | None = None, tally: Tally | None = None
+    ) -> None:
         self._scrubber = scrubber
         self._decoder = decoder
+        self._tally = tally
         self._keep = max(scrubber.max_form_length - 1, 0)
         self._tail = b""
 
@@ -198,13 +213,13 @@ class StreamScrubber:
         if self._scrubber.empty:
             return chunk
         data = self._tail + chunk if self._tail else chunk
-        out, self._tail = self._scrubber._scrub_until(data, max(len(data) - self._keep, 0))
+        out, self._tail = self._scrubber._scrub_until(data, max(len(data) - self._keep, 0), self._tally)
         return out
 
     def flush(self) -> bytes:
         """The held-back tail, scrubbed."""
         data, self._tail = self._tail, b""
-        return self._scrubber.scrub(data) if data else b""
+        return self._scrubber.scrub(data, self._tally) if data else b""
 
     def __call__(self, chunk: bytes) -> Iterator[bytes]:
         for piece in self._decoded(chunk):

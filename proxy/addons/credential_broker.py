@@ -5,7 +5,10 @@ swaps a placeholder for the real credential where the credential is bound (host,
 scheme, method, path), replaces any guest-supplied copy of the header it manages, and denies
 (`credential_host_mismatch`) a placeholder seen anywhere else, its own or another sandbox's;
 the placeholder is never forwarded. Responses are scrubbed: a real secret value coming back
-(echo endpoints, error messages) is replaced by its placeholder before the guest sees it.
+(echo endpoints, error messages) is replaced by its placeholder before the guest sees it;
+when a response (or a WebSocket session) that had such replacements ends, one `finding`
+record (`kind: secret_scrubbed`: the credentials' names and how many, never a value) goes to
+the audit trail, tied to the exchange's record by `of`.
 Every hook is guarded: a fault denies with `internal_error`.
 """
 
@@ -25,15 +28,16 @@ from sandgate.brokers import (
     apply_mutations,
 )
 from sandgate.brokers.decoding import stream_decoder
+from sandgate.brokers.scrub import Tally
 from sandgate.policy.decision import Decision
 from sandgate.policy.protocols.decide import BodyVerdict, MessageVerdict, Verdict
 from sandgate.policy.protocols.jsonrpc import RpcBody
 from sandgate.policy.protocols.mcp import McpBody
 from sandgate.policy.reasons import Reason
-from sandgate.proxy.addons.exchange import Exchange
+from sandgate.proxy.addons.exchange import Exchange, Scrubbed
 from sandgate.proxy.addons.limits import body_length_unknown, declared_length
 from sandgate.proxy.addons.protocol_bodies import Section, refusal_response
-from sandgate.proxy.audit.records import DecisionContext
+from sandgate.proxy.audit.records import DecisionContext, secret_scrubbed_record
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.mitm.websocket_guard import (
@@ -112,6 +116,7 @@ class CredentialBroker:
                 # Trailers (HTTP/2: gRPC's grpc-message echoes errors) are sent after the response
                 # hook, streamed or not; a WebSocket on the connection is scrubbed message by message.
                 exchange.scrub = exchange.scrub_trailers = exchange.scrub_websocket = owner
+                exchange.scrubbed = Scrubbed(dctx)
         except Exception:
             log.exception("hook_failed", hook="broker", decision_id=dctx.decision_id)
             fault = Decision.internal_error(decision.policy_version, mode=decision.mode)
@@ -223,10 +228,11 @@ class CredentialBroker:
         try:
             scrubber = self.ctx.broker.scrubber(*owner)
             response = flow.response
+            tally = _tally(flow)
             response.headers = http.Headers(
                 [
                     (k.encode(), v.encode())
-                    for k, v in scrubber.scrub_headers(list(response.headers.items(multi=True)))
+                    for k, v in scrubber.scrub_headers(list(response.headers.items(multi=True)), tally)
                 ]
             )
             bodiless = (
@@ -251,7 +257,7 @@ class CredentialBroker:
                 response.headers.pop("content-length", None)
                 if response.http_version == "HTTP/1.1":
                     response.headers["transfer-encoding"] = "chunked"
-                scrub = scrubber.stream(decoder)
+                scrub = scrubber.stream(decoder, tally)
                 response.stream = scrub if earlier is None else chained(earlier, scrub)
                 exchange.scrub = None
         except Exception:
@@ -266,7 +272,7 @@ class CredentialBroker:
         if message.from_client:
             return
         try:
-            message.content = self.ctx.broker.scrubber(*owner).scrub(message.content)
+            message.content = self.ctx.broker.scrubber(*owner).scrub(message.content, _tally(flow))
         except Exception:
             log.exception("hook_failed", hook="broker.websocket_message")
             message.drop()
@@ -284,7 +290,7 @@ class CredentialBroker:
             return
         scrubbed: bytes | None
         try:
-            scrubbed = self.ctx.broker.scrubber(*owner).scrub(control.payload)
+            scrubbed = self.ctx.broker.scrubber(*owner).scrub(control.payload, _tally(flow))
         except Exception:
             log.exception("hook_failed", hook="broker.websocket_control")
             scrubbed = None
@@ -299,6 +305,38 @@ class CredentialBroker:
         request_close(flow, close)  # this hook runs only in the layer that honours it
 
     def response(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._scrub_response(flow)
+        finally:
+            self._report(flow, "response")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        # A streamed response cut on its way may have had replacements already.
+        self._report(flow, "response")
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        self._report(flow, "websocket")
+
+    def _report(self, flow: http.HTTPFlow, scope: str) -> None:
+        """Record the replacements made since the last report, if any (never waits)."""
+        seen = Exchange.of(flow).scrubbed
+        if seen is None or not seen.tally or self.ctx.broker is None:
+            return
+        counts = dict(seen.tally)
+        seen.tally.clear()  # the stream scrubber keeps counting into the same dict
+        try:
+            identity = seen.dctx.identity
+            assert identity is not None
+            names = {p: c for c, p in self.ctx.broker.placeholders(identity.tenant, identity.sandbox).items()}
+            by_name: dict[str, int] = {}
+            for placeholder, n in counts.items():
+                name = names.get(placeholder, "unknown")
+                by_name[name] = by_name.get(name, 0) + n
+            self.ctx.audit.emit_nowait(secret_scrubbed_record(seen.dctx, by_name, scope))
+        except Exception:
+            log.exception("hook_failed", hook="broker.scrub_record", decision_id=seen.dctx.decision_id)
+
+    def _scrub_response(self, flow: http.HTTPFlow) -> None:
         self._scrub_trailers(flow)
         exchange = Exchange.of(flow)
         owner, exchange.scrub = exchange.scrub, None
@@ -317,9 +355,9 @@ class CredentialBroker:
                     log.warning("broker.unscrubbable_response", host=flow.request.pretty_host)
                     flow.response = denied_response(Reason.INTERNAL_ERROR, None, "-")
                     return
-                response.set_content(scrubber.scrub(content))
+                response.set_content(scrubber.scrub(content, _tally(flow)))
             elif response.raw_content:
-                scrubbed = scrubber.scrub(response.raw_content)
+                scrubbed = scrubber.scrub(response.raw_content, _tally(flow))
                 if scrubbed != response.raw_content:
                     _replace_body(response, scrubbed)
         except Exception:
@@ -334,12 +372,17 @@ class CredentialBroker:
             return
         try:
             scrubber = self.ctx.broker.scrubber(*owner)
-            pairs = scrubber.scrub_headers(list(response.trailers.items(multi=True)))
+            pairs = scrubber.scrub_headers(list(response.trailers.items(multi=True)), _tally(flow))
             response.trailers = http.Headers([(k.encode(), v.encode()) for k, v in pairs])
         except Exception:
             log.exception("hook_failed", hook="broker.trailers")
             response.trailers = None
             flow.kill()
+
+
+def _tally(flow: http.HTTPFlow) -> Tally | None:
+    seen = Exchange.of(flow).scrubbed
+    return seen.tally if seen is not None else None
 
 
 def chained(

@@ -37,6 +37,7 @@ __all__ = [
     "DialPermit",
     "Exchange",
     "Record",
+    "Scrubbed",
     "StreamedBytes",
     "exchange_context",
 ]
@@ -59,6 +60,15 @@ class StreamedBytes:
 
     up: int = 0
     down: int = 0
+
+
+@dataclass(slots=True)
+class Scrubbed:
+    """The real secrets replaced in one exchange's response (or its WebSocket session) so far,
+    by placeholder (never the value), for its `secret_scrubbed` finding record."""
+
+    dctx: DecisionContext
+    tally: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -86,6 +96,8 @@ class Exchange:
     scrub: Owner | None = None
     scrub_trailers: Owner | None = None
     scrub_websocket: Owner | None = None
+    # The credential broker: what its scrubbing replaced, reported once the answer ends.
+    scrubbed: Scrubbed | None = None
     # AgentProtocols: what the request's JSON-RPC messages asked and how they were decided
     # (`mcp` or `jsonrpc`), for the exchange's record, allowed or refused.
     extra: dict[str, object] = field(default_factory=dict)

@@ -14,6 +14,7 @@ __all__ = [
     "forward",
     "intents",
     "leftovers",
+    "ocsf",
     "query",
     "records",
     "redis_stream",

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandgate.proxy.audit.calls import calls
+from sandgate.proxy.audit.ocsf.events import ocsf_events
 from sandgate.proxy.audit.query import Record
 
-__all__ = ["clean", "json_line", "table_header", "table_row"]
+__all__ = ["clean", "json_line", "ocsf_lines", "table_header", "table_row"]
 
 _DECISION_COLUMNS = (
     ("time", 20),
@@ -51,6 +52,11 @@ def clean(value: object) -> str:
 def json_line(record: Record) -> str:
     """A record as one compact JSON line (non-ASCII escaped)."""
     return json.dumps(record, separators=(",", ":"), default=str)
+
+
+def ocsf_lines(record: Record) -> list[str]:
+    """A record's OCSF events (sandgate.proxy.audit.ocsf), one compact JSON line each."""
+    return [json_line(event) for event in ocsf_events(record)]
 
 
 def _columns(event: str) -> tuple[tuple[str, int], ...]:

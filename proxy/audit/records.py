@@ -19,6 +19,7 @@ __all__ = [
     "intent_record",
     "new_decision_id",
     "redact_query",
+    "secret_scrubbed_record",
 ]
 
 RECORD_VERSION = 1
@@ -137,3 +138,28 @@ def _record(
         # The addresses the guard or a deny network refused, in the order they were checked.
         record["refused"] = [r.as_dict() for r in decision.refused]
     return record
+
+
+def secret_scrubbed_record(dctx: DecisionContext, counts: dict[str, int], scope: str) -> dict[str, Any]:
+    """The `secret_scrubbed` finding record: which credentials' real values came back in the
+    exchange `dctx` decided (`scope`: its `response` or its `websocket` session), how often."""
+    identity = dctx.identity
+    return {
+        "event": "finding",
+        "v": RECORD_VERSION,
+        "kind": "secret_scrubbed",
+        "time": time.time(),
+        "decision_id": new_decision_id(),
+        "of": dctx.decision_id,
+        "tenant": identity.tenant if identity else None,
+        "sandbox": identity.sandbox if identity else None,
+        "listener": dctx.listener,
+        "client": dctx.client,
+        "dest": {"host": dctx.host, "port": dctx.port},
+        "method": dctx.method,
+        "path": redact_query(dctx.path) if dctx.path is not None else None,
+        "scope": scope,
+        "credentials": sorted(counts),
+        "count": sum(counts.values()),
+        "counts": dict(sorted(counts.items())),
+    }

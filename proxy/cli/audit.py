@@ -29,7 +29,7 @@ from sandgate.proxy.audit.approval_stats import (
     approvals_table,
 )
 from sandgate.proxy.audit.files import JsonlSource, Source, audit_files
-from sandgate.proxy.audit.format import json_line, table_header, table_row
+from sandgate.proxy.audit.format import json_line, ocsf_lines, table_header, table_row
 from sandgate.proxy.audit.query import AuditInputError, Query, Record, parse_time
 from sandgate.proxy.audit.stats import collect as collect_stats
 from sandgate.proxy.audit.stats import stats_document, stats_table
@@ -173,9 +173,13 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _print_records(records: Iterable[Record], fmt: str, event: str, *, flush: bool = False) -> None:
-    """Records as JSON lines or table rows, on stdout."""
+    """Records as JSON lines, their OCSF events as JSON lines, or table rows, on stdout."""
     for record in records:
-        print(json_line(record) if fmt == "json" else table_row(record, event), flush=flush)
+        if fmt == "ocsf":
+            for line in ocsf_lines(record):
+                print(line, flush=flush)
+        else:
+            print(json_line(record) if fmt == "json" else table_row(record, event), flush=flush)
 
 
 def _tail(args: argparse.Namespace, source: Source, query: Query) -> None:

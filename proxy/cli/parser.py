@@ -412,7 +412,7 @@ def _add_audit(sub: Subparsers) -> None:
         # stats and suggest count decisions; suggest is about one sandbox.
         _add_filters(p, any_event=p in (tail, query), one_sandbox=p is suggest)
         if p is not suggest:
-            _add_format(p, "table")
+            _add_format(p, "table", ocsf=p is not stats)
 
 
 def _add_audit_verify(audit_sub: Subparsers) -> None:
@@ -515,14 +515,20 @@ def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bo
         help="records of an MCP or JSON-RPC exchange with a message of a matching method (tools/*)",
     )
     if any_event:
-        f.add_argument("--event", choices=("decision", "policy_reload", "grant"), default="decision")
+        f.add_argument(
+            "--event",
+            choices=("decision", "policy_reload", "grant", "sandbox_update", "finding"),
+            default="decision",
+        )
     f.add_argument("--since", metavar="T", help="from this time: RFC 3339, or 15m, 2h, 1d ago")
     f.add_argument("--until", metavar="T", help="before this time: RFC 3339, or 15m, 2h, 1d ago")
 
 
-def _add_format(p: argparse.ArgumentParser, default: str) -> None:
-    """`--format json|table`."""
-    p.add_argument("--format", choices=("json", "table"), default=default)
+def _add_format(p: argparse.ArgumentParser, default: str, *, ocsf: bool = False) -> None:
+    """`--format json|table` (and `ocsf`: the records' OCSF 1.8.0 events as JSON lines)."""
+    p.add_argument(
+        "--format", choices=("json", "table", "ocsf") if ocsf else ("json", "table"), default=default
+    )
 
 
 # --- policy --------------------------------------------------------------------------------
