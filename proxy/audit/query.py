@@ -22,6 +22,7 @@ from sandgate.proxy.audit.calls import calls, glob_matches
 from sandgate.proxy.errors import ProxyError
 
 __all__ = [
+    "ANY_EVENT",
     "AuditInputError",
     "Query",
     "Record",
@@ -96,6 +97,10 @@ def _needle(value: str, *, suffix: bool = False) -> bytes | None:
     return encoded[1:].encode() if suffix else encoded.encode()
 
 
+# `Query.event` selecting records of every event (a SIEM export: `--event any --format ocsf`).
+ANY_EVENT = "any"
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """A selection of audit records; empty filters select everything of `event`."""
@@ -127,7 +132,7 @@ class Query:
         if self.approvals:
             if not self._approval_ok(record):
                 return False
-        elif record.get("event") != self.event:
+        elif self.event != ANY_EVENT and record.get("event") != self.event:
             return False
         for values, key in (
             (self.tenants, "tenant"),
@@ -193,7 +198,7 @@ class Query:
         condition only (a field name may hold the value too): `matches` decides.
         """
         values = (
-            [] if self.approvals else [self.event],
+            [] if self.approvals or self.event == ANY_EVENT else [self.event],
             self.tenants,
             self.sandboxes,
             self.reasons,

@@ -30,7 +30,7 @@ from sandgate.proxy.audit.approval_stats import (
 )
 from sandgate.proxy.audit.files import JsonlSource, Source, audit_files
 from sandgate.proxy.audit.format import json_line, ocsf_lines, table_header, table_row
-from sandgate.proxy.audit.query import AuditInputError, Query, Record, parse_time
+from sandgate.proxy.audit.query import ANY_EVENT, AuditInputError, Query, Record, parse_time
 from sandgate.proxy.audit.stats import collect as collect_stats
 from sandgate.proxy.audit.stats import stats_document, stats_table
 from sandgate.proxy.audit.stats_calls import call_stats_document, call_stats_table, collect_calls
@@ -121,6 +121,12 @@ def run_audit_command(args: argparse.Namespace) -> int:
     if args.audit_command == "verify":
         return _verify(args)
     query = build_query(args, datetime.now(UTC))
+    if query.event == ANY_EVENT and getattr(args, "format", "json") == "table":
+        print(
+            "sandgate audit: --event any needs --format json or ocsf (a table has one kind's columns)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     source = open_source(args)
     command = {"tail": _tail, "query": _query, "stats": _stats, "suggest": _suggest}[args.audit_command]
     try:

@@ -517,8 +517,9 @@ def _add_filters(p: argparse.ArgumentParser, *, any_event: bool, one_sandbox: bo
     if any_event:
         f.add_argument(
             "--event",
-            choices=("decision", "policy_reload", "grant", "sandbox_update", "finding"),
+            choices=("decision", "policy_reload", "grant", "sandbox_update", "finding", "any"),
             default="decision",
+            help="records of this event (any: every kind, with --format json or ocsf)",
         )
     f.add_argument("--since", metavar="T", help="from this time: RFC 3339, or 15m, 2h, 1d ago")
     f.add_argument("--until", metavar="T", help="before this time: RFC 3339, or 15m, 2h, 1d ago")

@@ -62,6 +62,21 @@ def test_query_reads_rotated_files_oldest_first(trail: Path, capsys: pytest.Capt
     assert json.loads(out.splitlines()[0]) == TRAIL["audit.jsonl.2"][0], "records come out as written"
 
 
+def test_event_any_selects_every_kind_of_record_and_needs_a_line_format(
+    trail: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "query", "--file", str(trail), "--format", "json", "--event", "any")
+    assert (code, err) == (0, "")
+    written = [
+        r["decision_id"] for name in ("audit.jsonl.2", "audit.jsonl.1", "audit.jsonl") for r in TRAIL[name]
+    ]
+    assert ids(out) == written
+    assert "policy_reload" in {json.loads(x)["event"] for x in out.splitlines()}
+    code, out, err = run(capsys, "query", "--file", str(trail), "--event", "any")
+    assert (code, out) == (2, "")
+    assert "--event any needs --format json or ocsf" in err
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
