@@ -4,7 +4,7 @@ before mitmproxy's layers, `addons/` are the hooks, `mitm/` what sandgate change
 mitmproxy, `net/` host plumbing, `dns/` the guests' DNS, `audit/` the trail, `stores/`
 credential and sandbox stores, `fleet/` fleet sync, `redis/` the redis client and its outage
 state, `admin/` the admin API, `workers/` the supervisor of N gateway processes and `cli/`
-the `sandgate` command.
+the `sandgate` command; `console/` is the operator's web pages, served by the admin API.
 """
 
 # The public modules, named but not imported: re-exporting their names here would make any
@@ -19,6 +19,7 @@ __all__ = [
     "cli",
     "config",
     "connection_table",
+    "console",
     "context",
     "dns",
     "errors",

@@ -33,6 +33,7 @@ __all__ = [
     "ApprovalsConfig",
     "AuditConfig",
     "ConnectionsConfig",
+    "ConsoleConfig",
     "DnsListenerConfig",
     "GatewayConfig",
     "GraphqlBoundsConfig",
@@ -645,6 +646,25 @@ class AdminConfig(_Strict):
         return self
 
 
+class ConsoleConfig(_Strict):
+    """The operator's web console, served under /console/ on the admin TCP listener."""
+
+    enabled: bool = Field(
+        default=False,
+        description="serve the console (needs admin.listen and admin.token: its login is the token)",
+    )
+    session_ttl_seconds: Annotated[float, Field(gt=0, le=7 * 86400)] = Field(
+        default=8 * 3600, description="a login lasts this long (sessions are in memory: a restart ends them)"
+    )
+    max_stream_clients: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=20,
+        description="open live-decision streams at most; more are refused (503), a slow one is dropped",
+    )
+    login_attempts_per_minute: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=10, description="failed logins allowed per client address per minute; more are refused (429)"
+    )
+
+
 def split_listen(text: str) -> tuple[str, int]:
     """(host, port) from `host:port` or `[v6]:port`; ValueError naming the expected form."""
     host, sep, port = text.rpartition(":")
@@ -863,6 +883,7 @@ class GatewayConfig(_Strict):
     reload: ReloadConfig = Field(default_factory=ReloadConfig)
     redis: RedisConfig | None = Field(default=None, description="fleet mode's shared state (off when unset)")
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     limits_sync: LimitsSyncConfig = Field(default_factory=LimitsSyncConfig)
     shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
@@ -902,6 +923,15 @@ class GatewayConfig(_Strict):
     def _auto_needs_admin(self) -> GatewayConfig:
         if self.approvals.auto != "off" and not self.admin.enabled:
             raise ValueError("approvals.auto approves through the admin API: it needs admin.enabled")
+        return self
+
+    @model_validator(mode="after")
+    def _console_needs_tcp(self) -> GatewayConfig:
+        if self.console.enabled and (not self.admin.enabled or self.admin.listen is None):
+            raise ValueError(
+                "console.enabled needs admin.listen and admin.token: the console is served on the "
+                "admin TCP listener and its login is the admin token"
+            )
         return self
 
     @property

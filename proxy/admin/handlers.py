@@ -12,12 +12,15 @@ import json
 import os
 import re
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Annotated, Any, Literal
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from tornado.routing import Rule
 from tornado.web import Application, HTTPError, RequestHandler
 
 from sandgate.brokers import Secret
@@ -56,7 +59,15 @@ from sandgate.proxy.stores.protocols import CredentialInfo, StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox
 from sandgate.proxy.stores.registry_change import sandbox_changes, sandbox_update_record
 
-__all__ = ["ApiError", "make_app"]
+__all__ = [
+    "AdminActions",
+    "ApiError",
+    "decide_request",
+    "gateway_status",
+    "make_app",
+    "readiness",
+    "withdraw_grant",
+]
 
 log = structlog.get_logger("sandgate.admin")
 
@@ -177,31 +188,34 @@ class Ready(_Handler):
     probe = True
 
     async def get(self) -> None:
-        checks: dict[str, bool] = {
-            "policy_loaded": self.state.ctx.policy is not None,
-            "listeners_bound": self.state.ready(),
-        }
-        if self.state.redis is not None:
-            # Its own ping, reported like every other call (REDIS_OUTAGE knows since when).
-            try:
-                checks["redis"] = bool(
-                    await asyncio.wait_for(self.state.redis.ping(), self.state.redis_timeout)
-                )
-            except Exception as e:
-                REDIS_OUTAGE.failed("readyz", e)
-                checks["redis"] = False
-            else:
-                REDIS_OUTAGE.reached("readyz")
-        body: dict[str, Any] = {"checks": checks}
-        if self.state.peers is not None:
-            # The lead answers for the gateway: a worker that is down (restarting) leaves the
-            # sandboxes steered to its transparent port unserved.
-            workers = await workers_status(self.state)
-            ready_workers = [w["index"] for w in workers if w.get("ready") is True]
-            checks["workers_ready"] = len(ready_workers) == len(workers)
-            body["workers"] = {"count": len(workers), "ready": ready_workers}
-        ready = all(checks.values())
-        self.reply({"ready": ready, **body}, 200 if ready else 503)
+        body = await readiness(self.state)
+        self.reply(body, 200 if body["ready"] else 503)
+
+
+async def readiness(state: AdminState) -> dict[str, Any]:
+    """What /readyz answers (and the console's health page shows): each check, and `ready`."""
+    checks: dict[str, bool] = {
+        "policy_loaded": state.ctx.policy is not None,
+        "listeners_bound": state.ready(),
+    }
+    if state.redis is not None:
+        # Its own ping, reported like every other call (REDIS_OUTAGE knows since when).
+        try:
+            checks["redis"] = bool(await asyncio.wait_for(state.redis.ping(), state.redis_timeout))
+        except Exception as e:
+            REDIS_OUTAGE.failed("readyz", e)
+            checks["redis"] = False
+        else:
+            REDIS_OUTAGE.reached("readyz")
+    body: dict[str, Any] = {"checks": checks}
+    if state.peers is not None:
+        # The lead answers for the gateway: a worker that is down (restarting) leaves the
+        # sandboxes steered to its transparent port unserved.
+        workers = await workers_status(state)
+        ready_workers = [w["index"] for w in workers if w.get("ready") is True]
+        checks["workers_ready"] = len(ready_workers) == len(workers)
+        body["workers"] = {"count": len(workers), "ready": ready_workers}
+    return {"ready": all(checks.values()), **body}
 
 
 def _status(state: AdminState) -> dict[str, Any]:
@@ -250,14 +264,19 @@ def _sandbox_listener_status(state: AdminState) -> dict[str, Any]:
     }
 
 
+async def gateway_status(state: AdminState) -> dict[str, Any]:
+    """What /v1/status answers (and the console's health and sandboxes pages show)."""
+    body = _status(state)
+    if state.role.count > 1:
+        body["worker"] = {"index": state.role.index, "count": state.role.count}
+    if state.peers is not None:
+        body["workers"] = await workers_status(state)
+    return body
+
+
 class Status(_Handler):
     async def get(self) -> None:
-        body = _status(self.state)
-        if self.state.role.count > 1:
-            body["worker"] = {"index": self.state.role.index, "count": self.state.role.count}
-        if self.state.peers is not None:
-            body["workers"] = await workers_status(self.state)
-        self.reply(body)
+        self.reply(await gateway_status(self.state))
 
 
 async def _reload(state: AdminState, trigger: str, *, registry_changed: bool = False) -> dict[str, Any]:
@@ -619,34 +638,39 @@ class AccessRequestRoute(_Handler):
         self.reply(found)
 
 
+async def decide_request(
+    state: AdminState, request_id: str, verb: str, ask: AccessDecision
+) -> dict[str, Any]:
+    """Approve or deny a held request as an operator asks (the API's route and the console's
+    buttons both come here); SettleError when it cannot be taken."""
+    approving = verb == "approve"
+    if approving and state.role.lead:
+        return await approve(
+            desk(state, lambda: _reload(state, "grant")),
+            request_id,
+            by=ask.by,
+            reason=ask.reason,
+            scope=ask.scope,
+            ttl_seconds=ask.ttl_seconds,
+            any_arguments=ask.any_arguments,
+            max_uses=ask.max_uses,
+            expires_at=ask.expires_at.timestamp() if ask.expires_at is not None else None,
+        )
+    widened = ask.scope is not None or ask.ttl_seconds is not None or ask.any_arguments
+    widened = widened or ask.max_uses is not None or ask.expires_at is not None
+    if not approving and widened:
+        raise SettleError(
+            400, "scope, ttl_seconds, expires_at, max_uses and any_arguments go with approve only"
+        )
+    return await settle_request(state, request_id, approve=approving, by=ask.by, reason=ask.reason)
+
+
 class AccessRequestDecision(_Handler):
     async def post(self, request_id: str, verb: str) -> None:
         """Approve or deny a held request (scope `once`: this request only)."""
         ask = self.parse(AccessDecision)
-        approving = verb == "approve"
         try:
-            if approving and self.state.role.lead:
-                settled = await approve(
-                    desk(self.state, lambda: _reload(self.state, "grant")),
-                    _request_id(request_id),
-                    by=ask.by,
-                    reason=ask.reason,
-                    scope=ask.scope,
-                    ttl_seconds=ask.ttl_seconds,
-                    any_arguments=ask.any_arguments,
-                    max_uses=ask.max_uses,
-                    expires_at=ask.expires_at.timestamp() if ask.expires_at is not None else None,
-                )
-            else:
-                widened = ask.scope is not None or ask.ttl_seconds is not None or ask.any_arguments
-                widened = widened or ask.max_uses is not None or ask.expires_at is not None
-                if not approving and widened:
-                    raise SettleError(
-                        400, "scope, ttl_seconds, expires_at, max_uses and any_arguments go with approve only"
-                    )
-                settled = await settle_request(
-                    self.state, _request_id(request_id), approve=approving, by=ask.by, reason=ask.reason
-                )
+            settled = await decide_request(self.state, _request_id(request_id), verb, ask)
         except SettleError as e:
             raise ApiError(e.status, e.message, "id") from None
         log.info("admin.access_request_decided", id=request_id, decision=verb, by=ask.by)
@@ -667,17 +691,62 @@ class GrantsRoute(_Handler):
         self.reply(await list_grants(self.state.grants, self.state.ctx))
 
 
+async def withdraw_grant(state: AdminState, grant_id: str, by: str | None) -> dict[str, Any]:
+    """Withdraw a grant as an operator asks (the API and the console); SettleError 404 / 503."""
+    return await revoke_grant(desk(state, lambda: _reload(state, "grant")), grant_id, by=by)
+
+
 class GrantRevokeRoute(_Handler):
     async def post(self, grant_id: str) -> None:
         ask = self.parse(GrantRevoke)
         try:
-            revoked = await revoke_grant(
-                desk(self.state, lambda: _reload(self.state, "grant")), _request_id(grant_id), by=ask.by
-            )
+            revoked = await withdraw_grant(self.state, _request_id(grant_id), ask.by)
         except SettleError as e:
             raise ApiError(e.status, e.message, "id") from None
         log.info("admin.grant_revoked", id=grant_id, by=ask.by)
         self.reply(revoked)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminActions:
+    """What the console reads and does (sandgate.proxy.console.actions), through the same
+    functions as the routes above: what a click does is what `sandgate requests` does."""
+
+    state: AdminState
+
+    async def requests(self) -> dict[str, Any]:
+        return await list_requests(self.state)
+
+    async def status(self) -> dict[str, Any]:
+        return await gateway_status(self.state)
+
+    async def readiness(self) -> dict[str, Any]:
+        return await readiness(self.state)
+
+    async def decide(self, request_id: str, verb: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """SettleError for a refused decision; ValueError naming the field for a bad one."""
+        try:
+            ask = AccessDecision.model_validate(fields)
+        except ValidationError as e:
+            err = e.errors(include_url=False, include_input=False)[0]
+            raise ValueError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        settled = await decide_request(self.state, _request_id_or_404(request_id), verb, ask)
+        log.info("admin.access_request_decided", id=request_id, decision=verb, by=ask.by, via="console")
+        return settled
+
+    async def grants(self) -> dict[str, Any]:
+        return await list_grants(self.state.grants, self.state.ctx)
+
+    async def revoke(self, grant_id: str, by: str | None) -> dict[str, Any]:
+        revoked = await withdraw_grant(self.state, _request_id_or_404(grant_id), by)
+        log.info("admin.grant_revoked", id=grant_id, by=by, via="console")
+        return revoked
+
+
+def _request_id_or_404(value: str) -> str:
+    if not _REQUEST_ID.fullmatch(value):
+        raise SettleError(404, f"no access request or grant {value[:64]!r}")
+    return value
 
 
 class InternalGrantsRefresh(_Handler):
@@ -704,11 +773,17 @@ class ReloadAsk(BaseModel):
 
 
 def make_app(
-    state: AdminState, token: Secret | None, *, require_token: bool, private: bool = False
+    state: AdminState,
+    token: Secret | None,
+    *,
+    require_token: bool,
+    private: bool = False,
+    extra: Sequence[Rule] = (),
 ) -> Application:
     """The admin API for one transport (TCP requires the token; the unix socket accepts it).
 
-    `private`: a peer worker's socket: reads of this worker and the lead's internal calls."""
+    `private`: a peer worker's socket: reads of this worker and the lead's internal calls.
+    `extra`: routes served before the API's own (the console, with its own login)."""
     kw = {"state": state, "token": token, "require_token": require_token}
     segment = r"([^/]+)"
     if private:
@@ -734,6 +809,7 @@ def make_app(
         )
     return Application(
         [
+            *extra,
             (r"/healthz", Health, kw),
             (r"/readyz", Ready, kw),
             (r"/metrics", Metrics, kw),

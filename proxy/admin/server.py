@@ -4,6 +4,9 @@ With several workers, the lead (worker 0) serves the gateway's socket and TCP li
 other worker serves only a private socket beside its folder (`<state_dir>/workers/w<i>.sock`:
 proxy/admin/peers.py), for the lead's fan-out (proxy/admin/fanout.py) and for looking at one worker.
 
+With `console.enabled`, the TCP listener also serves the operator's console under /console/
+(sandgate.proxy.console), which acts through this API's own functions (`AdminActions`).
+
 It runs on the gateway's event loop (tornado over asyncio) and is never one of the
 guest-facing listeners. Start-up refuses a socket path another live gateway answers on and
 replaces a stale one; the socket is removed on exit when it is still this process's.
@@ -22,10 +25,11 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from sandgate.brokers import Secret
-from sandgate.proxy.admin.handlers import make_app
+from sandgate.proxy.admin.handlers import AdminActions, make_app
 from sandgate.proxy.admin.peers import peer_socket
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.config import GatewayConfig, split_listen
+from sandgate.proxy.console.app import Console, build_console
 from sandgate.proxy.errors import ConfigError, ListenerError
 from sandgate.proxy.redis.client import connect
 from sandgate.proxy.startup.bindcheck import Endpoint, failure_line
@@ -94,6 +98,7 @@ class AdminServer:
         self.addresses: list[str] = []
         self._servers: list[HTTPServer] = []
         self._inode: int | None = None
+        self.console: Console | None = None
 
     async def start(self) -> None:
         """Bind the socket (and TCP): ListenerError for an address, ConfigError for the token."""
@@ -118,13 +123,20 @@ class AdminServer:
                 await self.stop()
                 endpoint = Endpoint("admin listener", host, port, "tcp", "change admin.listen in the config")
                 raise ListenerError(failure_line(endpoint, e)) from None
-            tcp = HTTPServer(make_app(self.state, token, require_token=True), max_body_size=MAX_BODY_BYTES)
+            if self.config.console.enabled:
+                # The console: on the TCP listener only, with its own login (the same token).
+                self.console = build_console(self.config, token, AdminActions(self.state))
+            console_routes = self.console.routes if self.console is not None else ()
+            app = make_app(self.state, token, require_token=True, extra=console_routes)
+            tcp = HTTPServer(app, max_body_size=MAX_BODY_BYTES)
             tcp.add_sockets(socks)
             self._servers.append(tcp)
             self.addresses.append(admin.listen)
-        log.info("admin.listening", addresses=self.addresses)
+        log.info("admin.listening", addresses=self.addresses, console=self.console is not None)
 
     async def stop(self) -> None:
+        if self.console is not None:
+            self.console.feed.close()
         for server in self._servers:
             server.stop()
             with contextlib.suppress(Exception):

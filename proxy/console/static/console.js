@@ -1,0 +1,102 @@
+// The sandgate console's only script: served by the gateway, no build step, no library.
+// Data from the gateway is put in the page with textContent only, never as HTML.
+"use strict";
+
+(function () {
+  const PREFIX = "/console";
+
+  function watchInbox() {
+    // Reload when the set of open requests changes, unless the operator is typing.
+    const inbox = document.getElementById("inbox");
+    if (!inbox) return;
+    const shown = inbox.dataset.ids || "";
+    setInterval(async function () {
+      const active = document.activeElement;
+      if (active && active.tagName === "INPUT") return;
+      try {
+        const answer = await fetch(PREFIX + "/requests.json", { credentials: "same-origin" });
+        if (answer.status === 401) { window.location.assign(PREFIX + "/login"); return; }
+        if (!answer.ok) return;
+        const ids = (await answer.json()).ids.join(",");
+        if (ids !== shown) window.location.reload();
+      } catch (e) { /* the gateway restarts: try again at the next tick */ }
+    }, 1000);
+  }
+
+  const COLUMNS = [
+    (r) => r.time,
+    (r) => r.decision,
+    (r) => r.reason,
+    (r) => r.tenant,
+    (r) => r.sandbox,
+    (r) => r.method,
+    (r) => (r.dest && (r.dest.host || r.dest.ip)),
+    (r) => r.path,
+  ];
+  const MAX_ROWS = 500;
+  const MAX_HELD = 1000;
+
+  function row(record) {
+    const tr = document.createElement("tr");
+    tr.className = "decision-row " + String(record.decision || "");
+    tr.tabIndex = 0;
+    for (const column of COLUMNS) {
+      const td = document.createElement("td");
+      const value = column(record);
+      td.textContent = value === undefined || value === null ? "" : String(value);
+      tr.appendChild(td);
+    }
+    const open = function () {
+      document.getElementById("record").textContent = JSON.stringify(record, null, 2);
+    };
+    tr.addEventListener("click", open);
+    tr.addEventListener("keydown", function (e) { if (e.key === "Enter") open(); });
+    return tr;
+  }
+
+  function watchDecisions() {
+    const rows = document.getElementById("decision-rows");
+    const form = document.getElementById("filters");
+    if (!rows || !form) return;
+    const state = document.getElementById("stream-state");
+    const pause = document.getElementById("pause");
+    const heldCount = document.getElementById("held-count");
+    const held = [];
+    let paused = false;
+    const params = new URLSearchParams();
+    for (const input of form.querySelectorAll("input")) {
+      if (input.value) params.set(input.name, input.value);
+    }
+    function show(record) {
+      rows.insertBefore(row(record), rows.firstChild);
+      while (rows.childElementCount > MAX_ROWS) rows.removeChild(rows.lastChild);
+    }
+    const source = new EventSource(PREFIX + "/decisions/stream?" + params.toString());
+    source.addEventListener("open", function () { state.textContent = "live"; });
+    source.addEventListener("error", function () { state.textContent = "reconnecting"; });
+    source.addEventListener("decision", function (event) {
+      const record = JSON.parse(event.data);
+      if (paused) {
+        if (held.length < MAX_HELD) held.push(record);
+        heldCount.textContent = held.length + " new while paused";
+        return;
+      }
+      show(record);
+    });
+    pause.addEventListener("click", function () {
+      paused = !paused;
+      pause.textContent = paused ? "Resume" : "Pause";
+      pause.setAttribute("aria-pressed", String(paused));
+      state.textContent = paused ? "paused" : "live";
+      if (!paused) {
+        for (const record of held.splice(0)) show(record);
+        heldCount.textContent = "";
+      }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    watchInbox();
+    watchDecisions();
+  });
+})();
