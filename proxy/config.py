@@ -35,15 +35,21 @@ __all__ = [
     "ConnectionsConfig",
     "ConsoleConfig",
     "DnsListenerConfig",
+    "ElasticsearchSinkConfig",
     "GatewayConfig",
     "GraphqlBoundsConfig",
     "HeadsConfig",
+    "HecSinkConfig",
     "Http2Config",
     "LimitsSyncConfig",
     "ListenerConfig",
+    "OtlpSinkConfig",
     "PassthroughConfig",
     "RedisConfig",
     "ResolverConfig",
+    "SinkConfig",
+    "SinkTlsConfig",
+    "SyslogSinkConfig",
     "TransparentConfig",
     "WebSocketConfig",
     "WorkersConfig",
@@ -173,6 +179,150 @@ class AddressGuardConfig(_Strict):
         return v
 
 
+class SinkTlsConfig(_Strict):
+    """TLS towards a SIEM sink's receiver."""
+
+    ca_file: str | None = Field(
+        default=None,
+        description="CA bundle (PEM) the receiver's certificate must chain to; default: the system's",
+    )
+    client_cert: str | None = Field(
+        default=None, description="client certificate (PEM), for receivers that ask for one"
+    )
+    client_key: str | None = Field(default=None, description="the client certificate's key (PEM, mode 0600)")
+    verify: bool = Field(
+        default=True,
+        description=(
+            "check the receiver's certificate and name (false only in a lab: a forged receiver "
+            "would get every event)"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _key_with_cert(self) -> SinkTlsConfig:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("tls: client_cert and client_key go together")
+        return self
+
+
+class _SinkConfig(_Strict):
+    """What every SIEM sink has: a name, a format, its disk queue and its pace."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")] = Field(
+        description=(
+            "unique; names the sink's queue folder (<state_dir>/audit/sinks/<name>/), its logs and metrics"
+        )
+    )
+    format: Literal["ocsf", "native"] = Field(
+        default="ocsf",
+        description="ocsf: OCSF 1.8.0 events rendered from each record; native: the trail record itself",
+    )
+    max_spool_bytes: Annotated[int, Field(ge=65_536)] = Field(
+        default=1024 * 1024 * 1024,
+        description="bytes of records the sink's disk queue may hold undelivered (default 1 GiB)",
+    )
+    when_full: Literal["drop_newest", "block"] = Field(
+        default="drop_newest",
+        description=(
+            "a full queue: drop_newest keeps what is queued and skips new records for this sink "
+            "(counted, logged; the local trail keeps them); block holds the audit writer until "
+            "there is room, so decisions wait and then deny (the SIEM gets everything)"
+        ),
+    )
+    batch_size: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        default=500, description="records sent per request (or syslog connection); default 500"
+    )
+    timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=10.0,
+        description="connect, send and acknowledgement timeout per batch, in seconds (default 10)",
+    )
+    max_backoff_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=30.0,
+        description=(
+            "longest wait between two attempts, in seconds (default 30; exponential from 0.5 s, with jitter)"
+        ),
+    )
+    linger_seconds: Annotated[float, Field(ge=0, le=60)] = Field(
+        default=1.0,
+        description=(
+            "how long a batch that is not full waits for more records before it is sent, in "
+            "seconds (default 1; 0: at once, one send per few records, costly under load)"
+        ),
+    )
+
+
+class SyslogSinkConfig(_SinkConfig):
+    """RFC 5424 syslog over TCP (octet counting, RFC 6587), optionally TLS (RFC 5425)."""
+
+    type: Literal["syslog"]
+    host: str = Field(description="the receiver's name or address")
+    port: Port = Field(default=6514, description="the receiver's TCP port (6514: syslog over TLS)")
+    tls: SinkTlsConfig | None = Field(default=None, description="set to speak TLS; unset: plain TCP")
+    facility: Annotated[int, Field(ge=0, le=23)] = Field(
+        default=16, description="syslog facility of every message (default 16: local0)"
+    )
+    app_name: Annotated[str, Field(pattern=r"^[!-~]{1,48}$")] = Field(
+        default="sandgate", description="APP-NAME of every message (default sandgate)"
+    )
+
+
+class _HttpSinkConfig(_SinkConfig):
+    url: str = Field(description="the receiver's base URL (http:// or https://), without the API path")
+    tls: SinkTlsConfig = Field(default_factory=SinkTlsConfig, description="TLS for an https:// url")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("url: use http://HOST[:PORT][/PATH] or https://...")
+        if parts.username or parts.password:
+            raise ValueError("url: no credentials in the URL; use the sink's credential reference")
+        return v.rstrip("/")
+
+
+class OtlpSinkConfig(_HttpSinkConfig):
+    """OTLP/HTTP logs: protobuf ExportLogsServiceRequest POSTed to <url>/v1/logs."""
+
+    type: Literal["otlp"]
+    headers: dict[str, str] = Field(default_factory=dict, description="plain headers sent with every export")
+    secret_headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="headers whose values are references (env:VAR or file:PATH), e.g. Authorization",
+    )
+
+
+class HecSinkConfig(_HttpSinkConfig):
+    """Splunk HTTP Event Collector compatible: <url>/services/collector/event."""
+
+    type: Literal["hec"]
+    token: str = Field(
+        description="HEC token reference (env:VAR or file:PATH); sent as `Authorization: Splunk`"
+    )
+    sourcetype: str = Field(
+        default="sandgate:audit", description="sourcetype of every event (default sandgate:audit)"
+    )
+    index: str | None = Field(default=None, description="index of every event; default: the token's")
+
+
+class ElasticsearchSinkConfig(_HttpSinkConfig):
+    """Elasticsearch bulk API compatible: <url>/_bulk, one `create` per event, `_id` the event id."""
+
+    type: Literal["elasticsearch"]
+    index: str = Field(
+        default="sandgate-audit", description="index or data stream the events go to (default sandgate-audit)"
+    )
+    api_key: str | None = Field(
+        default=None, description="API key reference (env:VAR or file:PATH); sent as `Authorization: ApiKey`"
+    )
+
+
+SinkConfig = Annotated[
+    SyslogSinkConfig | OtlpSinkConfig | HecSinkConfig | ElasticsearchSinkConfig,
+    Field(discriminator="type"),
+]
+
+
 class AuditConfig(_Strict):
     """The audit trail: a rotated JSON-lines file, optionally mirrored to stdout."""
 
@@ -218,6 +368,22 @@ class AuditConfig(_Strict):
     gateway_name: str | None = Field(
         default=None, description="this gateway's name in stream entries (`gw`); default: the host name"
     )
+    sinks: list[SinkConfig] = Field(
+        default_factory=list,
+        description=(
+            "SIEM sinks beside the trail (syslog, otlp, hec, elasticsearch), each with its own "
+            "disk queue; see Sending the audit to a SIEM"
+        ),
+    )
+
+    @field_validator("sinks")
+    @classmethod
+    def _unique_names(cls, v: list[SinkConfig]) -> list[SinkConfig]:
+        names = [s.name for s in v]
+        doubled = sorted({n for n in names if names.count(n) > 1})
+        if doubled:
+            raise ValueError(f"sinks: names must be unique ({', '.join(doubled)})")
+        return v
 
     @field_validator("fsync", mode="before")
     @classmethod

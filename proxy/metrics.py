@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["METRICS", "GatewayGauges", "Metrics"]
+__all__ = ["METRICS", "GatewayGauges", "Metrics", "SinkFigures"]
 
 # Deciding is sub-millisecond on the allowlist path, milliseconds with Rego or DNS.
 DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.0)
@@ -23,6 +24,20 @@ UPSTREAM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 # A held request waits for a person: from a fraction of a second (automatic) to its timeout.
 APPROVAL_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 NO_TENANT = "-"
+
+
+class SinkFigures(NamedTuple):
+    """One SIEM sink's counts and levels (sandgate.proxy.audit.sinks)."""
+
+    name: str
+    kind: str  # syslog, otlp, hec, elasticsearch
+    spooled: int  # records queued
+    delivered: int  # events acknowledged
+    retried: int  # events sent again
+    dropped_full: int  # records not queued: the queue was full
+    rejected: int  # events the receiver refused for good
+    queue_bytes: int
+    oldest_seconds: float  # age of the oldest undelivered event (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +70,8 @@ class GatewayGauges:
     # Grants in force (scopes `sandbox` and `tenant` of an approval): the grants store's count,
     # wired in proxy/runtime.py's _attach_metrics once it exposes one; 0 until then.
     grants_in_force: Callable[[], int] = lambda: 0
+    # SIEM sinks (one process: its own; with workers the lead reports the collector's).
+    audit_sinks: Callable[[], Iterable[SinkFigures]] = lambda: ()
 
 
 class _GatewayCollector(Collector):
@@ -140,6 +157,45 @@ class _GatewayCollector(Collector):
         yield GaugeMetricFamily(
             "sandgate_grants_in_force", "Grants an approval made that are in force now", g.grants_in_force()
         )
+        yield from _sink_families(g.audit_sinks())
+
+
+def _sink_families(sinks: Iterable[SinkFigures]) -> Iterator[Metric]:
+    """The SIEM sinks' counters and gauges, one sample per sink (labels sink, type)."""
+    labels = ["sink", "type"]
+    spooled = CounterMetricFamily(
+        "sandgate_audit_sink_spooled", "Records queued for a SIEM sink", labels=labels
+    )
+    delivered = CounterMetricFamily(
+        "sandgate_audit_sink_delivered", "Events a SIEM sink's receiver acknowledged", labels=labels
+    )
+    retried = CounterMetricFamily(
+        "sandgate_audit_sink_retried", "Events sent again after a failed attempt", labels=labels
+    )
+    dropped = CounterMetricFamily(
+        "sandgate_audit_sink_dropped",
+        "Not delivered: why=full records the full queue did not take (they stay in the local "
+        "trail), why=rejected events the receiver refused for good",
+        labels=[*labels, "why"],
+    )
+    queued = GaugeMetricFamily(
+        "sandgate_audit_sink_queue_bytes", "Bytes of records queued and not yet acknowledged", labels=labels
+    )
+    oldest = GaugeMetricFamily(
+        "sandgate_audit_sink_oldest_undelivered_seconds",
+        "Age of the oldest event not yet acknowledged (0: none waiting)",
+        labels=labels,
+    )
+    for f in sinks:
+        key = [f.name, f.kind]
+        spooled.add_metric(key, f.spooled)
+        delivered.add_metric(key, f.delivered)
+        retried.add_metric(key, f.retried)
+        dropped.add_metric([*key, "full"], f.dropped_full)
+        dropped.add_metric([*key, "rejected"], f.rejected)
+        queued.add_metric(key, f.queue_bytes)
+        oldest.add_metric(key, f.oldest_seconds)
+    yield from (spooled, delivered, retried, dropped, queued, oldest)
 
 
 class Metrics:

@@ -49,6 +49,7 @@ from sandgate.proxy.assembly.rego import build_engine
 from sandgate.proxy.assembly.services import Calls, Service, Services, Stage
 from sandgate.proxy.assembly.stores import build_stores
 from sandgate.proxy.audit.leftovers import read_cut_count
+from sandgate.proxy.audit.sinks.figures import gateway_sink_figures
 from sandgate.proxy.config import DnsListenerConfig, GatewayConfig
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.dns.listener import DnsListener
@@ -176,6 +177,7 @@ class Gateway:
         ensure_ca(config.ca_dir)
         audit = build_audit(config)
         self.forward, self.cut_at_start = audit.forward, audit.cut_at_start
+        self.siem_sinks = audit.siem
         context = build_context(config, policy, audit.log, self.credentials.broker, self.engine, resolver)
         self.ctx, self.own_watch = context.ctx, context.own_watch
         self_checks = install_mitmproxy_patches(config, self.ctx)
@@ -401,6 +403,7 @@ class Gateway:
                 # The tenants' grants files, and the grants the gateway keeps itself (scope
                 # `sandbox`; a fleet's in redis).
                 grants_in_force=lambda: _live_grants(self.ctx.policy.tenants.values(), self.ctx.grants),
+                audit_sinks=lambda: gateway_sink_figures(self.config, self.siem_sinks),
             )
         )
 

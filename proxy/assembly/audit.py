@@ -1,5 +1,5 @@
 """The audit trail's builder: its sinks (file or the workers' collector, stdout, the fleet
-stream), the records an earlier process's exit left, and the trail itself."""
+stream, SIEM sinks), the records an earlier process's exit left, and the trail itself."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from sandgate.proxy.audit.forward import ForwardSink
 from sandgate.proxy.audit.intents import IntentJournal
 from sandgate.proxy.audit.leftovers import settle_dead_processes
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
+from sandgate.proxy.audit.sinks.build import build_sinks
+from sandgate.proxy.audit.sinks.fanout import Fanout
+from sandgate.proxy.audit.sinks.sink import SiemSink
 from sandgate.proxy.audit.spool import Spool
 from sandgate.proxy.audit.trail import AuditLog, AuditSink, StdoutSink, audit_file_sink
 from sandgate.proxy.config import GatewayConfig, RedisConfig
@@ -31,16 +34,21 @@ class AuditParts:
     forward: ForwardSink | None
     # Records written at start for requests a process's exit cut (with workers: the supervisor's).
     cut_at_start: int
+    # SIEM sinks this process feeds (one process; with workers the supervisor's collector does).
+    siem: tuple[SiemSink, ...] = ()
 
 
 def build_audit(config: GatewayConfig) -> AuditParts:
     """The trail, not started; a gateway of one process first writes what earlier ones left."""
     sinks: list[AuditSink] = [file_sink(config)]
-    cut = settle_at_start(config, sinks[0]) if config.worker.count == 1 else 0
+    # SIEM sinks at the one writer: here for one process; with workers, at the collector.
+    siem = build_sinks(config) if config.worker.count == 1 else []
+    cut = settle_at_start(config, Fanout(sinks[0], siem)) if config.worker.count == 1 else 0
     if config.audit.stdout:
         sinks.append(StdoutSink())
     if config.redis is not None:
         sinks.append(stream_sink(config, config.redis))
+    sinks.extend(siem)
     trail = AuditLog(
         sinks,
         queue_size=config.audit.queue_size,
@@ -52,7 +60,7 @@ def build_audit(config: GatewayConfig) -> AuditParts:
         journal=IntentJournal(config.worker_dir),
     )
     forward = next((s for s in sinks if isinstance(s, ForwardSink)), None)
-    return AuditParts(trail, forward, cut)
+    return AuditParts(trail, forward, cut, tuple(siem))
 
 
 def file_sink(config: GatewayConfig) -> AuditSink:

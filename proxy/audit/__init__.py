@@ -19,6 +19,7 @@ __all__ = [
     "records",
     "redis_stream",
     "refusals",
+    "sinks",
     "spool",
     "stats",
     "stats_calls",

@@ -27,9 +27,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -37,6 +38,9 @@ from sandgate.proxy.admin import client as admin_client
 from sandgate.proxy.config import GatewayConfig, load_config
 from sandgate.proxy.state.state_lock import holder, holder_text
 from sandgate.proxy.state.statusfile import read_status
+
+if TYPE_CHECKING:
+    from sandgate.proxy.metrics import SinkFigures
 
 __all__ = ["Readiness", "check", "run_status_command"]
 
@@ -145,7 +149,7 @@ def run_status_command(args: argparse.Namespace) -> int:
             result = check(config, max(0.1, min(ANSWER_SECONDS, deadline - time.monotonic())))
     except KeyboardInterrupt:
         return 130
-    _print(args.format, result, config.state_path, _audit_key(config))
+    _print(args.format, result, config.state_path, _audit_key(config), _sink_figures(config))
     return EXIT_OK if result.serving else EXIT_NOT_SERVING
 
 
@@ -186,10 +190,26 @@ def _audit_key(config: GatewayConfig) -> dict[str, str] | None:
     return {"key_id": key_id(key), "path": str(path), "pem": public_pem(key)}
 
 
-def _print(fmt: str, result: Readiness, state_path: Path, audit_key: dict[str, str] | None = None) -> None:
+def _sink_figures(config: GatewayConfig) -> list[SinkFigures]:
+    """Each SIEM sink's figures, as its figures file says."""
+    if not config.audit.sinks:
+        return []
+    # Lazy: the sinks' modules (prometheus_client, httpx clients), only for a gateway that has sinks.
+    from sandgate.proxy.audit.sinks.figures import read_figures
+
+    return read_figures(config)
+
+
+def _print(
+    fmt: str,
+    result: Readiness,
+    state_path: Path,
+    audit_key: dict[str, str] | None = None,
+    sinks: Sequence[SinkFigures] = (),
+) -> None:
     if fmt == "json":
         doc = {"serving": result.serving, "reason": result.reason, "status": result.status}
-        print(json.dumps({**doc, "audit_key": audit_key}))
+        print(json.dumps({**doc, "audit_key": audit_key, "audit_sinks": [f._asdict() for f in sinks]}))
         return
     if not result.serving:
         print(f"sandgate: {result.reason}", file=sys.stderr)
@@ -207,4 +227,9 @@ def _print(fmt: str, result: Readiness, state_path: Path, audit_key: dict[str, s
     if audit_key is not None:
         print(f"audit signing key: ed25519 {audit_key['key_id']}, exported to {audit_key['path']}")
         print(audit_key["pem"], end="")
+    for f in sinks:  # as the sinks' figures files say (written about once a second)
+        print(
+            f"audit sink {f.name} ({f.kind}): {f.delivered} delivered, {f.queue_bytes} bytes queued, "
+            f"oldest undelivered {f.oldest_seconds:.0f} s, {f.dropped_full + f.rejected} dropped"
+        )
     print(f"state folder: {state_path}")

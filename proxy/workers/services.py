@@ -1,5 +1,5 @@
-"""What the supervisor runs for all its workers: the audit collector and, without redis, the
-limit relay.
+"""What the supervisor runs for all its workers: the audit collector (with the SIEM sinks
+behind the file) and, without redis, the limit relay.
 
 The audit file has one writer: the supervisor's collector owns config.audit_path (rotation,
 fsync) and each worker forwards its batches to it (proxy/audit/forward.py), so every `audit`
@@ -17,6 +17,8 @@ import structlog
 
 from sandgate.proxy.audit.collector import AuditCollector
 from sandgate.proxy.audit.leftovers import Settled, settle_dead_processes, write_cut_count
+from sandgate.proxy.audit.sinks.build import build_sinks
+from sandgate.proxy.audit.sinks.fanout import Fanout
 from sandgate.proxy.audit.trail import audit_file_sink
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.fleet.limits_sync import RELAY_ENV
@@ -46,8 +48,16 @@ class SharedServices:
         cfg = self.config
         # The internal sockets' folder (audit collector, limit relay, peers' admin APIs).
         ensure_private_folder(cfg.audit_socket_path.parent)
-        sink = audit_file_sink(cfg)
+        file = audit_file_sink(cfg)
         try:
+            # One queue per SIEM sink for the gateway: workers' batches and what is settled
+            # from dead processes all pass here.
+            sink = Fanout(file, build_sinks(cfg))
+        except BaseException:
+            file.close()
+            raise
+        try:
+            sink.start()
             self.collector = AuditCollector(cfg.audit_socket_path, sink)
             # What an earlier gateway's processes left (killed, or orphaned by a supervisor
             # that was): in the trail before anything new is.
