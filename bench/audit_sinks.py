@@ -15,7 +15,8 @@ median req/s and p50 latency over R rounds (every round's figure alongside), and
 rate as a ratio of the row without sinks, and the gateway process's CPU time per request
 (user + system, all its threads, from /proc: what the sinks cost the processes that decide,
 less sensitive than the rate to what else the 2 cores run) and, with workers, the
-supervisor's CPU time per request (where the sinks run then). One machine, 2 shared cores: the receivers, the
+CPU time per request of the process that delivers (the supervisor with workers, else the
+gateway's courier child). One machine, 2 shared cores: the receivers, the
 upstream and the load client share them with the gateway, noisy (±10%).
 """
 
@@ -118,13 +119,24 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def is_courier(pid: int) -> bool:
+    """Whether `pid` is a one-process gateway's courier (proxy/audit/sinks/courier.py)."""
+    try:
+        return b"sandgate.proxy.audit.sinks.courier" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def cpu_split(pid: int) -> tuple[float, float]:
-    """(CPU of the processes that serve, CPU of the supervisor): with workers, the serving
-    processes are its children; one process serves and supervises nothing."""
+    """(CPU of the processes that decide, CPU of those that deliver): with workers, the
+    deciding processes are the supervisor's children and the supervisor delivers; one
+    process decides and its courier child delivers."""
     kids = children(pid)
-    if not kids:
-        return cpu_seconds(pid), 0.0
-    return sum(cpu_seconds(k) for k in kids), cpu_seconds(pid)
+    couriers = [k for k in kids if is_courier(k)]
+    workers = [k for k in kids if k not in couriers]
+    if not workers:
+        return cpu_seconds(pid), sum(cpu_seconds(k) for k in couriers)
+    return sum(cpu_seconds(k) for k in workers), cpu_seconds(pid)
 
 
 def load(pid: int, port: int, up_port: int, seconds: float) -> dict[str, Any]:
@@ -204,7 +216,7 @@ def report(figures: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
         f"audit sinks, {args.workers} gateway process(es), {args.rounds} interleaved rounds of "
         f"{args.seconds:.0f} s, c10 keep-alive, plain HTTP",
         f"{'row':<14} {'req/s':>7} {'ratio':>6} {'p50 ms':>7} {'CPU µs/req':>11} {'ratio':>6}"
-        f" {'supervisor µs/req':>18}  req/s of each round",
+        f" {'delivery µs/req':>18}  req/s of each round",
     ]
     for row in ROWS:
         rate, cpu = med(row, "rps"), med(row, "cpu_us_per_request")

@@ -13,6 +13,7 @@ from sandgate.proxy.audit.intents import IntentJournal
 from sandgate.proxy.audit.leftovers import settle_dead_processes
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.audit.sinks.build import build_sinks
+from sandgate.proxy.audit.sinks.courier import Courier
 from sandgate.proxy.audit.sinks.fanout import Fanout
 from sandgate.proxy.audit.sinks.sink import SiemSink
 from sandgate.proxy.audit.spool import Spool
@@ -42,13 +43,17 @@ def build_audit(config: GatewayConfig) -> AuditParts:
     """The trail, not started; a gateway of one process first writes what earlier ones left."""
     sinks: list[AuditSink] = [file_sink(config)]
     # SIEM sinks at the one writer: here for one process; with workers, at the collector.
-    siem = build_sinks(config) if config.worker.count == 1 else []
+    siem = build_sinks(config, side="writer") if config.worker.count == 1 else []
     cut = settle_at_start(config, Fanout(sinks[0], siem)) if config.worker.count == 1 else 0
     if config.audit.stdout:
         sinks.append(StdoutSink())
     if config.redis is not None:
         sinks.append(stream_sink(config, config.redis))
     sinks.extend(siem)
+    if siem:
+        # Delivered by a process of its own, not on this one's interpreter lock; closed last,
+        # after the queues took the last records.
+        sinks.append(Courier(config))
     trail = AuditLog(
         sinks,
         queue_size=config.audit.queue_size,

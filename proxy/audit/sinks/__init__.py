@@ -10,6 +10,7 @@ acknowledged them.
 # Its public modules, named but not imported (sandgate.proxy says why).
 __all__ = [
     "build",
+    "courier",
     "delivery",
     "elasticsearch",
     "events",

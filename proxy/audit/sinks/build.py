@@ -6,6 +6,7 @@ from sandgate.proxy.audit.sinks.elasticsearch import BulkTransport
 from sandgate.proxy.audit.sinks.figures import sink_folder
 from sandgate.proxy.audit.sinks.hec import HecTransport
 from sandgate.proxy.audit.sinks.otlp import OtlpTransport
+from sandgate.proxy.audit.sinks.queue import Side
 from sandgate.proxy.audit.sinks.sink import SiemSink
 from sandgate.proxy.audit.sinks.syslog import SyslogTransport
 from sandgate.proxy.audit.sinks.tlsconf import client_context, load_credential
@@ -22,12 +23,13 @@ from sandgate.proxy.config import (
 __all__ = ["build_sinks"]
 
 
-def build_sinks(config: GatewayConfig) -> list[SiemSink]:
-    """One SiemSink per `audit.sinks` entry; ConfigError for a credential or TLS file."""
-    return [_sink(config, sc) for sc in config.audit.sinks]
+def build_sinks(config: GatewayConfig, side: Side = "both") -> list[SiemSink]:
+    """One SiemSink per `audit.sinks` entry; ConfigError for a credential or TLS file.
+    `side`: "writer" when a courier process delivers them, "reader" in that courier."""
+    return [_sink(config, sc, side) for sc in config.audit.sinks]
 
 
-def _sink(config: GatewayConfig, sc: SinkConfig) -> SiemSink:
+def _sink(config: GatewayConfig, sc: SinkConfig, side: Side) -> SiemSink:
     return SiemSink(
         sc.name,
         sc.type,
@@ -40,6 +42,7 @@ def _sink(config: GatewayConfig, sc: SinkConfig) -> SiemSink:
         max_backoff=sc.max_backoff_seconds,
         linger=sc.linger_seconds,
         fsync=config.audit.fsync == "per_batch",
+        side=side,
     )
 
 

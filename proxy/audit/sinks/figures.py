@@ -16,9 +16,11 @@ from typing import Protocol
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.metrics import SinkFigures
 
-__all__ = ["gateway_sink_figures", "read_figures", "sink_folder"]
+__all__ = ["DELIVERY_FILE", "FIGURES_FILE", "gateway_sink_figures", "read_figures", "sink_folder"]
 
 FIGURES_FILE = "figures.json"
+# What a courier process delivered of a one-process gateway's queue (courier.py).
+DELIVERY_FILE = "delivery.json"
 
 
 class _HasFigures(Protocol):

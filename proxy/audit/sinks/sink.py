@@ -22,8 +22,8 @@ from typing import Literal
 import structlog
 
 from sandgate.proxy.audit.sinks.delivery import Counters, Delivery
-from sandgate.proxy.audit.sinks.figures import FIGURES_FILE
-from sandgate.proxy.audit.sinks.queue import DiskQueue
+from sandgate.proxy.audit.sinks.figures import DELIVERY_FILE, FIGURES_FILE
+from sandgate.proxy.audit.sinks.queue import DiskQueue, Side
 from sandgate.proxy.audit.sinks.transport import Transport
 from sandgate.proxy.metrics import SinkFigures
 
@@ -52,9 +52,12 @@ class SiemSink:
         max_backoff: float,
         fsync: bool,
         linger: float = 0.0,
+        side: Side = "both",
     ) -> None:
         self.name, self.kind = name, kind
-        self.queue = DiskQueue(folder, max_bytes=max_bytes)
+        # "writer": another process (the courier) delivers; "reader": this one only delivers.
+        self.side: Side = side
+        self.queue = DiskQueue(folder, max_bytes=max_bytes, side=side)
         self.counters = Counters()
         self._when_full = when_full
         self._fsync = fsync
@@ -79,8 +82,9 @@ class SiemSink:
         return f"SiemSink({self.name!r}, {self.kind})"
 
     def start(self) -> None:
-        """Start delivering (a queue an earlier run left is sent first)."""
-        self.delivery.start()
+        """Start delivering (a queue an earlier run left is sent first), unless the courier does."""
+        if self.side != "writer":
+            self.delivery.start()
 
     def write(self, lines: list[str]) -> None:
         """Queue the records; OSError (the queue's disk) has the audit writer retry the batch."""
@@ -128,12 +132,15 @@ class SiemSink:
         sent by the next run."""
         self._closed = True
         self._freed()
-        self.delivery.stop()
+        if self.side != "writer":
+            self.delivery.stop()
         self.queue.close()
         self.save_figures(force=True)
 
     def figures(self) -> SinkFigures:
         c = self.counters
+        if self.side == "writer":
+            c = self._delivered_elsewhere()
         oldest = c.oldest
         return SinkFigures(
             name=self.name,
@@ -147,16 +154,47 @@ class SiemSink:
             oldest_seconds=max(0.0, time.time() - oldest) if oldest is not None else 0.0,
         )
 
+    def _delivered_elsewhere(self) -> Counters:
+        """This side's counts (spooled, dropped as full) with what the courier says it sent."""
+        c = Counters()
+        c.spooled, c.dropped_full = self.counters.spooled, self.counters.dropped_full
+        try:
+            sent = json.loads((self.queue.folder / DELIVERY_FILE).read_text())
+            c.delivered, c.retried, c.rejected = (
+                int(sent["delivered"]),
+                int(sent["retried"]),
+                int(sent["rejected"]),
+            )
+            c.oldest = float(sent["oldest"]) if sent.get("oldest") is not None else None
+        except (OSError, ValueError, TypeError, KeyError):
+            pass  # the courier has written none yet: nothing delivered by it
+        return c
+
     def save_figures(self, *, force: bool = False) -> None:
-        """Write the figures beside the queue (with workers the lead reads them for /metrics)."""
+        """Write the figures beside the queue (with workers the lead reads them for /metrics;
+        a courier writes what it delivered, which the gateway adds to its own counts)."""
         now = time.monotonic()
         if not force and now - self._figures_at < _FIGURES_EVERY:
             return
         self._figures_at = now
-        path = self.queue.folder / FIGURES_FILE
-        tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(self.figures()._asdict()))
-            os.replace(tmp, path)
-        except OSError as e:
-            log.warning("audit.sink_figures_unwritten", sink=self.name, error=e.strerror)
+        if self.side == "reader":
+            c = self.counters
+            sent = {
+                "delivered": c.delivered,
+                "retried": c.retried,
+                "rejected": c.rejected,
+                "oldest": c.oldest,
+            }
+            _replace(self.queue.folder / DELIVERY_FILE, json.dumps(sent), self.name)
+            return
+        _replace(self.queue.folder / FIGURES_FILE, json.dumps(self.figures()._asdict()), self.name)
+
+
+def _replace(path: Path, text: str, sink: str) -> None:
+    """Write `text` to `path` whole (readers never see half a file); a failure is logged."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("audit.sink_figures_unwritten", sink=sink, error=e.strerror)

@@ -144,3 +144,60 @@ def test_a_full_queue_drops_for_the_sink_and_the_trail_stays_complete(
     assert metrics[("sandgate_audit_sink_queue_bytes", "hec")] <= 65_536
     assert gw.log().count('"audit.sink_full"') == 1
     assert gw.stop() == 0
+
+
+def couriers(parent: int) -> list[int]:
+    """The pids of `parent`'s courier children (sandgate.proxy.audit.sinks.courier)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == parent and b"sandgate.proxy.audit.sinks.courier" in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return "Z" not in (Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0])
+    except OSError:
+        return False
+
+
+def test_a_one_process_gateway_delivers_from_a_courier_process_kept_running(
+    start_gateway: GatewayFactory, http_upstream: RecordingUpstream
+) -> None:
+    """Delivery is off the deciding process's interpreter lock: a child process delivers, is
+    restarted when it dies (nothing lost), and ends with the gateway, even a killed one."""
+    receiver = SiemReceiver(hec_token="token-courier").start()
+    try:
+        gw = start_gateway(
+            tenants(http_upstream),
+            config={"audit": {"sinks": [hec_sink(receiver)]}, "reload": {"watch": False}},
+            env={"SIEM_TOKEN": "token-courier"},
+        )
+        first = wait_for(lambda: couriers(gw.proc.pid), "the courier process")
+        assert len(first) == 1
+        url = f"{http_upstream.url_for('api.test')}/x"
+        for _ in range(5):
+            assert curl("-o", "/dev/null", "-w", "%{http_code}", "-x", gw.proxy(), url).stdout == "200"
+        wanted = {r["decision_id"] for r in gw.records(5)}
+        wait_for(lambda: wanted <= set(receiver.uids()), "delivery by the courier")
+        os.kill(first[0], signal.SIGKILL)
+        for _ in range(5):
+            assert curl("-o", "/dev/null", "-w", "%{http_code}", "-x", gw.proxy(), url).stdout == "200"
+        second = wait_for(lambda: [p for p in couriers(gw.proc.pid) if p != first[0]], "a new courier")
+        wanted = {r["decision_id"] for r in gw.records(10)}
+        wait_for(lambda: wanted <= set(receiver.uids()), "delivery after the restart")
+        assert '"audit.courier_exited"' in gw.log()
+        gw.proc.kill()  # the gateway dies: its courier ends with it
+        gw.proc.wait(10)
+        wait_for(lambda: not pid_alive(second[0]), "the courier to end with the gateway")
+    finally:
+        receiver.stop()

@@ -71,3 +71,41 @@ def test_a_torn_last_line_is_cut_at_start(tmp_path: Path) -> None:
     assert again.read(10)[0] == lines(2)
     again.append(lines(1, 2), fsync=False)
     assert again.read(10)[0] == lines(3)
+
+
+def test_a_writer_and_a_reader_in_two_processes_share_the_queue_through_its_files(tmp_path: Path) -> None:
+    """The gateway appends and its courier delivers (sinks/courier.py): each sees the other
+    only through the segments and the cursor file, and a half-written line is never read."""
+    writer = DiskQueue(tmp_path, max_bytes=64 * 1024, segment_bytes=4096, side="writer")
+    reader = DiskQueue(tmp_path, max_bytes=64 * 1024, segment_bytes=4096, side="reader")
+    seen: list[str] = []
+    for i in range(40):  # several segments rolled while the reader follows
+        writer.append(lines(10, i * 10), fsync=False)
+        got, pos = reader.read(7)
+        seen += got
+        reader.commit(pos)
+    while got := reader.read(100)[0]:
+        seen += got
+        reader.commit(reader.read(100)[1])
+    assert seen == lines(400)
+    assert writer.pending_bytes == 0, "the writer learns from the cursor file what was delivered"
+    assert len(list(tmp_path.glob("*.seg"))) == 1, "the reader deleted the segments it finished"
+    # A line the writer is in the middle of appending is not read (nor cut by the reader).
+    last = max(tmp_path.glob("*.seg"))
+    with open(last, "ab") as f:
+        f.write(b'{"decision_id":"half')
+    assert reader.read(10)[0] == []
+    with open(last, "ab") as f:
+        f.write(b'"}\n')
+    assert reader.read(10)[0] == ['{"decision_id":"half"}\n']
+    # The bound counts what the reader has not acknowledged, as the writer reads it.
+    reader.commit(reader.read(10)[1])
+    batch = lines(1000)  # 27 KB
+    writer.append(batch, fsync=False)
+    writer.append(batch, fsync=False)
+    assert writer.fitting(batch) < len(batch), "54 KB of 64 pending: a third batch does not fit"
+    while got := reader.read(500)[0]:
+        reader.commit(reader.read(500)[1])
+    assert writer.fitting(batch) == len(batch), "delivered: room again"
+    writer.close()
+    reader.close()
