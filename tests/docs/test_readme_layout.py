@@ -18,18 +18,18 @@ def layout_block() -> str:
 
 
 def listed_packages() -> set[str]:
-    """`top/` lines and the indented `sub/` lines under them, as paths."""
+    """`top/` lines and the `sub/` lines indented under them (at any depth), as paths."""
     found: set[str] = set()
-    top = ""
+    parents: list[tuple[int, str]] = []  # (indent, name) of the folders the next line may be in
     for line in layout_block().splitlines():
         m = re.match(r"^(\s*)(\w+)/\s", line)
         if not m:
             continue
-        if m.group(1):
-            found.add(f"{top}/{m.group(2)}")
-        else:
-            top = m.group(2)
-            found.add(top)
+        indent = len(m.group(1))
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        parents.append((indent, m.group(2)))
+        found.add("/".join(name for _, name in parents))
     return found
 
 
