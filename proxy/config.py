@@ -357,6 +357,17 @@ class AuditConfig(_Strict):
         ),
     )
     stdout: bool = Field(default=False, description="also write every record to stdout, one JSON line each")
+    checkpoint_records: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=1000,
+        description=(
+            "a signed checkpoint of the hash chain after this many records (`sandgate audit "
+            "verify` checks each; fewer records between two bound what an undetected cut can take)"
+        ),
+    )
+    checkpoint_seconds: Annotated[float, Field(gt=0, le=86_400)] = Field(
+        default=60.0,
+        description="and at the latest this many seconds after a record was written (and at close)",
+    )
     # The fleet audit stream (used when `redis:` is set).
     stream_dedupe_ttl_seconds: Annotated[int, Field(ge=60)] = Field(
         default=86_400,

@@ -222,7 +222,9 @@ def audit_file_sink(config: GatewayConfig) -> JsonlFileSink:
         max_bytes=audit.max_bytes,
         backups=audit.backups,
         fsync=audit.fsync == "per_batch",
-        chain=lambda state: Chain(key, state),
+        chain=lambda state: Chain(
+            key, state, every=audit.checkpoint_records, seconds=audit.checkpoint_seconds
+        ),
     )
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from sandgate.proxy.audit.chain import GENESIS, Chain, line_hash, load_or_create_key, public_key_path
-from sandgate.proxy.audit.trail import AuditLog, JsonlFileSink
+from sandgate.proxy.audit.trail import AuditLog, JsonlFileSink, audit_file_sink
 from sandgate.proxy.cli.main import main
+from sandgate.proxy.config import GatewayConfig
 
 
 def chained_sink(root: Path, *, every: int = 5, max_bytes: int = 10**9, backups: int = 5) -> JsonlFileSink:
@@ -221,3 +222,16 @@ def test_a_checkpoint_follows_records_after_t_seconds_without_more(tmp_path: Pat
         sink.close()
     events = [json.loads(x)["event"] for x in lines_of(tmp_path / "audit.jsonl")]
     assert events == ["decision", "checkpoint"]  # nothing to sign at close: no second checkpoint
+
+
+def test_the_config_sets_how_often_a_checkpoint_is_written(tmp_path: Path) -> None:
+    config = GatewayConfig.model_validate(
+        {"state_dir": str(tmp_path), "audit": {"checkpoint_records": 3, "checkpoint_seconds": 3600}}
+    )
+    sink = audit_file_sink(config)
+    sink.write([json.dumps({"event": "decision", "decision_id": f"d{i}"}) + "\n" for i in range(7)])
+    sink.close()
+    events = [json.loads(x)["event"] for x in config.audit_path.read_text().splitlines()]
+    # After records 3 and 6, and the one written at close for the seventh.
+    assert events.count("checkpoint") == 3
+    assert events.index("checkpoint") == 3
