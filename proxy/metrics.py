@@ -227,6 +227,14 @@ class Metrics:
             ["tenant", "credential"],
             registry=self.registry,
         )
+        # Usage per tenant, as `sandgate usage` reads it per sandbox from the trail.
+        self._tenant_bytes = Counter(
+            "sandgate_tenant_bytes",
+            "Bytes of decided exchanges by tenant and direction (up: from the guest, down: to "
+            "it), counted when their record is written",
+            ["tenant", "direction"],
+            registry=self.registry,
+        )
         self._approvals_held = Gauge(
             "sandgate_approvals_held",
             "Requests held open for an operator's decision (ask rules)",
@@ -266,6 +274,7 @@ class Metrics:
         )
         self._decision_children: dict[tuple[str, str, str, str], Counter] = {}
         self._injection_children: dict[tuple[str, str], Counter] = {}
+        self._bytes_children: dict[tuple[str, str], Counter] = {}
         self._collector: _GatewayCollector | None = None
 
     def decision(self, tenant: str | None, reason: str, phase: str, verdict: str) -> None:
@@ -275,6 +284,16 @@ class Metrics:
         if child is None:
             child = self._decision_children[key] = self._decisions.labels(*key)
         child.inc()
+
+    def tenant_bytes(self, tenant: str | None, up: int | None, down: int | None) -> None:
+        """Count one exchange's bytes each way (a refusal's are None or 0: nothing counted)."""
+        for direction, n in (("up", up), ("down", down)):
+            if n:
+                key = (tenant or NO_TENANT, direction)
+                child = self._bytes_children.get(key)
+                if child is None:
+                    child = self._bytes_children[key] = self._tenant_bytes.labels(*key)
+                child.inc(n)
 
     def approvals_held(self, held: int) -> None:
         """The number of requests held for approval now."""

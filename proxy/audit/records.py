@@ -83,6 +83,7 @@ def decision_record(
     tenant = ctx.identity.tenant if ctx.identity else None
     if count:
         METRICS.decision(tenant, decision.reason.value, ctx.phase.value, decision.verdict)
+        METRICS.tenant_bytes(tenant, bytes_up, bytes_down)
     return _record(ctx, decision, status, bytes_up, bytes_down, error, credentials)
 
 

@@ -114,6 +114,18 @@ def test_every_counted_decision_has_its_audit_record(
     while (counted := _decision_counts(scrape(gw))) != recorded and time.monotonic() < deadline:
         time.sleep(0.1)
     assert counted == recorded
+    # Bytes per tenant and direction, as `sandgate usage` adds them up from the same records.
+    recorded_bytes: Counter[tuple[str, str]] = Counter()
+    for r in records:
+        for direction, n in (r.get("bytes") or {}).items():
+            recorded_bytes[(r["tenant"] or "-", direction)] += n or 0
+    assert recorded_bytes[("t1", "down")] > 0
+    counted_bytes = {
+        (dict(items)["tenant"], dict(items)["direction"]): v
+        for (name, items), v in scrape(gw).items()
+        if name == "sandgate_tenant_bytes_total"
+    }
+    assert counted_bytes == {k: v for k, v in recorded_bytes.items() if v}
 
 
 def test_injections_are_counted_by_tenant_and_credential() -> None:
