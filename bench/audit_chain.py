@@ -11,6 +11,10 @@ Rows (best of R runs each, the file under a fresh temporary folder):
   the gateway does: queue, encode on the writer thread, write) until `close()` returns.
 
 Reported: records/s, µs per record, and the chained/plain ratio of each pair.
+
+With `--verify N`: a chained trail of N records (rotated every 64 MiB, as a gateway's would
+be with `audit.max_bytes` at its default of 100 MiB, closer) is written once, then
+`sandgate audit verify`'s walk (`verify_trail`) is timed over it, best of R.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from audit import _emit_all, record  # noqa: E402
 
 from sandgate.proxy.audit.chain import Chain, ChainState, load_or_create_key  # noqa: E402
+from sandgate.proxy.audit.files import audit_files  # noqa: E402
 from sandgate.proxy.audit.trail import AuditLog, JsonlFileSink  # noqa: E402
+from sandgate.proxy.audit.verify import verify_trail  # noqa: E402
 
 BATCH = 512
 
@@ -65,6 +71,31 @@ def writer_seconds(n: int, chained: bool) -> float:
         return time.perf_counter() - started
 
 
+def verify_rows(n: int, repeat: int) -> list[dict[str, Any]]:
+    """Write a chained trail of `n` records once, then time verifying it (best of `repeat`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        key = load_or_create_key(folder / "ca")
+        sink = JsonlFileSink(
+            folder / "audit.jsonl", max_bytes=64 << 20, backups=1000, chain=lambda state: Chain(key, state)
+        )
+        for start in range(0, n, BATCH):
+            batch = range(start, min(start + BATCH, n))
+            sink.write([json.dumps(record(i), separators=(",", ":"), default=str) + "\n" for i in batch])
+        sink.close()
+        files = list(reversed(audit_files(folder / "audit.jsonl")))  # oldest first
+        size = sum(f.stat().st_size for f in files)
+        best = float("inf")
+        for _ in range(repeat):
+            started = time.perf_counter()
+            verdict = verify_trail(files, key.public_key())
+            best = min(best, time.perf_counter() - started)
+            assert verdict.ok, verdict
+        row = _row("verify an untouched trail", n, best)
+        row.update(files=len(files), mb=round(size / 1e6), seconds=round(best, 1))
+        return [row]
+
+
 def _row(name: str, n: int, seconds: float) -> dict[str, Any]:
     return {
         "row": name,
@@ -79,7 +110,12 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--verify", type=int, metavar="N", help="time verifying a trail of N records instead")
     args = parser.parse_args()
+    if args.verify:
+        for row in verify_rows(args.verify, args.repeat):
+            print(json.dumps(row))
+        return 0
     n = args.records
     lines = [json.dumps(record(i), separators=(",", ":"), default=str) + "\n" for i in range(n)]
     rows = []

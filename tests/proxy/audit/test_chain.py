@@ -235,3 +235,18 @@ def test_the_config_sets_how_often_a_checkpoint_is_written(tmp_path: Path) -> No
     # After records 3 and 6, and the one written at close for the seventh.
     assert events.count("checkpoint") == 3
     assert events.index("checkpoint") == 3
+
+
+def test_a_file_removed_from_the_middle_of_a_rotation_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_trail(tmp_path, 20, max_bytes=600, backups=50)
+    write_trail(tmp_path, 7, max_bytes=600, backups=50)
+    files = trail_files(tmp_path)
+    assert len(files) >= 3
+    files[1].unlink()
+    code, doc = verify(capsys, tmp_path)
+    assert code == 1
+    assert doc["break"]["kind"] == "hash_mismatch"
+    assert doc["break"]["file"] == str(files[2]) and doc["break"]["line"] == 1
+    assert doc["last_good_checkpoint"] is not None
