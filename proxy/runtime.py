@@ -356,6 +356,7 @@ class Gateway:
             role=self.config.worker,
             approvals=self.approvals.pending,
             grants=self.approvals.grants,
+            audit_sinks=lambda: gateway_sink_figures(self.config, self.siem_sinks),
         )
         if state.role.lead:
             # The lead takes expired grants out of the tenants' grants files (and records it).

@@ -250,6 +250,8 @@ def _status(state: AdminState) -> dict[str, Any]:
         "audit_queue_depth": state.ctx.audit.depth,
         "active_connections": len(state.ctx.connections),
         "fleet_publish": state.publish_reload is not None,
+        # Each SIEM sink: queued, delivered, retried, dropped (the lead of workers reports them).
+        "audit_sinks": [f._asdict() for f in state.audit_sinks()],
     }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -12,6 +12,7 @@ from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.approvals import Approvals
 from sandgate.proxy.approvals.grants import GrantBook
 from sandgate.proxy.context import GatewayContext
+from sandgate.proxy.metrics import SinkFigures
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
 from sandgate.proxy.refresh.reloader import PolicyReloader
 from sandgate.proxy.stores.protocols import CredentialStore, SandboxStore
@@ -44,6 +45,8 @@ class AdminState:
     refresh: Callable[[str], Awaitable[bool]] | None = None
     # The transparent and DNS listeners jails need, opened on demand (`POST /v1/listeners/sandbox`).
     sandbox_listeners: SandboxListeners | None = None
+    # The SIEM sinks' figures (sandgate.proxy.audit.sinks.figures), for /v1/status.
+    audit_sinks: Callable[[], Iterable[SinkFigures]] = lambda: ()
     started: float = field(default_factory=time.time)
     # Which worker serves this API: the lead (public socket) or a peer (private socket).
     role: WorkerRole = SINGLE

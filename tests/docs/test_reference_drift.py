@@ -61,7 +61,7 @@ def test_the_committed_references_match_the_code() -> None:
         f"{result.stdout}{result.stderr}"
     )
     assert sorted(p.name for p in (REPO / "docs" / "reference").glob("*.md")) == sorted(
-        [*PAGES, "index.md", "admin-api.md"]
+        [*PAGES, "index.md", "admin-api.md", "ocsf.md"]  # the last three written by hand
     )
 
 

@@ -36,12 +36,24 @@ def read_figures(config: GatewayConfig) -> list[SinkFigures]:
     """The configured sinks' figures as their files say (a sink without one: zeros)."""
     out = []
     for sink in config.audit.sinks:
+        folder = sink_folder(config, sink.name)
         try:
-            data = json.loads((sink_folder(config, sink.name) / FIGURES_FILE).read_text())
+            data = json.loads((folder / FIGURES_FILE).read_text())
+            data.update(_delivered(folder))
             out.append(SinkFigures(**{**data, "name": sink.name, "kind": sink.type}))
         except (OSError, ValueError, TypeError):
             out.append(SinkFigures(sink.name, sink.type, 0, 0, 0, 0, 0, 0, 0.0))
     return out
+
+
+def _delivered(folder: Path) -> dict[str, float]:
+    """A courier's own counts (fresher than the gateway's figures file, which it wrote when
+    records last came); {} without a courier."""
+    try:
+        sent = json.loads((folder / DELIVERY_FILE).read_text())
+        return {key: sent[key] for key in ("delivered", "retried", "rejected")}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
 
 
 def gateway_sink_figures(config: GatewayConfig, live: Sequence[_HasFigures]) -> Iterable[SinkFigures]:

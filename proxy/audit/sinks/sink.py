@@ -105,6 +105,8 @@ class SiemSink:
         elif self._dropping:
             log.warning("audit.sink_full_ended", sink=self.name, dropped=self._dropping)
             self._dropping = 0
+        if self.side == "writer":
+            self.save_figures()  # no delivery thread here writes them (at most once a second)
 
     def _queued(self, count: int) -> None:
         if count:

@@ -189,6 +189,12 @@ def test_a_one_process_gateway_delivers_from_a_courier_process_kept_running(
             assert curl("-o", "/dev/null", "-w", "%{http_code}", "-x", gw.proxy(), url).stdout == "200"
         wanted = {r["decision_id"] for r in gw.records(5)}
         wait_for(lambda: wanted <= set(receiver.uids()), "delivery by the courier")
+        # `sandgate status` reads the courier's count beside the gateway's own.
+        config = str(gw.root / "sandgate.yaml")
+        wait_for(
+            lambda: f"audit sink hec (hec): {len(set(receiver.uids()))} delivered" in status_text(config),
+            "the courier's count in sandgate status",
+        )
         os.kill(first[0], signal.SIGKILL)
         for _ in range(5):
             assert curl("-o", "/dev/null", "-w", "%{http_code}", "-x", gw.proxy(), url).stdout == "200"
