@@ -50,6 +50,7 @@ from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.approvals import SettleError
 from sandgate.proxy.approvals.grants import GrantStoreError
 from sandgate.proxy.approvals.operator_decisions import approve, list_grants, revoke_grant
+from sandgate.proxy.console.explain import explain_record
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.sandbox_listeners import SandboxListenersError
 from sandgate.proxy.redis.outage import REDIS_OUTAGE
@@ -743,6 +744,9 @@ class AdminActions:
         revoked = await withdraw_grant(self.state, _request_id_or_404(grant_id), by)
         log.info("admin.grant_revoked", id=grant_id, by=by, via="console")
         return revoked
+
+    async def explain(self, fields: dict[str, str]) -> dict[str, Any]:
+        return await explain_record(self.state.ctx, fields)
 
 
 def _request_id_or_404(value: str) -> str:

@@ -136,7 +136,7 @@ class AdminServer:
 
     async def stop(self) -> None:
         if self.console is not None:
-            self.console.feed.close()
+            self.console.close()
         for server in self._servers:
             server.stop()
             with contextlib.suppress(Exception):

@@ -35,3 +35,8 @@ class OperatorActions(Protocol):
     async def revoke(self, grant_id: str, by: str | None) -> dict[str, Any]:
         """Withdraw a grant; SettleError 404 / 503."""
         ...
+
+    async def explain(self, fields: dict[str, str]) -> dict[str, Any]:
+        """`policy explain` of the request a record describes, against the policy in force
+        (sandgate.proxy.console.explain); ValueError for a record that names no request."""
+        ...

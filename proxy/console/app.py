@@ -16,6 +16,7 @@ from sandgate.proxy.console.feed import DecisionFeed
 from sandgate.proxy.console.pages import (
     Decide,
     DecisionsPage,
+    ExplainRecord,
     Grants,
     Health,
     Home,
@@ -26,9 +27,11 @@ from sandgate.proxy.console.pages import (
     RequestIds,
     Revoke,
     Sandboxes,
+    Suggest,
 )
 from sandgate.proxy.console.sessions import LoginLimiter, SessionBook
 from sandgate.proxy.console.stream import DecisionStream
+from sandgate.proxy.console.trail import gateway_trail
 
 __all__ = ["Console", "build_console"]
 
@@ -40,18 +43,24 @@ class Console:
     routes: tuple[Rule, ...]
     feed: DecisionFeed
 
+    def close(self) -> None:
+        """Stop the tail and release the trail's readers (the server stops)."""
+        self.feed.close()
+        self.feed.trail.close()
+
 
 def build_console(config: GatewayConfig, token: Secret, actions: OperatorActions) -> Console:
     """The console of this gateway: its login is `token` (the admin token)."""
     settings = config.console
-    feed = DecisionFeed(config.audit_path, settings.max_stream_clients)
+    trail = gateway_trail(config)
+    feed = DecisionFeed(trail, settings.max_stream_clients)
     context = ConsoleContext(
         config=settings,
         sessions=SessionBook(token, settings.session_ttl_seconds),
         limiter=LoginLimiter(settings.login_attempts_per_minute),
         actions=actions,
         feed=feed,
-        audit_path=config.audit_path,
+        trail=trail,
     )
     kw = {"console": context}
     segment = r"([0-9a-f]{12,64})"
@@ -68,6 +77,8 @@ def build_console(config: GatewayConfig, token: Secret, actions: OperatorActions
         url(rf"{PREFIX}/decisions", DecisionsPage, kw),
         url(rf"{PREFIX}/health", Health, kw),
         url(rf"{PREFIX}/sandboxes", Sandboxes, kw),
+        url(rf"{PREFIX}/suggest", Suggest, kw),
+        url(rf"{PREFIX}/explain\.json", ExplainRecord, kw),
         url(rf"{PREFIX}/decisions/stream", DecisionStream, kw),
         url(rf"{PREFIX}/static/(.+)", ConsoleStatic, {"path": str(STATIC)}),
     ]

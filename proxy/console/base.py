@@ -20,6 +20,7 @@ from sandgate.proxy.config import ConsoleConfig
 from sandgate.proxy.console.actions import OperatorActions
 from sandgate.proxy.console.feed import DecisionFeed
 from sandgate.proxy.console.sessions import LoginLimiter, Session, SessionBook, csrf_matches
+from sandgate.proxy.console.trail import Trail
 
 __all__ = [
     "COOKIE",
@@ -51,7 +52,8 @@ class ConsoleContext:
     limiter: LoginLimiter
     actions: OperatorActions
     feed: DecisionFeed
-    audit_path: Path
+    # The trail the pages read: the fleet's audit stream with `redis:`, else the audit file.
+    trail: Trail
 
 
 def security_headers(handler: RequestHandler) -> None:

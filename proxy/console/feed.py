@@ -1,5 +1,6 @@
 """The live decisions: one thread tails the audit trail (as `sandgate audit tail --follow`
-does) and hands each decision record to the open streams, each with its own filter.
+does: the fleet stream in a fleet, else the file, sandgate.proxy.console.trail) and hands each
+decision record to the open streams, each with its own filter.
 
 Nothing here is on a request's path: the tail reads the file the writer thread already wrote.
 Fan-out is bounded: at most `max_clients` streams, each with a queue of `QUEUE_MAX` records;
@@ -15,12 +16,11 @@ import json
 import threading
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
-from sandgate.proxy.audit.files import JsonlSource
 from sandgate.proxy.audit.query import AuditInputError, Query, Record
+from sandgate.proxy.console.trail import Trail
 
 __all__ = ["QUEUE_MAX", "DecisionFeed", "Subscriber", "sse_event"]
 
@@ -28,8 +28,6 @@ log = structlog.get_logger("sandgate.console")
 
 # Records waiting for one stream's reader at most; one more and the stream is dropped.
 QUEUE_MAX = 1000
-# How often the tail looks for new lines (the reader of `sandgate audit tail --follow` too).
-POLL_SECONDS = 0.2
 
 
 def sse_event(record: Record) -> str:
@@ -64,10 +62,10 @@ class Subscriber:
 
 
 class DecisionFeed:
-    """The tail of the audit trail at `path`, shared by every open stream."""
+    """The tail of the audit trail, shared by every open stream."""
 
-    def __init__(self, path: Path, max_clients: int) -> None:
-        self.path = path
+    def __init__(self, trail: Trail, max_clients: int) -> None:
+        self.trail = trail
         self.max_clients = max_clients
         self.dropped = 0
         self._subscribers: set[Subscriber] = set()
@@ -104,9 +102,11 @@ class DecisionFeed:
     async def backlog(self, query: Query, n: int) -> list[Record]:
         """The newest `n` records the query selects, read backwards in a thread."""
         try:
-            return await asyncio.to_thread(JsonlSource(self.path).latest, query, n)
-        except AuditInputError:
-            return []  # no trail yet
+            return await asyncio.to_thread(self.trail.open().latest, query, n)
+        except AuditInputError as e:
+            # No trail yet, or the fleet stream unreachable: the stream starts empty, and says so.
+            log.warning("console.backlog_unread", error=str(e))
+            return []
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         stop = threading.Event()
@@ -115,7 +115,7 @@ class DecisionFeed:
         thread.start()
 
     def _tail(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
-        source = JsonlSource(self.path, poll_seconds=POLL_SECONDS)
+        source = self.trail.open()
         try:
             with contextlib.closing(source.follow(Query(event="decision"), stop)) as records:
                 for record in records:

@@ -1,6 +1,7 @@
 """The overview page's figures, from the audit trail over a chosen window: decisions per
 second (allowed and denied, in time buckets), denials by reason and the top denied hosts of
-each tenant (the counters of `sandgate audit stats`)."""
+each tenant (the counters of `sandgate audit stats`). In a fleet the trail is the fleet's
+audit stream, so the figures are the whole fleet's."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-from sandgate.proxy.audit.files import JsonlSource
+from sandgate.proxy.audit.files import Source
 from sandgate.proxy.audit.query import AuditInputError, Query, Record, record_time
 from sandgate.proxy.audit.stats import DENIED, collect, stats_document
 
@@ -36,6 +36,8 @@ class Overview:
     records: int = 0
     denial_reasons: list[tuple[str, int]] = field(default_factory=list)
     tenants: list[dict[str, Any]] = field(default_factory=list)
+    # Why the trail could not be read (no file yet, the fleet stream unreachable): said, not hidden.
+    unread: str | None = None
 
     def per_second(self, counts: list[int]) -> list[float]:
         return [c / self.bucket_seconds for c in counts]
@@ -57,18 +59,18 @@ def _counted(records: Iterable[Record], overview: Overview) -> Iterator[Record]:
         yield record
 
 
-def read_overview(path: Path, window: str, now: datetime) -> Overview:
-    """The overview of the trail at `path` over the window named `window` ending `now` (blocking:
-    run it in a thread)."""
+def read_overview(source: Source, window: str, now: datetime) -> Overview:
+    """The overview of the trail `source` reads over the window named `window` ending `now`
+    (blocking: run it in a thread)."""
     seconds = WINDOWS[window]
     since = now - timedelta(seconds=seconds)
     overview = Overview(window=window, since=since, bucket_seconds=seconds / BUCKETS)
-    source = JsonlSource(path)
     try:
         with contextlib.closing(source.records(Query(since=since, until=now))) as records:
             stats = collect(_counted(records, overview))
-    except AuditInputError:
-        return overview  # no trail yet
+    except AuditInputError as e:
+        overview.unread = str(e)
+        return overview
     document = stats_document(stats, TOP)
     reasons: Counter[str] = Counter()
     for s in stats.values():

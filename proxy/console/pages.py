@@ -1,5 +1,6 @@
-"""The console's pages and forms: login, the approval inbox, grants, the overview and the live
-decisions page (its stream is sandgate.proxy.console.stream).
+"""The console's pages and forms: login, the approval inbox, grants, the overview, the live
+decisions page (its stream is sandgate.proxy.console.stream) and a record's explanation, the
+sandboxes page and its suggested rules, and health.
 
 Forms post back here and answer with a redirect (303) to the page, so a browser without
 script still works and a reload never repeats a decision. What a button does is the admin
@@ -15,13 +16,18 @@ import structlog
 from tornado.web import HTTPError
 
 from sandgate.proxy.approvals.store import SettleError
+from sandgate.proxy.audit.query import AuditInputError
 from sandgate.proxy.console.base import COOKIE, PREFIX, ConsoleHandler
 from sandgate.proxy.console.charts import column_chart, row_chart
+from sandgate.proxy.console.explain import FIELDS
 from sandgate.proxy.console.overview import WINDOWS, read_overview
+from sandgate.proxy.console.suggest import MIN_COUNT, WINDOW, read_suggestion
+from sandgate.proxy.redis.outage import REDIS_OUTAGE
 
 __all__ = [
     "Decide",
     "DecisionsPage",
+    "ExplainRecord",
     "Grants",
     "Health",
     "Home",
@@ -32,6 +38,7 @@ __all__ = [
     "RequestIds",
     "Revoke",
     "Sandboxes",
+    "Suggest",
 ]
 
 log = structlog.get_logger("sandgate.console")
@@ -189,7 +196,8 @@ class OverviewPage(ConsoleHandler):
         window = self.get_query_argument("window", "15m")
         if window not in WINDOWS:
             raise HTTPError(400, reason=f"window: one of {', '.join(WINDOWS)}")
-        figures = await asyncio.to_thread(read_overview, self.console.audit_path, window, datetime.now(UTC))
+        source = self.console.trail.open()
+        figures = await asyncio.to_thread(read_overview, source, window, datetime.now(UTC))
         waiting = [
             r
             for r in (await self.console.actions.requests()).get("requests", [])
@@ -221,13 +229,38 @@ class OverviewPage(ConsoleHandler):
             rate_svg=rate,
             reasons_svg=reasons,
             tenant_svgs=tenants,
+            fleet=self.console.trail.fleet,
         )
 
 
 class DecisionsPage(ConsoleHandler):
     def get(self) -> None:
         filters = {name: self.get_query_argument(name, "") for name in FILTERS}
-        self.page("decisions.html", filters=filters, max_clients=self.console.feed.max_clients)
+        self.page(
+            "decisions.html",
+            filters=filters,
+            max_clients=self.console.feed.max_clients,
+            fleet=self.console.trail.fleet,
+        )
+
+
+class ExplainRecord(ConsoleHandler):
+    """`policy explain` of the request a live decision's record describes, as JSON for the
+    decisions page (which shows it as text)."""
+
+    api = True
+
+    async def get(self) -> None:
+        fields = {name: self.get_query_argument(name, "")[:2048] for name in FIELDS}
+        self.set_header("Content-Type", "application/json")
+        try:
+            explained = await self.console.actions.explain(fields)
+        except ValueError as e:
+            # In the body, never the status line: the message can quote the record's host.
+            self.set_status(422)
+            self.finish({"error": str(e)[:300]})
+            return
+        self.finish(explained)
 
 
 class Health(ConsoleHandler):
@@ -237,12 +270,34 @@ class Health(ConsoleHandler):
         ready = await self.console.actions.readiness()
         status = await self.console.actions.status()
         feed = self.console.feed
+        trail = self.console.trail
+        members, members_error = None, None
+        if trail.members is not None:
+            try:
+                members = await asyncio.to_thread(trail.members)
+            except AuditInputError as e:
+                members_error = str(e)
         self.page(
             "health.html",
             ready=ready,
             status=status,
             streams={"open": feed.clients, "max": feed.max_clients, "dropped": feed.dropped},
+            trail=trail,
+            members=members,
+            members_error=members_error,
+            redis=_redis_state() if "redis" in ready["checks"] else None,
+            sinks=status.get("audit_sinks"),
         )
+
+
+def _redis_state() -> dict[str, Any]:
+    """Redis as this process last found it (sandgate.proxy.redis.outage)."""
+    since = REDIS_OUTAGE.since
+    return {
+        "down": REDIS_OUTAGE.down,
+        "since": datetime.fromtimestamp(since, UTC).isoformat(timespec="seconds") if since else None,
+        "outages": REDIS_OUTAGE.outages,
+    }
 
 
 class Sandboxes(ConsoleHandler):
@@ -250,3 +305,31 @@ class Sandboxes(ConsoleHandler):
 
     async def get(self) -> None:
         self.page("sandboxes.html", status=await self.console.actions.status())
+
+
+class Suggest(ConsoleHandler):
+    """`audit suggest` for one sandbox, with a button that copies it."""
+
+    async def get(self) -> None:
+        sandbox = self.get_query_argument("sandbox", "")
+        status = await self.console.actions.status()
+        known = {s["id"]: s for s in status["sandbox_list"]}
+        if sandbox not in known:
+            raise HTTPError(404, reason="no such sandbox")
+        tenant = known[sandbox].get("tenant")
+        source = self.console.trail.open()
+        text, error = None, None
+        try:
+            text = await asyncio.to_thread(read_suggestion, source, sandbox, tenant, datetime.now(UTC))
+        except AuditInputError as e:
+            error = str(e)
+        self.page(
+            "suggest.html",
+            sandbox=sandbox,
+            tenant=tenant,
+            text=text,
+            error=error,
+            hours=int(WINDOW.total_seconds() // 3600),
+            min_count=MIN_COUNT,
+            fleet=self.console.trail.fleet,
+        )

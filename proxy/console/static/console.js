@@ -48,10 +48,69 @@
     }
     const open = function () {
       document.getElementById("record").textContent = JSON.stringify(record, null, 2);
+      explain(record);
     };
     tr.addEventListener("click", open);
     tr.addEventListener("keydown", function (e) { if (e.key === "Enter") open(); });
     return tr;
+  }
+
+  // What `policy explain` says for the record's request, against the policy in force.
+  let explaining = 0;
+  async function explain(record) {
+    const out = document.getElementById("explain");
+    if (!out) return;
+    const mine = ++explaining;
+    out.textContent = "explaining…";
+    const dest = record.dest || {};
+    const fields = {
+      tenant: record.tenant, sandbox: record.sandbox, phase: record.phase, method: record.method,
+      host: dest.host || dest.ip, port: dest.port, path: record.path, sni: dest.sni,
+    };
+    const params = new URLSearchParams();
+    for (const [name, value] of Object.entries(fields)) {
+      if (value !== undefined && value !== null) params.set(name, String(value));
+    }
+    let text;
+    try {
+      const answer = await fetch(PREFIX + "/explain.json?" + params.toString(), { credentials: "same-origin" });
+      const body = await answer.json();
+      text = answer.ok ? explainText(body) : "cannot explain: " + String(body.error);
+    } catch (e) {
+      text = "cannot explain: the gateway did not answer";
+    }
+    if (mine === explaining) out.textContent = text;
+  }
+
+  function explainText(x) {
+    const lines = [x.decision + ": " + x.reason, "  request  " + x.request,
+      "  who      tenant " + x.tenant + ", sandbox " + x.sandbox,
+      "  policy   version " + x.policy_version + ", mode " + x.mode];
+    if (x.rule_id) lines.push("  rule     " + x.rule_id);
+    if (x.detail) lines.push("  detail   " + x.detail);
+    lines.push("steps");
+    for (const s of x.steps) {
+      const where = s.rule_id ? " [" + s.rule_id + (s.origin ? " at " + s.origin : "") + "]" : "";
+      lines.push("  " + s.step + " " + s.name.padEnd(13) + " " + s.outcome.padEnd(11) + " " + s.detail + where);
+    }
+    if (x.rego) lines.push("rego     " + (x.rego.verdict.allow ? "allow" : "deny") + ": " + x.rego.verdict.reason);
+    return lines.join("\n");
+  }
+
+  function copyButtons() {
+    // Copy a block's text (never markup) with the Clipboard API.
+    for (const button of document.querySelectorAll("button[data-copy]")) {
+      const state = document.getElementById("copy-state");
+      button.addEventListener("click", async function () {
+        const text = document.getElementById(button.dataset.copy).textContent;
+        try {
+          await navigator.clipboard.writeText(text);
+          if (state) state.textContent = "Copied.";
+        } catch (e) {
+          if (state) state.textContent = "The browser refused the clipboard: select the text and copy it.";
+        }
+      });
+    }
   }
 
   function watchDecisions() {
@@ -98,5 +157,6 @@
   document.addEventListener("DOMContentLoaded", function () {
     watchInbox();
     watchDecisions();
+    copyButtons();
   });
 })();

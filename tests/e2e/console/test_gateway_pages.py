@@ -40,6 +40,9 @@ def test_health_and_sandboxes_show_the_gateway(
     assert browser.find_element(By.ID, "policy-version").text == status["policy_version"]
     assert browser.find_element(By.ID, "audit-queue").text.startswith("0 records")
     assert browser.find_element(By.ID, "streams").text.startswith("0 of 20 open")
+    # One gateway without redis: its own file, no redis line, no fleet members.
+    assert browser.find_element(By.ID, "trail").text.startswith("this gateway's file")
+    assert browser.find_elements(By.CSS_SELECTOR, "#redis, #members") == []
     screenshot(browser, "health")
 
     # A tenant file that does not load: named, with its line, and its tenant not served.

@@ -14,6 +14,7 @@ from sandgate.brokers import Secret
 from sandgate.proxy.audit.query import Query
 from sandgate.proxy.console.feed import QUEUE_MAX, DecisionFeed
 from sandgate.proxy.console.sessions import LoginLimiter, SessionBook, csrf_matches
+from sandgate.proxy.console.trail import file_trail
 
 
 def append(path: Path, count: int, tenant: str = "t1", start: int = 0) -> None:
@@ -34,7 +35,7 @@ async def wait_for(condition: object, timeout: float = 10.0) -> None:
 async def test_a_stream_that_falls_behind_is_dropped_and_the_others_go_on(tmp_path: Path) -> None:
     trail = tmp_path / "audit.jsonl"
     trail.write_text("")
-    feed = DecisionFeed(trail, max_clients=3)
+    feed = DecisionFeed(file_trail(trail), max_clients=3)
     dropped: list[str] = []
     slow = feed.subscribe(Query(), lambda: dropped.append("slow"))
     other_tenant = feed.subscribe(Query(tenants=frozenset({"t2"})), lambda: dropped.append("t2"))
@@ -58,7 +59,7 @@ async def test_a_stream_that_falls_behind_is_dropped_and_the_others_go_on(tmp_pa
 
 
 async def test_streams_beyond_the_cap_are_refused(tmp_path: Path) -> None:
-    feed = DecisionFeed(tmp_path / "absent.jsonl", max_clients=1)
+    feed = DecisionFeed(file_trail(tmp_path / "absent.jsonl"), max_clients=1)
     first = feed.subscribe(Query(), lambda: None)
     assert first is not None
     assert feed.subscribe(Query(), lambda: None) is None
