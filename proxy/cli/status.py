@@ -135,16 +135,17 @@ def run_status_command(args: argparse.Namespace) -> int:
     try:
         result = check(config, ANSWER_SECONDS)
         while args.wait and not result.serving:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                result.reason = _timed_out(config, args.config, args.timeout, result.reason)
-                break
             if not waiting:
+                # Said once, even when the first look took the whole wait (a loaded host).
                 waiting = True
                 where = _state_folder_text(config, args.config)
                 print(
                     f"sandgate: waiting up to {args.timeout:g} s for the gateway on {where}", file=sys.stderr
                 )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                result.reason = _timed_out(config, args.config, args.timeout, result.reason)
+                break
             time.sleep(min(POLL_SECONDS, left))
             result = check(config, max(0.1, min(ANSWER_SECONDS, deadline - time.monotonic())))
     except KeyboardInterrupt:

@@ -155,10 +155,17 @@ async def test_a_placeholder_in_a_bound_tools_arguments_reaches_the_tool_as_the_
     back = await answer(gw, flow, echo, "application/json")
     assert_no_secret(back)
     assert json.loads(back)["result"]["content"][0]["text"].startswith(f"got {ph} / ")
-    (record,) = gw.records()
+    record, finding = gw.records()
     assert (record["decision"], record["reason"]) == ("allow", "allowed")
     assert (record["credentials"], record["injectors"]) == (["gh"], ["body"])
     assert record["broker"]["tools"] == [{"credential": "gh", "tool": "create_issue"}]
+    # The echo was scrubbed: a finding names the credential and how often (never the value).
+    assert (finding["event"], finding["kind"], finding["of"]) == (
+        "finding",
+        "secret_scrubbed",
+        record["decision_id"],
+    )
+    assert finding["counts"] == {"gh": 2}
     assert record["mcp"]["messages"][0]["tool"] == "create_issue"
     assert_no_secret(json.dumps(record))
 
@@ -227,8 +234,9 @@ async def test_a_body_credential_is_swapped_in_a_graphql_variable(gw: Pipeline) 
         gw, flow, json.dumps({"data": {"login": {"echo": GQL_SECRET}}}).encode(), "application/json"
     )
     assert GQL_SECRET.encode() not in back and ph.encode() in back
-    (record,) = gw.records()
+    record, finding = gw.records()
     assert (record["decision"], record["credentials"]) == ("allow", ["gql"])
+    assert (finding["kind"], finding["counts"]) == ("secret_scrubbed", {"gql": 1})
 
 
 def events(text: str) -> bytes:
