@@ -33,9 +33,11 @@ from sandgate.proxy.addons.drain import Drainer
 from sandgate.proxy.addons.h2_guard import H2Guard
 from sandgate.proxy.addons.pipeline import Shared, pipeline
 from sandgate.proxy.admin.fanout import confirm_reload
+from sandgate.proxy.admin.fleet_requests import fleet_inbox_for
 from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.admin.server import AdminServer
 from sandgate.proxy.admin.state import AdminState
+from sandgate.proxy.approvals.fleet_inbox import FleetInbox
 from sandgate.proxy.approvals.operator_decisions import sweep_file_grants
 from sandgate.proxy.assembly.approvals import build_approvals
 from sandgate.proxy.assembly.audit import build_audit
@@ -213,6 +215,7 @@ class Gateway:
         self.services = self._services()
         self.admin: AdminServer | None = None
         self._idle_peers: Peers | None = None  # the lead's, when it serves no admin API itself
+        self._fleet_inbox: FleetInbox | None = None  # the lead's, in a fleet
         self.ready = asyncio.Event()
         self.exit_code = 0
         # One line saying which listener could not be bound (serve() raises it as ListenerError).
@@ -333,6 +336,11 @@ class Gateway:
         )
 
     async def stop_admin(self) -> None:
+        inbox, self._fleet_inbox = self._fleet_inbox, None
+        if inbox is not None:
+            await inbox.stop()
+            with contextlib.suppress(Exception):
+                await inbox.client.aclose()
         admin, self.admin = self.admin, None
         if admin is not None:
             await admin.stop()
@@ -490,6 +498,10 @@ class Gateway:
             await self.admin.start()
         else:
             self._idle_peers = state.peers
+        if self.config.redis is not None and self.config.worker.lead and self.fleet is not None:
+            # The lead publishes the gateway's held requests to the fleet and takes decisions on them.
+            state.fleet_inbox = self._fleet_inbox = fleet_inbox_for(state, self.config.redis)
+            await self._fleet_inbox.start()
 
     def _handle_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,6 +7,7 @@ __all__ = [
     "access_requests",
     "client",
     "fanout",
+    "fleet_requests",
     "handlers",
     "metrics_merge",
     "peers",

@@ -15,6 +15,7 @@ import structlog
 from sandgate.proxy.admin.peers import READ_TIMEOUT, WRITE_TIMEOUT
 from sandgate.proxy.admin.state import AdminState
 from sandgate.proxy.approvals import SettleError
+from sandgate.proxy.approvals.fleet_inbox import FleetUnreachable
 from sandgate.proxy.approvals.operator_decisions import OperatorDesk, Reload
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "INTERNAL_PATH",
     "AdminWorkers",
     "desk",
+    "gateway_requests",
     "list_requests",
     "refresh_peers",
     "settle_request",
@@ -43,7 +45,32 @@ def _local(state: AdminState) -> list[dict[str, Any]]:
 
 
 async def list_requests(state: AdminState) -> dict[str, Any]:
-    """The open access requests of every worker (oldest first), and the workers that did not answer."""
+    """The open access requests of every worker (oldest first), and the workers that did not
+    answer; in a fleet also the other gateways' (each with its `gateway`), and `fleet`: whether
+    they could be read."""
+    out = await gateway_requests(state)
+    inbox = state.fleet_inbox
+    if inbox is None:
+        return out
+    for r in out["requests"]:
+        r.setdefault("gateway", state.gateway_id)
+    try:
+        others = await inbox.others()
+    except FleetUnreachable:
+        error = "the fleet's redis is unreachable: only this gateway's held requests are listed"
+        out.setdefault("unanswered", []).append({"fleet": True, "error": error})
+        out["fleet"] = {"reachable": False, "error": error}
+        return out
+    # One held here is listed once, from here (a stale copy in redis is not).
+    here = {str(r.get("id")) for r in out["requests"]}
+    out["requests"].extend(r for r in others if str(r.get("id")) not in here)
+    out["requests"].sort(key=lambda r: str(r.get("id")))
+    out["fleet"] = {"reachable": True}
+    return out
+
+
+async def gateway_requests(state: AdminState) -> dict[str, Any]:
+    """The open access requests of this gateway's workers (what it publishes to its fleet)."""
     requests = _local(state)
     unanswered: list[dict[str, Any]] = []
     if state.peers is not None:
@@ -60,8 +87,9 @@ async def list_requests(state: AdminState) -> dict[str, Any]:
     return out
 
 
-async def show_request(state: AdminState, request_id: str) -> dict[str, Any] | None:
-    """One access request, from whichever worker holds (or held) it; None when none does."""
+async def show_request(state: AdminState, request_id: str, *, fleet: bool = True) -> dict[str, Any] | None:
+    """One access request, from whichever worker holds (or held) it (`fleet`: or another
+    gateway of the fleet); None when none does."""
     if state.approvals is not None:
         found = state.approvals.get(request_id)
         if found is not None:
@@ -70,6 +98,12 @@ async def show_request(state: AdminState, request_id: str) -> dict[str, Any] | N
         for a in await state.peers.call("GET", f"{INTERNAL_PATH}/{request_id}", within=READ_TIMEOUT):
             if a.ok:
                 return a.body
+    if fleet and state.fleet_inbox is not None:
+        # Another gateway's, as the fleet's listing shows it (None when redis is unreachable).
+        try:
+            return next((r for r in await state.fleet_inbox.others() if r.get("id") == request_id), None)
+        except FleetUnreachable:
+            return None
     return None
 
 
@@ -124,7 +158,8 @@ class AdminWorkers:
     state: AdminState
 
     async def find(self, request_id: str) -> dict[str, Any] | None:
-        return await show_request(self.state, request_id)
+        # This gateway's only: another gateway's request is decided there, whole.
+        return await show_request(self.state, request_id, fleet=False)
 
     async def settle(
         self, request_id: str, *, approve: bool, by: str | None, reason: str | None

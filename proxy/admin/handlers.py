@@ -63,10 +63,12 @@ from sandgate.proxy.stores.registry_change import sandbox_changes, sandbox_updat
 __all__ = [
     "AdminActions",
     "ApiError",
+    "decide_here",
     "decide_request",
     "gateway_status",
     "make_app",
     "readiness",
+    "valid_request_id",
     "withdraw_grant",
 ]
 
@@ -621,6 +623,11 @@ class AccessDecision(BaseModel):
 _REQUEST_ID = re.compile(r"^[0-9a-f]{12,64}$")
 
 
+def valid_request_id(value: str) -> bool:
+    """Whether `value` has the form of an access request's (or grant's) id."""
+    return _REQUEST_ID.fullmatch(value) is not None
+
+
 def _request_id(value: str) -> str:
     if not _REQUEST_ID.fullmatch(value):
         raise ApiError(404, f"no access request {value[:64]!r}", "id")
@@ -645,7 +652,20 @@ async def decide_request(
     state: AdminState, request_id: str, verb: str, ask: AccessDecision
 ) -> dict[str, Any]:
     """Approve or deny a held request as an operator asks (the API's route and the console's
-    buttons both come here); SettleError when it cannot be taken."""
+    buttons both come here); SettleError when it cannot be taken. In a fleet, a request no
+    worker here holds is handed to the gateway that holds it (proxy/approvals/fleet_inbox.py)."""
+    try:
+        return await decide_here(state, request_id, verb, ask)
+    except SettleError as e:
+        if e.status != 404 or state.fleet_inbox is None:
+            raise
+    fields = ask.model_dump(mode="json", exclude_defaults=True)
+    return await state.fleet_inbox.decide_remote(request_id, verb, fields)
+
+
+async def decide_here(state: AdminState, request_id: str, verb: str, ask: AccessDecision) -> dict[str, Any]:
+    """Approve or deny a request this gateway's workers hold (a fleet's holder applies a
+    decision handed over from another gateway here too); SettleError when it cannot be taken."""
     approving = verb == "approve"
     if approving and state.role.lead:
         return await approve(

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from sandgate.proxy.admin.peers import Peers
 from sandgate.proxy.approvals import Approvals
+from sandgate.proxy.approvals.fleet_inbox import FleetInbox
 from sandgate.proxy.approvals.grants import GrantBook
 from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.metrics import SinkFigures
@@ -56,3 +57,5 @@ class AdminState:
     approvals: Approvals | None = None
     # The gateway's grants beyond the grants files (sandbox scope; tenant scope in a fleet).
     grants: GrantBook | None = None
+    # Fleet mode, on the lead: the other gateways' held requests, and decisions handed to them.
+    fleet_inbox: FleetInbox | None = None

@@ -204,8 +204,14 @@ def _uses(g: dict[str, Any]) -> str:
 
 
 def _table(rows: list[dict[str, Any]], unanswered: list[dict[str, Any]]) -> str:
-    header = ("id", "state", "created", "tenant/sandbox", "request")
-    table = [(r["id"], r["state"], r["created"], f"{r['tenant']}/{r['sandbox']}", _what(r)) for r in rows]
+    header: tuple[str, ...] = ("id", "state", "created", "tenant/sandbox", "request")
+    table: list[tuple[str, ...]] = [
+        (r["id"], r["state"], r["created"], f"{r['tenant']}/{r['sandbox']}", _what(r)) for r in rows
+    ]
+    if any(r.get("gateway") for r in rows):
+        # A fleet: which gateway holds each (a decision from here is handed to it).
+        header += ("gateway",)
+        table = [(*row, str(r.get("gateway") or "-")) for row, r in zip(table, rows, strict=True)]
     lines = _aligned(header, table) if rows else ["no requests are held"]
     lines.extend(
         f"note: {w.get('error') or 'worker ' + str(w.get('index')) + ' did not answer'}" for w in unanswered
