@@ -14,7 +14,7 @@ from pathlib import Path
 
 from run import Service
 
-BULK_SIZES = (100_000_000,)
+BULK_SIZES = (100_000_000, 10 * 1024 * 1024)  # bench/run.py; bench/intbulk.py
 
 
 def available() -> bool:

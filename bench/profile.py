@@ -1,7 +1,7 @@
 """Profile one sandgate gateway process under load with py-spy; top frames by self time.
 
 Run: `.venv/bin/python bench/profile.py [--duration 15] [--modes plain,int,pass-new,int-new]
-[--rate 200] [--repeat 1] [--no-spy] [--keep DIR]` (py-spy: `.venv/bin/pip install py-spy`;
+[--rate 200] [--repeat 1] [--no-spy] [--keep DIR] [--svg DIR]` (py-spy: `.venv/bin/pip install py-spy`;
 needs ptrace, so root or CAP_SYS_PTRACE).
 
 It starts the benchmark upstream (bench/upstream.py) and one sandgate gateway with one worker
@@ -16,6 +16,8 @@ spent inside sandgate code at all (inclusive).
 Modes: `plain` plain HTTP via the proxy, keep-alive; `int` intercepted HTTPS keep-alive (CONNECT,
 then TLS to the gateway's leaf certificate); `pass-new` a new CONNECT tunnel per request, TLS
 passed through to the upstream; `int-new` a new CONNECT + intercepted TLS handshake per request.
+With `--svg DIR` each mode's samples are also drawn as a flame graph, `DIR/MODE.svg`
+(bench/flamegraph.py, no extra dependency; bench/flamegraphs/ holds the committed ones).
 With `--no-spy` only the rates are measured (py-spy's sampling costs the gateway a little).
 """
 
@@ -25,7 +27,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -41,7 +42,10 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(BENCH))
 
+import flamegraph  # noqa: E402
 import tenantgen  # noqa: E402
+from flamegraph import FRAME as _FRAME  # noqa: E402
+from flamegraph import category, short  # noqa: E402
 from run import (  # noqa: E402
     BIN,
     CLIENT_CORE,
@@ -57,7 +61,6 @@ from support.ports import free_port  # noqa: E402
 
 MODES = ("plain", "int", "pass-new", "int-new")
 TOP = 15
-_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*):(?P<line>\d+)\)$")
 
 
 @dataclass
@@ -71,8 +74,6 @@ class Profile:
     inclusive: Counter[str] = field(default_factory=Counter)  # sandgate frames, inclusive
 
 
-_SANDGATE_ROOTS = {"sandgate", "proxy", "policy", "brokers"}
-_MITM_ROOTS = {"mitmproxy", "mitmproxy_rs"}
 # Frames of sandgate that only wrap mitmproxy's own work (the command, the event loop's
 # back-pressure hook, the guarded HTTP layer): left out of "inside sandgate code".
 _WRAPPERS = (
@@ -84,36 +85,6 @@ _WRAPPERS = (
     "_GuardedStream._guarded",
     "(sandgate:",
 )
-
-
-def category(path: str) -> str:
-    """mitmproxy, sandgate, stdlib or other (third-party) for a frame's file name.
-
-    py-spy prints file names relative to the sys.path entry they were found under.
-    """
-    root = path.split("/", 1)[0].removesuffix(".py")
-    if root in _MITM_ROOTS or "/mitmproxy/" in path:
-        return "mitmproxy"
-    if root in _SANDGATE_ROOTS or path.startswith(str(REPO)):
-        return "sandgate"
-    if root.startswith("<") or root in sys.stdlib_module_names or "/lib/python3" in path:
-        return "stdlib"
-    return "other"
-
-
-def short(frame: str) -> str:
-    """`func (file:line)` with the file name cut to the package-relative part."""
-    m = _FRAME.match(frame)
-    if not m:
-        return frame
-    path = m["file"]
-    for marker in ("site-packages/", "/lib/python3", str(REPO) + "/"):
-        if marker in path:
-            path = path.split(marker, 1)[1]
-            if marker == "/lib/python3":
-                path = path.split("/", 1)[1] if "/" in path else path
-            break
-    return f"{m['func']} ({path}:{m['line']})"
 
 
 def parse_raw(text: str) -> Profile:
@@ -234,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         help="sample every running thread, not only the one holding the GIL (py-spy --gil)",
     )
     ap.add_argument("--keep", type=Path, help="write py-spy raw output and the report here")
+    ap.add_argument(
+        "--svg", type=Path, help="write a flame graph per mode here (MODE.svg, bench/flamegraph.py)"
+    )
     args = ap.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: the gateway and the upstream are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -245,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_spy and not Path(spy).exists():
         print("py-spy missing: .venv/bin/pip install py-spy (or use --no-spy)", file=sys.stderr)
         return 2
-    if args.keep:
-        args.keep.mkdir(parents=True, exist_ok=True)
+    for folder in (args.keep, args.svg):
+        if folder:
+            folder.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sgbench-profile-")))
@@ -318,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                 head += f"; under py-spy {float(r['rps']):,.0f}/s"  # type: ignore[arg-type]
                 if args.keep:
                     (args.keep / f"{mode}.raw").write_text(text)
+                if args.svg:
+                    title = f"sandgate, 1 worker, {mode} c{args.concurrency}, {float(r['rps']):,.0f}/s under py-spy"  # type: ignore[arg-type]
+                    (args.svg / f"{mode}.svg").write_text(flamegraph.render(text, title))
                 lines += [head, "", report(mode, parse_raw(text))]
             else:
                 lines += [head, ""]

@@ -53,7 +53,12 @@ from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.http import _http1, _http2
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
-from mitmproxy.proxy.layers.http._events import ResponseEndOfMessage, ResponseHeaders
+from mitmproxy.proxy.layers.http._events import (
+    RequestData,
+    ResponseData,
+    ResponseEndOfMessage,
+    ResponseHeaders,
+)
 
 from sandgate.policy.decision import Decision, Phase
 from sandgate.policy.reasons import Reason
@@ -189,6 +194,10 @@ def install() -> None:
     _ORIGINAL = original
 
     def _handle_event(self: _http1.Http1Connection, event: events.Event) -> Commands:
+        if _body_bytes(self, event):
+            # A body or a tunnel, chunk by chunk: no head to cap, nothing to watch.
+            yield from original(self, event)
+            return
         limits = _limits(self.context.options)
         if limits is None:
             yield from original(self, event)
@@ -205,19 +214,20 @@ def _install_h2() -> None:
     on_h2_event = _http2.Http2Connection.handle_h2_event
 
     def _handle_event(self: _http2.Http2Connection, event: events.Event) -> Commands:
-        limits = _limits(self.context.options)
-        if limits is not None and isinstance(event, events.Start):
+        # The caps are read on Start only: this runs for every frame of a body.
+        limits = _limits(self.context.options) if isinstance(event, events.Start) else None
+        if limits is not None:
             _cap_header_list(self.h2_conn, limits.max_bytes)
         yield from on_event(self, event)
 
     def handle_h2_event(self: _http2.Http2Connection, event: h2.events.Event) -> Generator[Any, Any, bool]:
-        limits = _limits(self.context.options)
-        if (
-            limits is not None
+        oversized = (
+            isinstance(event, h2.exceptions.ProtocolError)
             and isinstance(self, _http2.Http2Server)
-            and isinstance(event, h2.exceptions.ProtocolError)
             and _oversized_block(event)
-        ):
+        )
+        limits = _limits(self.context.options) if oversized else None
+        if limits is not None:
             refusal = HeadRefusal(
                 self.context.client,
                 Reason.HEADER_TOO_LARGE,
@@ -231,6 +241,25 @@ def _install_h2() -> None:
 
     _http2.Http2Connection._handle_event = _handle_event  # type: ignore[method-assign]
     _http2.Http2Connection.handle_h2_event = handle_h2_event  # type: ignore[method-assign]
+
+
+_BYTES = frozenset({events.DataReceived, RequestData, ResponseData})
+
+
+def _body_bytes(layer: _http1.Http1Connection, event: events.Event) -> bool:
+    """Bytes of a body or a tunnel (a CONNECT's, once piped) for which `_guarded` would do
+    nothing: no head is read in these states, and a refused layer never reaches them (a
+    refusal ends in `done`, and only a head read through `_guarded` leads to `read_body`,
+    `wait` or `passthrough`, after which its `_track_head` has cleared the watch)."""
+    kind = type(event)
+    if kind not in _BYTES:
+        return False
+    state = layer.state
+    if state == layer.passthrough:
+        return True
+    if kind is events.DataReceived:
+        return state == layer.read_body and isinstance(layer, _http1.Http1Client)
+    return kind is ResponseData and state == layer.wait and isinstance(layer, _http1.Http1Server)
 
 
 def _cap_header_list(conn: h2.connection.H2Connection, max_bytes: int) -> None:
