@@ -233,23 +233,27 @@ class Limiter:
                 exceeded = LimitExceeded(Reason.RATE_LIMITED, name, counter.retry_after(now, limit, 1))
         return exceeded
 
+    def used(self, tenant: str, sandbox: str, limits: Limits | None) -> list[tuple[str, float, int]]:
+        """How much of each request and byte limit that applies to the sandbox (its own, then
+        its tenant's) is used now: (limit name, sliding-window estimate, limit). Read only: a
+        counter not made yet counts 0."""
+        if limits is None:
+            return []
+        now = self.clock()
+        out = []
+        for kind in Kind:
+            for name, key, limit in _limit_keys(tenant, sandbox, limits, kind):
+                counter = self.counters.get(key)
+                out.append((name, counter.estimate(now, self.outage_peers) if counter else 0.0, limit))
+        return out
+
     def _checks(
         self, tenant: str, sandbox: str, limits: Limits, kind: Kind
     ) -> list[tuple[str, WindowCounter, int]]:
-        if kind is Kind.REQUESTS:
-            per_sandbox, per_tenant = limits.requests_per_minute, limits.tenant_requests_per_minute
-            names = ("requests_per_minute", "tenant_requests_per_minute")
-        else:
-            per_sandbox, per_tenant = limits.egress_bytes_per_hour, limits.tenant_egress_bytes_per_hour
-            names = ("egress_bytes_per_hour", "tenant_egress_bytes_per_hour")
-        out = []
-        if per_sandbox is not None:
-            out.append(
-                (names[0], self._counter(CounterKey("sandbox", f"{tenant}/{sandbox}", kind)), per_sandbox)
-            )
-        if per_tenant is not None:
-            out.append((names[1], self._counter(CounterKey("tenant", tenant, kind)), per_tenant))
-        return out
+        return [
+            (name, self._counter(key), limit)
+            for name, key, limit in _limit_keys(tenant, sandbox, limits, kind)
+        ]
 
     def _counter(self, key: CounterKey) -> WindowCounter:
         counter = self.counters.get(key)
@@ -281,3 +285,19 @@ class Limiter:
         if counter is not None:
             counter.roll(self.clock())
             counter.merge(item.index, item.delta, fleet_total)
+
+
+def _limit_keys(tenant: str, sandbox: str, limits: Limits, kind: Kind) -> list[tuple[str, CounterKey, int]]:
+    """The limits of `kind` that apply to one sandbox: (name, its counter's key, the limit)."""
+    if kind is Kind.REQUESTS:
+        per_sandbox, per_tenant = limits.requests_per_minute, limits.tenant_requests_per_minute
+        names = ("requests_per_minute", "tenant_requests_per_minute")
+    else:
+        per_sandbox, per_tenant = limits.egress_bytes_per_hour, limits.tenant_egress_bytes_per_hour
+        names = ("egress_bytes_per_hour", "tenant_egress_bytes_per_hour")
+    out = []
+    if per_sandbox is not None:
+        out.append((names[0], CounterKey("sandbox", f"{tenant}/{sandbox}", kind), per_sandbox))
+    if per_tenant is not None:
+        out.append((names[1], CounterKey("tenant", tenant, kind), per_tenant))
+    return out

@@ -55,7 +55,7 @@ from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.net.sandbox_listeners import SandboxListenersError
 from sandgate.proxy.redis.outage import REDIS_OUTAGE
 from sandgate.proxy.refresh.reloader import problem_view
-from sandgate.proxy.sandboxes.sandbox_listing import sandbox_rows
+from sandgate.proxy.sandboxes.sandbox_listing import limits_used, sandbox_rows
 from sandgate.proxy.stores.protocols import CredentialInfo, StoreError
 from sandgate.proxy.stores.registry import DynamicSandbox
 from sandgate.proxy.stores.registry_change import sandbox_changes, sandbox_update_record
@@ -253,6 +253,8 @@ def _status(state: AdminState) -> dict[str, Any]:
         "audit_queue_depth": state.ctx.audit.depth,
         "active_connections": len(state.ctx.connections),
         "fleet_publish": state.publish_reload is not None,
+        # Each rate and byte limit in force, and how much of it is used now.
+        "limits_used": limits_used(policy, state.ctx.limiter),
         # Each SIEM sink: queued, delivered, retried, dropped (the lead of workers reports them).
         "audit_sinks": [f._asdict() for f in state.audit_sinks()],
     }

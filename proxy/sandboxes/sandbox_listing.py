@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from sandgate.policy.errors import PolicySetError
+from sandgate.policy.limiter import Limiter
 from sandgate.policy.model.loader import load_policy_dir
 from sandgate.policy.model.policyset import PolicySet
 from sandgate.proxy.config import GatewayConfig
 from sandgate.proxy.stores.registry import DynamicSandbox, load_registry, merge_registry_lenient
 
-__all__ = ["load_error_text", "rows_from_files", "sandbox_rows", "sandboxes_text"]
+__all__ = ["limits_used", "load_error_text", "rows_from_files", "sandbox_rows", "sandboxes_text"]
 
 # A sha256: reference is shown this long in text (it is a digest, but a line is not a dump).
 DIGEST_SHOWN = 12
@@ -36,6 +37,31 @@ def sandbox_rows(policy: PolicySet) -> list[dict[str, Any]]:
         }
         for r in sorted(policy.sandboxes.values(), key=lambda r: (r.tenant, r.sandbox))
     ]
+
+
+def limits_used(policy: PolicySet, limiter: Limiter) -> list[dict[str, Any]]:
+    """Each rate and byte limit in force and how much of it is used now (this gateway's view:
+    its counts plus what the fleet or its workers last told it), a sandbox's own and, once per
+    tenant, the tenant's (`sandbox` None)."""
+    rows: list[dict[str, Any]] = []
+    tenants_done: set[str] = set()
+    for r in sorted(policy.sandboxes.values(), key=lambda r: (r.tenant, r.sandbox)):
+        tenant = policy.tenant(r.tenant)
+        for name, used, limit in limiter.used(r.tenant, r.sandbox, tenant.limits if tenant else None):
+            whole_tenant = name.startswith("tenant_")
+            if whole_tenant and r.tenant in tenants_done:
+                continue
+            rows.append(
+                {
+                    "tenant": r.tenant,
+                    "sandbox": None if whole_tenant else r.sandbox,
+                    "limit": name,
+                    "used": round(used),
+                    "of": limit,
+                }
+            )
+        tenants_done.add(r.tenant)
+    return rows
 
 
 def rows_from_files(

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from conftest import OTHER_TOKEN_REF, GatewayFactory, tenant_yaml
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from support import free_port
+from support import RecordingUpstream, free_port
 from support.browser import screenshot
 
 from .conftest import ADMIN_TOKEN, ConsoleGateway, console_config, log_in, write_token
@@ -62,3 +63,31 @@ def test_health_and_sandboxes_show_the_gateway(
     assert [r.split()[:2] for r in rows] == [["sb1", "t1"], ["sb2", "t2"]]
     assert "sha256:" not in browser.find_element(By.TAG_NAME, "main").text, "no token reference shown"
     screenshot(browser, "sandboxes")
+
+
+def test_the_sandboxes_page_shows_each_limit_and_how_much_is_used(
+    browser: webdriver.Chrome, start_gateway: GatewayFactory, http_upstream: RecordingUpstream, tmp_path: Path
+) -> None:
+    admin_port = free_port()
+    doc = yaml.safe_load(tenant_yaml("t1", [{"hosts": ["api.test"], "ports": [http_upstream.port]}]))
+    doc["limits"] = {"requests_per_minute": 10, "tenant_requests_per_minute": 40}
+    gw = start_gateway(
+        {
+            "t1.yaml": yaml.safe_dump(doc),
+            "t2.yaml": tenant_yaml("t2", [], sandbox="sb2", token_ref=OTHER_TOKEN_REF),
+        },
+        config=console_config(write_token(tmp_path / "token"), admin_port),
+    )
+    with httpx.Client(proxy=gw.proxy(), timeout=10) as c:
+        for i in range(3):
+            assert c.get(f"{http_upstream.url_for('api.test')}/r{i}").status_code == 200
+    console = ConsoleGateway(gw, admin_port)
+    log_in(browser, console)
+    browser.get(f"{console.console}/sandboxes")
+    rows = [r.text.split() for r in browser.find_elements(By.CSS_SELECTOR, "#limits tbody tr")]
+    # The sandbox's own limit, then its tenant's (all its sandboxes); t2 sets none.
+    assert rows == [
+        ["t1", "sb1", "requests_per_minute", "3", "10"],
+        ["t1", "all", "(the", "tenant)", "tenant_requests_per_minute", "3", "40"],
+    ]
+    screenshot(browser, "sandboxes-limits")
