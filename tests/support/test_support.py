@@ -134,6 +134,10 @@ def test_upstream_serves_a_fixed_response_and_resets() -> None:
         up.reset()
         assert up.requests == []
         assert up.connections == []
+        up.body, up.status = b"changed by a test", 200
+        up.reset()
+        r = client.get(up.url)
+        assert (r.status_code, r.text) == (503, "down"), "reset answers as first configured"
 
 
 def test_upstream_honours_connection_close(upstream: RecordingUpstream) -> None:

@@ -102,6 +102,8 @@ class RecordingUpstream:
         self.content_type = content_type
         self.extra_headers = tuple(headers)
         self.delay = delay
+        # What `reset` restores: a test that changes the answer cannot leak it to the next.
+        self._answer = (status, body, content_type, self.extra_headers, delay)
         self._requested_port = port
         self._ssl = self._ssl_context(tls) if tls is not None else None
         self._sni: weakref.WeakKeyDictionary[ssl.SSLObject, str | None] = weakref.WeakKeyDictionary()
@@ -193,10 +195,12 @@ class RecordingUpstream:
             return list(self._connections.values())
 
     def reset(self) -> None:
-        """Forget recorded requests and connections (open connections keep being served)."""
+        """Forget recorded requests and connections (open connections keep being served), and
+        answer as first configured again."""
         with self._cond:
             self._requests.clear()
             self._connections.clear()
+        self.status, self.body, self.content_type, self.extra_headers, self.delay = self._answer
 
     def wait_for_requests(self, count: int, timeout: float = 5.0) -> list[RecordedRequest]:
         """Block until at least `count` requests were recorded; TimeoutError otherwise."""
