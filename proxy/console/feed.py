@@ -70,6 +70,12 @@ class DecisionFeed:
         self.dropped = 0
         self._subscribers: set[Subscriber] = set()
         self._stop: threading.Event | None = None
+        # Records the tail read and the loop has not taken yet: handed over in batches, one
+        # wake-up of the event loop per batch, not one per record (a loop woken for every
+        # record doubled the gateway's p99 with 20 streams open).
+        self._pending: list[tuple[Record, str]] = []
+        self._pending_lock = threading.Lock()
+        self._scheduled = False
 
     @property
     def clients(self) -> int:
@@ -120,15 +126,29 @@ class DecisionFeed:
             with contextlib.closing(source.follow(Query(event="decision"), stop)) as records:
                 for record in records:
                     # Encoded here, off the event loop the gateway decides on.
-                    loop.call_soon_threadsafe(self._deliver, record, sse_event(record))
+                    self._hand_over(loop, record, sse_event(record))
         except Exception as e:
             log.error("console.feed_failed", error=type(e).__name__)
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._fail)
 
-    def _deliver(self, record: Record, event: str) -> None:
-        for subscriber in list(self._subscribers):
-            subscriber.offer(record, event)
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, record: Record, event: str) -> None:
+        """Queue one record for the loop; wake the loop only when no batch is waiting for it."""
+        with self._pending_lock:
+            self._pending.append((record, event))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+            self._scheduled = False
+        subscribers = list(self._subscribers)
+        for record, event in batch:
+            for subscriber in subscribers:
+                subscriber.offer(record, event)
 
     def _fail(self) -> None:
         """The tail stopped: every stream ends (a browser reconnects and starts a new tail)."""

@@ -24,6 +24,8 @@ __all__ = ["BACKLOG", "DecisionStream", "query_from"]
 BACKLOG = 50
 # A comment line this often keeps proxies and the browser from timing the stream out.
 KEEPALIVE_SECONDS = 15.0
+# Seconds between two writes to one stream (its records queue meanwhile, up to QUEUE_MAX).
+FLUSH_SECONDS = 0.1
 _VALUE = re.compile(r"^[A-Za-z0-9_.:*/-]{1,253}$")
 
 
@@ -87,6 +89,9 @@ class DecisionStream(ConsoleHandler):
             while subscriber.queue:
                 self.write(subscriber.queue.popleft())
             await self.flush()
+            # At most one write a tick per stream: under load, records go out in batches
+            # (a person reads no faster), not one event-loop turn per record per stream.
+            await asyncio.sleep(FLUSH_SECONDS)
 
     def _drop(self) -> None:
         """The reader fell behind: close its connection now (a flush it waits on fails)."""
