@@ -39,7 +39,7 @@ def test_suggested_rules_are_audit_suggests_and_the_button_copies_them(
     log_in(browser, console_gateway)
     browser.get(f"{console_gateway.console}/sandboxes")
     browser.find_element(By.CSS_SELECTOR, "#sandbox-sb1 a.suggest").click()
-    shown = browser.find_element(By.ID, "suggestion").text
+    shown = WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "suggestion")).text
     assert "unlisted.test" in shown and "allow:" in shown, shown
     command = cli("audit", "suggest", "--sandbox", "sb1", "--file", str(gw.audit_path))
     assert command.returncode == 0, command.stderr

@@ -9,6 +9,8 @@ import pytest
 from conftest import GatewayFactory, tenant_yaml
 from selenium import webdriver
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 from support import free_port
 from support.browser import screenshot
 
@@ -26,7 +28,11 @@ def test_login_exchanges_the_token_for_a_session(
     assert browser.current_url.endswith("/console/login"), "no session: to the login page"
     browser.find_element(By.ID, "token").send_keys("not-the-token-at-all-0123")
     browser.find_element(By.ID, "login").click()
-    assert "wrong token" in browser.find_element(By.CSS_SELECTOR, ".error").text
+    # The form's answer is a new page: wait for it (a click may return before it loads).
+    refused = WebDriverWait(browser, 10).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".error"))
+    )
+    assert "wrong token" in refused.text
     screenshot(browser, "login")
     log_in(browser, console_gateway)
     cookie = browser.get_cookie("sandgate_console")
