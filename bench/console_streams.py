@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from audit_sinks import cpu_seconds, upstream  # noqa: E402
+from audit_sinks import load, upstream  # noqa: E402
 from support.ports import free_port, wait_for_port  # noqa: E402
 
 SANDGATE = str(Path(sys.executable).with_name("sandgate"))
@@ -126,25 +126,6 @@ class Streams:
         for thread in self._threads:
             thread.join(5)
         self._clients, self._threads = [], []
-
-
-def load(pid: int, port: int, up_port: int, seconds: float) -> dict[str, Any]:
-    """One round of the load client through the proxy; with the gateway's CPU µs per request."""
-    before = cpu_seconds(pid)
-    out = subprocess.run(
-        [
-            *(sys.executable, str(REPO / "bench" / "loadclient.py"), "--address", f"127.0.0.1:{port}"),
-            *("--url", f"http://api.test:{up_port}/x", "--proxy", "--auth", f"sb1:{TOKEN}"),
-            *("--concurrency", "10", "--duration", str(seconds), "--warmup", "1"),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(out.stdout)
-    total = sum(int(n) for n in result["statuses"].values()) or 1
-    result["cpu_us_per_request"] = (cpu_seconds(pid) - before) / total * 1e6
-    return result
 
 
 def report(rows: dict[str, list[dict[str, Any]]], events: int) -> str:
