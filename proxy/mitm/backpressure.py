@@ -9,6 +9,10 @@ its client connection and, after each chunk read from a connection, waits (reads
 from it) while that connection's layers hold more than `max_queued` bytes of it; TCP flow
 control then slows the sender down. Nothing waits on more data from a connection whose
 layer is paused, so holding back its reads cannot stall the hook the layer waits for.
+
+The layers are not scanned after every chunk: what a client's layers hold can only grow by what
+is read from its connections, so each handler keeps an upper bound (the last scan's total plus
+every byte read since) and scans only once that bound passes the cap.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from mitmproxy.proxy import events, layer, server
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.http._events import RequestData, ResponseData
 
-__all__ = ["install", "queued_bytes"]
+__all__ = ["held_bytes", "install", "queued_bytes"]
 
 _POLL = 0.005
 # client → references to its layers; a collected layer's reference removes itself
@@ -31,6 +35,8 @@ _LAYERS: weakref.WeakKeyDictionary[connection.Client, set[weakref.ref[layer.Laye
     weakref.WeakKeyDictionary()
 )
 _installed = False
+# ConnectionHandler attribute: the bound on the bytes its client's layers hold (see the module doc)
+_BOUND = "_sandgate_held_bound"
 
 
 def queued_bytes(client: connection.Client, conn: connection.Connection) -> int:
@@ -56,6 +62,22 @@ def queued_bytes(client: connection.Client, conn: connection.Connection) -> int:
     return total
 
 
+def held_bytes(client: connection.Client) -> int:
+    """Bytes read from any of the client's connections that its layers hold now (every queued
+    chunk and parsed body): what the bound kept per handler restarts from after a scan."""
+    layers = _LAYERS.get(client)
+    if layers is None:
+        return 0
+    total = 0
+    for ref in layers.copy():
+        lay = ref()
+        if lay is not None and lay._paused_event_queue:
+            for e in lay._paused_event_queue:
+                if isinstance(e, events.DataReceived | RequestData | ResponseData):
+                    total += len(e.data)
+    return total
+
+
 def install(max_queued: int) -> None:
     """Wrap `Layer.__init__` and `ConnectionHandler.server_event` once per process (the first
     caller's `max_queued` holds for every gateway in the process)."""
@@ -75,11 +97,18 @@ def install(max_queued: int) -> None:
 
     async def _server_event(self: server.ConnectionHandler, event: events.Event) -> None:
         await server_event(self, event)
-        if isinstance(event, events.DataReceived):
-            conn = event.connection
-            # Polled, and only while over the cap: the layers signal nothing when they resume.
-            while queued_bytes(self.client, conn) > max_queued and conn.connected:  # noqa: ASYNC110
-                await asyncio.sleep(_POLL)
+        if not isinstance(event, events.DataReceived):
+            return
+        # An upper bound of what this client's layers hold: nothing to scan while it is under the cap.
+        bound = self.__dict__.get(_BOUND, 0) + len(event.data)
+        if bound <= max_queued:
+            self.__dict__[_BOUND] = bound
+            return
+        conn = event.connection
+        # Polled, and only while over the cap: the layers signal nothing when they resume.
+        while queued_bytes(self.client, conn) > max_queued and conn.connected:  # noqa: ASYNC110
+            await asyncio.sleep(_POLL)
+        self.__dict__[_BOUND] = held_bytes(self.client)
 
     layer.Layer.__init__ = __init__  # type: ignore[method-assign]
     server.ConnectionHandler.server_event = _server_event  # type: ignore[method-assign]

@@ -240,3 +240,21 @@ def test_queued_bytes_skips_layers_already_collected() -> None:
     assert len(refs) == 1  # the collected layer's reference removed itself
     assert backpressure.queued_bytes(client, client) == 20
     assert backpressure.queued_bytes(tflow.tflow().client_conn, client) == 0  # unknown client
+
+
+def test_held_bytes_counts_every_connection_and_parsed_body_of_the_client() -> None:
+    class _Layer:
+        def __init__(self, queued: list[object]) -> None:
+            self._paused_event_queue = queued
+
+    f = tflow.tflow()
+    client, server = f.client_conn, f.server_conn
+    from_client = events.DataReceived(client, b"x" * 10)
+    from_server = events.DataReceived(server, b"y" * 7)
+    layers = [_Layer([from_client, from_server]), _Layer([]), _Layer([from_server])]
+    refs: set[weakref.ref[Any]] = {weakref.ref(lay) for lay in layers}
+    backpressure._LAYERS[client] = refs
+    # queued_bytes is one connection's share; held_bytes the bound's restart: all of them
+    assert backpressure.queued_bytes(client, server) == 14
+    assert backpressure.held_bytes(client) == 24
+    assert backpressure.held_bytes(tflow.tflow().client_conn) == 0
