@@ -52,9 +52,10 @@ class IntentJournal:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o600)
         self._size = 0
 
-    def add(self, decision_id: str, record: Mapping[str, Any], *, reserved: bool) -> bool:
-        """Journal an intent; False when it could not be written (the caller fails closed)."""
-        line = (_RESERVED if reserved else _EMITTED) + _encode(record) + b"\n"
+    def add(self, decision_id: str, trail_line: str, *, reserved: bool) -> bool:
+        """Journal an intent, given as the record's trail line (JSON, ASCII, newline-terminated);
+        False when it could not be written (the caller fails closed)."""
+        line = (_RESERVED if reserved else _EMITTED) + trail_line.encode("ascii")
         with self._lock:
             if self._fd < 0:
                 return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -30,9 +31,27 @@ def new_decision_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(8).hex()}"
 
 
+# The last second formatted (seconds since the epoch, its text to the second): every record of
+# that second reuses it. One tuple, replaced whole: the writer thread and the loop both format.
+_last_second: tuple[int, str] = (-1, "")
+
+
 def format_time(epoch: float) -> str:
-    """RFC 3339 UTC with milliseconds, as written to the audit trail."""
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """RFC 3339 UTC with milliseconds, as written to the audit trail (what
+    `datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")` gives, with `Z`)."""
+    global _last_second
+    # Rounded to the microsecond as datetime.fromtimestamp rounds (half to even), then cut to ms.
+    frac, whole = math.modf(epoch)
+    seconds, micros = int(whole), round(frac * 1e6)
+    if micros >= 1_000_000:
+        seconds, micros = seconds + 1, micros - 1_000_000
+    elif micros < 0:
+        seconds, micros = seconds - 1, micros + 1_000_000
+    cached_second, text = _last_second
+    if cached_second != seconds:
+        text = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _last_second = (seconds, text)
+    return f"{text}.{micros // 1000:03d}Z"
 
 
 def redact_query(path: str) -> str:

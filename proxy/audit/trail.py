@@ -245,6 +245,9 @@ class _Entry:
     # Set when the emitter waits for the writer's acknowledgement (acknowledge mode).
     done: asyncio.Future[None] | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    # The trail line, when the emitter encoded it already (an allow record, for its intent):
+    # `record` is then final (time rendered, stamped) and the writer encodes nothing again.
+    line: str | None = None
 
 
 class AuditLog:
@@ -336,7 +339,7 @@ class AuditLog:
         if self._journal is None:
             return True
         final = _with_time(record, self._stamp)
-        return self._journal.add(str(final["decision_id"]), final, reserved=reserved)
+        return self._journal.add(str(final["decision_id"]), _line(final), reserved=reserved)
 
     def release(self, decision_id: str) -> None:
         """Give back the place reserved for `decision_id`, whose record another one stands for
@@ -352,12 +355,16 @@ class AuditLog:
         """Queue a record, waiting for a place up to max_wait (and, in acknowledge mode, until
         it is on disk). False: it could not be queued, the caller denies (counted, logged).
         An allow record (what lets a tunnel or request go) is journaled as an intent first."""
+        line = None
         if record.get("decision") == "allow" and self._journal is not None:
+            # Encoded once, here: the intent and the trail line are the same text.
             record = _with_time(record, self._stamp)
-            if not self._journaled(record, reserved=False):
+            line = _line(record)
+            if not self._journal.add(str(record["decision_id"]), line, reserved=False):
                 self._count_unrecorded(str(record["decision_id"]))
                 return False
         entry = self._entry(record)
+        entry.line = line
         if not self._put(entry):
             did = str(record.get("decision_id") or "")
             deadline = time.monotonic() + (0 if did in self._failed else self._max_wait)
@@ -479,7 +486,7 @@ class AuditLog:
                     return  # closed and drained
                 batch = [self._items.popleft() for _ in range(min(_BATCH, len(self._items)))]
                 self._used -= len(batch)
-            self._write([e.record for e in batch])
+            self._write(batch)
             self._acknowledge_batch(batch)
             wrote = time.monotonic()
 
@@ -492,9 +499,9 @@ class AuditLog:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(_settle, futures)
 
-    def _write(self, batch: list[Record]) -> None:
-        batch = [_with_time(r, self._stamp) for r in batch]
-        lines = [json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in batch]
+    def _write(self, entries: list[_Entry]) -> None:
+        batch = [e.record if e.line is not None else _with_time(e.record, self._stamp) for e in entries]
+        lines = [e.line if e.line is not None else _line(r) for e, r in zip(entries, batch, strict=True)]
         for sink in self._sinks:
             delay = 0.05
             while True:
@@ -531,6 +538,11 @@ def _settle(futures: list[asyncio.Future[None]]) -> None:
     for f in futures:
         if not f.done():
             f.set_result(None)
+
+
+def _line(record: Record) -> str:
+    """A final record as its trail line (compact JSON, non-ASCII escaped, newline-terminated)."""
+    return json.dumps(record, separators=(",", ":"), default=str) + "\n"
 
 
 def _with_time(record: Record, stamp: dict[str, object]) -> Record:

@@ -27,7 +27,7 @@ def dead(_pid: int) -> bool:
 def test_only_intents_without_a_record_are_left(tmp_path: Path) -> None:
     journal = IntentJournal(tmp_path, pid=111)
     for i in range(5):
-        assert journal.add(f"id{i:04d}", record(i), reserved=i % 2 == 0)
+        assert journal.add(f"id{i:04d}", line(record(i)), reserved=i % 2 == 0)
     journal.done(["id0000", "id0003", "not-an-intent"])
     # Killed here: the file is what it left (close() would keep it too: intents are open).
     (left,) = read_leftovers(tmp_path, dead)
@@ -41,9 +41,9 @@ def test_only_intents_without_a_record_are_left(tmp_path: Path) -> None:
 def test_a_journal_stays_small_and_a_clean_close_removes_it(tmp_path: Path) -> None:
     journal = IntentJournal(tmp_path, compact_bytes=4096, pid=222)
     for i in range(2000):
-        journal.add(f"id{i:04d}", record(i), reserved=True)
+        journal.add(f"id{i:04d}", line(record(i)), reserved=True)
         journal.done([f"id{i:04d}"])
-    journal.add("open", record(9999) | {"decision_id": "open"}, reserved=True)
+    journal.add("open", line(record(9999) | {"decision_id": "open"}), reserved=True)
     assert journal.path.stat().st_size < 8192
     (left,) = read_leftovers(tmp_path, dead)
     assert [r["decision_id"] for r in left.records] == ["open"]
@@ -53,7 +53,7 @@ def test_a_journal_stays_small_and_a_clean_close_removes_it(tmp_path: Path) -> N
 
 
 def test_a_live_process_journal_is_not_touched(tmp_path: Path) -> None:
-    IntentJournal(tmp_path, pid=333).add("x", record(1), reserved=True)
+    IntentJournal(tmp_path, pid=333).add("x", line(record(1)), reserved=True)
     assert read_leftovers(tmp_path, lambda pid: pid == 333) == []
 
 
@@ -66,7 +66,7 @@ def test_settling_writes_each_record_once_and_skips_what_the_trail_has(tmp_path:
     sink.write([line(record(1)), line(record(10))])
     journal = IntentJournal(worker, pid=444)
     for i in (1, 2, 3):
-        journal.add(f"id{i:04d}", record(i), reserved=True)
+        journal.add(f"id{i:04d}", line(record(i)), reserved=True)
     spool = Spool(worker, pid=444)
     spool.write([line(record(10)), line(record(11))])
     # A line cut by the death: never a whole write, never a record.
