@@ -7,4 +7,4 @@ here; every other connection (absolute-form requests, refusals, intercepted tunn
 unusual) is handed to mitmproxy with the bytes read so far, so its addons decide it as before.
 """
 
-__all__ = ["connect_head", "handoff", "passthrough", "splice"]
+__all__ = ["client_hello", "connect_head", "handoff", "passthrough", "splice"]

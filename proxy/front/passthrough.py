@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import structlog
-from mitmproxy.proxy.layers.tls import parse_client_hello
 
 from sandgate.policy.decision import Decision, EgressRequest, Identity, Phase
 from sandgate.policy.errors import HostError
@@ -48,6 +47,7 @@ from sandgate.proxy.addons.tunnel_rules import admit_tunnel, count_tunnel_bytes,
 from sandgate.proxy.audit.records import decision_record
 from sandgate.proxy.config import ConnectionsConfig, HeadsConfig
 from sandgate.proxy.context import ConnectionState, FrontDecision, GatewayContext
+from sandgate.proxy.front.client_hello import INCOMPLETE, NOT_READABLE, read_sni
 from sandgate.proxy.front.connect_head import HEAD_END, looks_like_connect, read_connect_head
 from sandgate.proxy.front.handoff import hand_off, stream_buffer
 from sandgate.proxy.front.splice import Splice
@@ -304,12 +304,11 @@ class PassthroughFront:
             if data:
                 if data[0] != _TLS_HANDSHAKE or len(data) > self.heads.max_bytes:
                     return data
-                try:
-                    hello = parse_client_hello(data)
-                except ValueError:
+                sni = read_sni(data)
+                if sni is NOT_READABLE:
                     return data
-                if hello is not None:
-                    return data, hello.sni
+                if sni is not INCOMPLETE:
+                    return data, sni[0]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
