@@ -9,7 +9,8 @@ every other round, and each ratio is taken per round from rows measured seconds 
 report gives each ratio's median over the rounds with its lowest and highest, and each row's
 median.
 
-Run: `.venv/bin/python bench/ratios.py [--rounds 3] [--duration 5] [--markdown out.md]`.
+Run: `.venv/bin/python bench/ratios.py [--rounds 3] [--duration 5] [--markdown out.md] [--alt DIR]
+[--rows KEY,...]` (`--alt`: an A/B against another tree, see its help).
 Loopback only; every process and temporary directory is removed on exit.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
@@ -59,6 +61,18 @@ RATIOS = [
     Ratio("Rego tenant / allowlist only, intercepted HTTPS c10 (1 worker)", "rego-int10", "sg1-int10", 0.85),
     Ratio("passthrough new connections/s / squid's (1 worker)", "sg1-newconn", "squid-newconn", 0.9),
     Ratio("passthrough bulk MB/s / squid's (1 worker)", "sg1-bulk", "squid-bulk", 1.0),
+    # With --alt DIR: this tree against another (an A/B of a change), per core-second.
+    Ratio(
+        "this tree / --alt tree, intercepted HTTPS c10, per core-second", "sg1-int10", "alt-int10", None, True
+    ),
+    Ratio(
+        "this tree / --alt tree, new passed-through tunnels, per core-second",
+        "sg1-newconn",
+        "alt-newconn",
+        None,
+        True,
+    ),
+    Ratio("--alt tree passthrough new connections/s / squid's", "alt-newconn", "squid-newconn", None),
 ]
 
 
@@ -137,6 +151,8 @@ def proxies(b: Bench) -> Iterator[list[Measure]]:
                     ),
                 ]
 
+        if b.args.alt:
+            ms += _alt_rows(b, stack, rules, cred)
         rules, cred = workers.rego_rules(b)
         sg, gw = stack.enter_context(workers.gateway_service(b, "sandgate-rego", rules, cred, 1))
         workers.rego_denies(b, gw)
@@ -191,6 +207,28 @@ def proxies(b: Bench) -> Iterator[list[Measure]]:
         except peers.Unavailable as e:
             b.notes.append(f"Node proxy not available: {e}")
         yield ms
+
+
+def _alt_rows(b: Bench, stack: contextlib.ExitStack, rules: Path, cred: str) -> list[Measure]:
+    """One worker importing `sandgate` from `--alt` (a folder with a `sandgate` link to another
+    tree): its intercepted c10 and new-tunnel rows, for an A/B in the same rounds."""
+    t = b.tls_port
+    os.environ["PYTHONPATH"] = str(b.args.alt)
+    try:
+        sg, gw = stack.enter_context(workers.gateway_service(b, "sandgate-alt", rules, cred, 1))
+    finally:
+        del os.environ["PYTHONPATH"]
+    tls = workers.tls_args(gw.proxy, f"https://api.test:{t}/", gw.ca, gw.cred)
+    tunnel = workers.tls_args(gw.proxy, f"https://pass.api.test:{t}/", str(b.pki.ca_file), gw.cred)
+    return [
+        Measure("alt-int10", "--alt tree, 1 worker, intercepted HTTPS c10", sg, _load(tls)),
+        Measure(
+            "alt-newconn",
+            "--alt tree, 1 worker, new CONNECT tunnel per request, passed through",
+            sg,
+            _load([*tunnel, "--new-conn"], unit="conn/s"),
+        ),
+    ]
 
 
 def measure(b: Bench, ms: list[Measure], rounds: int) -> None:
@@ -267,6 +305,17 @@ def main() -> int:
     p.add_argument("--markdown", type=Path)
     p.add_argument("--no-install", action="store_true", help="do not npm-install the Node proxy if missing")
     p.add_argument("--upstream", choices=["nginx", "python"], default="nginx")
+    p.add_argument(
+        "--alt",
+        type=Path,
+        help="also a 1-worker gateway importing `sandgate` from this folder (a folder with a "
+        "`sandgate` link to another tree): an interleaved A/B of a change",
+    )
+    p.add_argument(
+        "--rows",
+        help="measure only these row keys (comma-separated, e.g. sg1-newconn,squid-newconn,alt-newconn); "
+        "every proxy still starts",
+    )
     args = p.parse_args()
     args.quick = False
     args.retry_disturbed = 0  # the rounds are the repeats
@@ -275,6 +324,9 @@ def main() -> int:
         b = workers.new_bench(stack, args, "sgbench-ratios-")
         b.http_port, b.tls_port = stack.enter_context(workers.upstream(b, "upstream", UPSTREAM_IP, ()))
         ms = stack.enter_context(proxies(b))
+        if args.rows:
+            wanted = set(args.rows.split(","))
+            ms = [m for m in ms if m.key in wanted]
         measure(b, ms, args.rounds)
         text = report(b, ms, args.rounds, started)
     sys.stdout.write(text)
