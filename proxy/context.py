@@ -114,14 +114,16 @@ class ConnectionState:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def decision_context(self, phase: Phase) -> DecisionContext:
-        """The audit context of a decision on this connection: who, from where, to its tunnel."""
+    def decision_context(self, phase: Phase, *, sni: str | None = None) -> DecisionContext:
+        """The audit context of a decision on this connection: who, from where, to its tunnel
+        (with the ClientHello's `sni`, for a TLS decision)."""
         return DecisionContext(
             phase=phase,
             listener=self.listener,
             client=self.client,
             host=self.tunnel_host,
             port=self.tunnel_port,
+            sni=sni,
             identity=self.identity,
         )
 

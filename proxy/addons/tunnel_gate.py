@@ -136,7 +136,7 @@ class TunnelGate:
                 data.ignore_connection = True
                 return
             raw_sni = data.client_hello.sni
-            dctx = replace(state.decision_context(Phase.TLS), sni=raw_sni)
+            dctx = state.decision_context(Phase.TLS, sni=raw_sni)
             decision = tls_decision(
                 raw_sni, state.tunnel_host, state.tunnel_decision, require_sni=self.require_sni
             )

@@ -26,7 +26,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -322,7 +322,7 @@ class PassthroughFront:
 
     async def _accept_hello(self, state: ConnectionState, sni: str | None, decision: Decision) -> bool:
         """Record the TLS decision on the ClientHello; whether the tunnel may go on."""
-        dctx = replace(state.decision_context(Phase.TLS), sni=sni)
+        dctx = state.decision_context(Phase.TLS, sni=sni)
         decision = tls_decision(sni, state.tunnel_host, decision, require_sni=self.require_sni)
         queued = await self.ctx.audit.emit(decision_record(dctx, decision))
         if not decision.allowed or not queued:
