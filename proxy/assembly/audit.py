@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from sandgate.proxy.audit.forward import ForwardSink
+from sandgate.proxy.audit.forward import ForwardSink, forward_interval
 from sandgate.proxy.audit.intents import IntentJournal
 from sandgate.proxy.audit.leftovers import settle_dead_processes
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
@@ -73,7 +73,12 @@ def file_sink(config: GatewayConfig) -> AuditSink:
     writer (spooling in its own folder once the supervisor is gone)."""
     role = config.worker
     if role.count > 1:
-        return ForwardSink(config.audit_socket_path, f"w{role.index}", spool=Spool(config.worker_dir))
+        return ForwardSink(
+            config.audit_socket_path,
+            f"w{role.index}",
+            spool=Spool(config.worker_dir),
+            interval=forward_interval(config.audit.fsync),
+        )
     return audit_file_sink(config)
 
 

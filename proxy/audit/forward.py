@@ -16,6 +16,15 @@ Wire format (unix stream socket, big-endian, one batch in flight per connection)
 numbers starting again from 1 are not taken for repeats). A body is at most MAX_BODY bytes; a
 larger batch goes as several frames with consecutive numbers, each acknowledged in turn. A frame
 the collector cannot parse closes that connection without a reply.
+
+Pacing (`interval`): each batch wakes a thread of the supervisor (and the worker's writer
+again for the ack); on a loaded gateway the writer would hand over a batch of one or two records
+every few milliseconds, and those wake-ups were most of what a worker's records cost the
+supervisor. With `interval` > 0 a small batch that follows the previous frame by less than
+`interval` waits for the rest of it first, so the records of that time go together. Only
+records already queued wait (the writer holds them, their intents stay open), a batch of
+PACE_UNTIL records or more goes at once, and a worker whose requests wait for their record
+(`audit.fsync: per_batch`) paces nothing (`forward_interval`).
 """
 
 from __future__ import annotations
@@ -26,16 +35,31 @@ import os
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 
 from sandgate.proxy.audit.spool import Spool
 
-__all__ = ["MAGIC", "MAX_BODY", "REPLY", "REQUEST", "ForwardSink"]
+__all__ = [
+    "DEFAULT_INTERVAL",
+    "MAGIC",
+    "MAX_BODY",
+    "PACE_UNTIL",
+    "REPLY",
+    "REQUEST",
+    "ForwardSink",
+    "forward_interval",
+]
 
 MAGIC = b"SGA1"
 REQUEST = struct.Struct(">4sBQQI")  # magic, worker-id length, session, seq, body length
 REPLY = struct.Struct(">4sHQ")  # magic, code, seq
 MAX_BODY = 64 * 1024 * 1024
+# Seconds between two small frames when no request waits for its record (audit.fsync: off): a
+# record reaches the file at most this much later; the supervisor wakes at most 1/this per worker.
+DEFAULT_INTERVAL = 0.02
+# A batch of this many records goes at once: the writer is behind, batches are large already.
+PACE_UNTIL = 64
 
 
 class ForwardSink:
@@ -49,6 +73,7 @@ class ForwardSink:
         timeout: float = 10.0,
         max_body: int = MAX_BODY,
         spool: Spool | None = None,
+        interval: float = 0.0,
     ) -> None:
         wid = worker.encode()
         if not 1 <= len(wid) <= 255:
@@ -72,6 +97,10 @@ class ForwardSink:
         # Where batches go once the supervisor is gone (`orphaned`), for the next one to merge.
         self._spool = spool
         self._orphaned = threading.Event()
+        # Seconds between two small frames (0: every batch goes at once).
+        self.interval = max(0.0, interval)
+        self._sent = -self.interval  # monotonic time the last frame was acknowledged
+        self._closing = threading.Event()  # wakes a paced write at close()
 
     def orphaned(self) -> None:
         """The supervisor (and its collector) is gone: a batch the collector does not take from
@@ -91,11 +120,13 @@ class ForwardSink:
             if self._pending is None or lines != self._pending:
                 self._frames = self._frame(lines)
                 self._pending = list(lines)
+            self._pace(len(lines))
             try:
                 while self._frames:
                     self._send(*self._frames[0])
                     del self._frames[0]
                     self.batches += 1
+                    self._sent = time.monotonic()
             except OSError:
                 self.failures += 1
                 if self._spool is None or not self._orphaned.is_set():
@@ -105,9 +136,18 @@ class ForwardSink:
                 self._frames = []
             self._pending = None
 
+    def _pace(self, records: int) -> None:
+        """Wait out the rest of `interval` since the last frame for a small batch."""
+        if self.interval <= 0 or records >= PACE_UNTIL:
+            return
+        wait = self._sent + self.interval - time.monotonic()
+        if wait > 0:
+            self._closing.wait(wait)
+
     def close(self) -> None:
         """Close the connection; later writes fail."""
         self._closed = True
+        self._closing.set()
         sock = self._sock
         if sock is not None:
             # Wakes a write waiting for its ack in another thread; it then fails and drops it.
@@ -171,6 +211,12 @@ class ForwardSink:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+
+
+def forward_interval(fsync: str) -> float:
+    """The pacing for a worker whose trail has this `audit.fsync` mode: none while requests
+    wait for their record to be written (per_batch)."""
+    return 0.0 if fsync == "per_batch" else DEFAULT_INTERVAL
 
 
 def _shutdown(sock: socket.socket) -> None:

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import structlog
 
@@ -96,6 +97,8 @@ class Supervisor:
         self.failure: str | None = None
         self._stop = asyncio.Event()
         self._signals = 0
+        # The lead's status file (identity, size, mtime) and the pids, as last written out.
+        self._status_seen: tuple[int, ...] | None = None
 
     @property
     def restarts(self) -> int:
@@ -258,12 +261,18 @@ class Supervisor:
         if not lead.ready or lead.proc is None:
             return
         path = lead.role.folder(self.config.state_path) / self.config.status_path.name
+        pids = [slot.proc.pid for slot in self.slots if slot.proc is not None]
+        # Polled ten times a second: the lead's file is read again only once it changed.
+        seen = _file_key(path, pids)
+        if seen is not None and seen == self._status_seen:
+            return
         status = worker_status(path, lead.proc.pid)
         if status is None:
             return
-        pids = [slot.proc.pid for slot in self.slots if slot.proc is not None]
         first = not self.status.written
-        if self.status.update(status, pids) and first:
+        changed = self.status.update(status, pids)
+        self._status_seen = seen  # after the write: a failed one is tried again next time
+        if changed and first:
             log.info("workers.ready", workers=len(self.slots), pids=pids)
             self._announce(pids)
 
@@ -293,3 +302,12 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()
             await asyncio.wait(tasks)
+
+
+def _file_key(path: Path, pids: list[int]) -> tuple[int, ...] | None:
+    """What tells a rewritten file from the one read before (None: no file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, *pids)
