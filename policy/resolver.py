@@ -14,12 +14,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import dns.asyncresolver
-import dns.exception
-import dns.rdatatype
-import dns.resolver
+import dns._features
 
-from sandgate.policy.errors import ResolveError
+# Plain DNS over UDP/TCP only: without this, dnspython's query module loads its DNS-over-HTTPS
+# client stack (httpcore, httpx, trio) whenever it is installed, ~0.15 s in every process.
+dns._features.force("doh", False)
+
+import dns.asyncresolver  # noqa: E402
+import dns.exception  # noqa: E402
+import dns.rdatatype  # noqa: E402
+import dns.resolver  # noqa: E402
+
+from sandgate.policy.errors import ResolveError  # noqa: E402
 
 __all__ = [
     "CachingResolver",

@@ -295,3 +295,7 @@ class GraphqlSection(_Strict):
     max_fields: Annotated[int, Field(ge=1, le=100_000)] = Field(
         default=500, description="fields per operation, fragments expanded"
     )
+
+    def model_post_init(self, context: object, /) -> None:
+        # graphql-core (~0.14 s) loads with a policy that has a section, not at its first body.
+        import sandgate.policy.protocols.graphql_document  # noqa: F401

@@ -39,3 +39,23 @@ def test_it_changes_nothing_once_the_package_is_imported() -> None:
         """
     )
     assert out == "False True"
+
+
+def test_the_runtime_loads_neither_graphql_core_nor_a_dns_over_https_client() -> None:
+    # graphql-core loads with a policy that has a `graphql:` section; sandgate asks nameservers
+    # over UDP/TCP, so dnspython's DNS-over-HTTPS stack (httpcore2, httpx2, trio) never loads
+    # (sandgate's own HTTP client, httpx, is another package).
+    out = _run(
+        """
+        import sys
+        from sandgate.proxy.mitm.lean_import import skip_default_addons
+        skip_default_addons()
+        import sandgate.proxy.runtime
+        import sandgate.policy.resolver
+        print(sorted(m for m in ("graphql", "httpcore2", "httpx2", "trio") if m in sys.modules))
+        from sandgate.policy.protocols.rules import GraphqlSection
+        GraphqlSection()
+        print("graphql" in sys.modules)
+        """
+    )
+    assert out == "[]\nTrue"
