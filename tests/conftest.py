@@ -85,6 +85,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: only called with `-n`
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` as pytest-xdist does it, but the files under tests/e2e/ go out first.
+
+    xdist hands out files by their number of tests, most first: the end-to-end files of one or
+    two long tests (the sinks' outage, the manual's walkthrough) came last, and one worker ran
+    them alone after the other had finished. The in-process files (thousands of short tests)
+    now fill the end instead. Each file still runs whole on one worker, in the same order.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class EndToEndFirst(LoadFileScheduling):  # type: ignore[misc]
+        def _assign_work_unit(self, node: Any) -> None:
+            queue = getattr(self, "workqueue", None)
+            # Once (the queue is complete by now); an xdist whose queue is no longer a dict of
+            # files schedules as it does by default.
+            if not getattr(self, "_e2e_first", False) and isinstance(queue, dict):
+                units = sorted(queue.items(), key=lambda unit: not str(unit[0]).startswith("tests/e2e/"))
+                queue.clear()
+                queue.update(units)  # a stable sort: xdist's order within each part
+                self._e2e_first = True
+            super()._assign_work_unit(node)
+
+    return EndToEndFirst(config, log)
+
+
 DEMO_TOKEN = REPO / "rules" / "tenants" / "demo-1.token"
 _DEMO_TOKEN_MADE = pytest.StashKey[bool]()
 

@@ -7,15 +7,21 @@ deploy/install.sh --dev
 echo "== ruff" >&2
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-echo "== mypy" >&2
+echo "== mypy (beside the tests below: its report follows theirs)" >&2
 rm -rf .typecheck && mkdir -p .typecheck/sandgate
 for pkg in proxy policy brokers; do ln -s "../../$pkg" ".typecheck/sandgate/$pkg"; done
-MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers
-# The manual's reference generator (docs/tools: a script, outside the packages).
-MYPYPATH=.typecheck .venv/bin/mypy docs/tools/reference.py docs/tools/model_reference.py \
-    docs/tools/cli_reference.py docs/tools/md_text.py
-# The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
-MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
+typecheck_log=$(mktemp)
+# One core for half a minute while the tests mostly wait on their gateways.
+(
+    set -e
+    MYPYPATH=.typecheck .venv/bin/mypy -p sandgate.proxy -p sandgate.policy -p sandgate.brokers
+    # The manual's reference generator (docs/tools: a script, outside the packages).
+    MYPYPATH=.typecheck .venv/bin/mypy docs/tools/reference.py docs/tools/model_reference.py \
+        docs/tools/cli_reference.py docs/tools/md_text.py
+    # The tests too: `tests/` is their import root (conftest, support), as pytest's pythonpath makes it.
+    MYPYPATH=.typecheck:tests .venv/bin/mypy --explicit-package-bases tests
+) >"$typecheck_log" 2>&1 &
+typecheck=$!
 echo "== pytest" >&2
 # The part run again with two workers per gateway (below). Not in it: tests/e2e/workers,
 # tests/e2e/fleet/test_worker_limits.py and tests/e2e/test_hostnet_workers.py: each of their
@@ -69,4 +75,8 @@ if [ "$#" -eq 0 ]; then
     SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
         "${WORKERS_SUBSET[@]}" || status=$?
 fi
+echo "== mypy" >&2
+wait "$typecheck" || status=1
+cat "$typecheck_log"
+rm -f "$typecheck_log"
 exit "$status"

@@ -65,17 +65,22 @@ def seeded(now: float) -> list[str]:
     return [line(r) for r in records]
 
 
-@pytest.fixture
-def seeded_console(start_gateway: GatewayFactory, tmp_path: Path) -> ConsoleGateway:
+@pytest.fixture(scope="module")
+def seeded_console(
+    start_module_gateway: GatewayFactory, tmp_path_factory: pytest.TempPathFactory
+) -> ConsoleGateway:
+    """One seeded gateway for the tests that only read its trail (its console writes none):
+    the seed is relative to its start, and the 15-minute window keeps every recent record for
+    the five minutes after it, far longer than this module runs."""
     admin_port = free_port()
-    token_file = write_token(tmp_path / "token")
+    token_file = write_token(tmp_path_factory.mktemp("seeded-token"))
 
     def seed(root: Path) -> None:
         audit = root / "state" / "audit"
         audit.mkdir(parents=True)
         (audit / "audit.jsonl").write_text("".join(seeded(time.time())))
 
-    gw = start_gateway(
+    gw = start_module_gateway(
         {"t1.yaml": tenant_yaml("t1", [])}, config=console_config(token_file, admin_port), prepare=seed
     )
     return ConsoleGateway(gw, admin_port)

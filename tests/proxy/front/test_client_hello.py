@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import ssl
 import struct
 
@@ -36,8 +37,7 @@ def in_records(message: bytes, *cuts: int) -> bytes:
     """`message` as handshake records, split at `cuts`."""
     bounds = [0, *cuts, len(message)]
     return b"".join(
-        b"\x16\x03\x01" + struct.pack("!H", b - a) + message[a:b]
-        for a, b in zip(bounds, bounds[1:], strict=False)
+        b"\x16\x03\x01" + struct.pack("!H", b - a) + message[a:b] for a, b in itertools.pairwise(bounds)
     )
 
 
