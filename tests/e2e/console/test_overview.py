@@ -10,7 +10,7 @@ import httpx
 import pytest
 from conftest import GatewayFactory, RunningGateway, curl, tenant_yaml
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 from support import RecordingUpstream, free_port
@@ -115,7 +115,10 @@ def test_the_overview_charts_the_seeded_trail(
     # A wider window takes in the older denial.
     browser.find_element(By.CSS_SELECTOR, "#window option[value='6h']").click()
     browser.find_element(By.CSS_SELECTOR, "form.window button").click()
-    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "records").text == "22")
+    # The click loads a new page: an element found on the old one goes stale under the wait.
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.ID, "records").text == "22"
+    )
     assert "old.test" in browser.find_elements(By.CSS_SELECTOR, ".tenant-chart")[0].text
 
 
