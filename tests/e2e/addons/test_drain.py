@@ -98,11 +98,17 @@ def test_sigterm_under_load_finishes_and_records_every_request_in_flight(
     assert len(in_flight) >= 2, f"the signal came while requests were in flight: {results}"
     assert all(r[3] == 200 for r in in_flight), f"in-flight requests were cut: {in_flight}"
     assert any(r[4] == "close" for r in in_flight), "the last response on a connection says close"
-    # No connection carried a new request after its in-flight one: each worker got at most one
-    # answer after the signal, and its next request found the listener closed.
+    # No connection carried a new request after its in-flight one: each load thread got at most
+    # one answer after the signal (two with workers: the supervisor relays the signal, and a
+    # response finished before a worker has it still keeps its connection), and after the answer
+    # that said close, nothing: its next connection found the listener closed.
+    relayed = int(os.environ.get("SANDGATE_WORKERS", "1")) > 1
     for worker in range(6):
-        after = [r for r in results if r[0].startswith(f"/w{worker}-") and r[2] > signalled]
-        assert sum(1 for r in after if r[3] == 200) <= 1, after
+        mine = sorted((r for r in results if r[0].startswith(f"/w{worker}-")), key=lambda r: r[1])
+        after = [r for r in mine if r[2] > signalled]
+        assert sum(1 for r in after if r[3] == 200) <= (2 if relayed else 1), after
+        closed = next((i for i, r in enumerate(mine) if r[4] == "close"), len(mine))
+        assert all(r[3] != 200 for r in mine[closed + 1 :]), mine
     answered = {r[0] for r in results if r[3] == 200}
     recorded = [r["path"] for r in records(gw.audit_path) if r["decision"] == "allow"]
     assert sorted(recorded) == sorted(answered), "every answered request has exactly one record"
