@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -79,19 +78,6 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 60) -> int:
     if proc.stdout is not None:
         proc.stdout.close()
     return code
-
-
-@pytest.fixture
-def sock(tmp_path: Path) -> Path:
-    return tmp_path / "workers" / "audit.sock"
-
-
-@pytest.fixture
-def collector(tmp_path: Path, sock: Path) -> Iterator[AuditCollector]:
-    c = AuditCollector(sock, JsonlFileSink(tmp_path / "audit.jsonl", max_bytes=10**9, backups=1))
-    c.start()
-    yield c
-    c.close()
 
 
 def test_batches_from_three_concurrent_workers_land_once_each_in_order(

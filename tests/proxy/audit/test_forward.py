@@ -6,7 +6,6 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,19 +51,6 @@ class GatedSink:
 
     def close(self) -> None:
         self.inner.close()
-
-
-@pytest.fixture
-def sock(tmp_path: Path) -> Path:
-    return tmp_path / "workers" / "audit.sock"
-
-
-@pytest.fixture
-def collector(tmp_path: Path, sock: Path) -> Iterator[AuditCollector]:
-    c = AuditCollector(sock, _file_sink(tmp_path / "audit.jsonl"))
-    c.start()
-    yield c
-    c.close()
 
 
 def test_a_batch_is_written_before_write_returns(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,19 +23,6 @@ def _lines(n: int, start: int = 0) -> list[str]:
 
 def _numbers(path: Path) -> list[int]:
     return [json.loads(line)["n"] for line in path.read_text().splitlines()]
-
-
-@pytest.fixture
-def sock(tmp_path: Path) -> Path:
-    return tmp_path / "workers" / "audit.sock"
-
-
-@pytest.fixture
-def collector(tmp_path: Path, sock: Path) -> Iterator[AuditCollector]:
-    c = AuditCollector(sock, JsonlFileSink(tmp_path / "audit.jsonl", max_bytes=10**9, backups=1))
-    c.start()
-    yield c
-    c.close()
 
 
 def test_small_batches_in_a_row_go_one_interval_apart(
