@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from mitmproxy import connection
@@ -39,43 +39,38 @@ _installed = False
 _BOUND = "_sandgate_held_bound"
 
 
-def queued_bytes(client: connection.Client, conn: connection.Connection) -> int:
-    """Bytes read from `conn` that the client's layers hold while waiting for a hook: raw
-    chunks, or message bodies parsed from them (a request's from the client, a response's
-    from a server) that wait for the stream's hook."""
-    parsed: type[RequestData | ResponseData] = RequestData if conn is client else ResponseData
+def _held_events(client: connection.Client) -> Iterator[events.DataReceived | RequestData | ResponseData]:
+    """The byte-carrying events the client's paused layers queue: raw chunks, and message bodies
+    parsed from them that wait for the stream's hook."""
     layers = _LAYERS.get(client)
     if layers is None:
-        return 0
-    total = 0
+        return
     # A copy (one C call, which no collection interrupts: a reference can remove itself from
-    # the set at any other moment), not a WeakSet's guarded generator: this runs per chunk read.
-    for ref in layers.copy():
-        lay = ref()
-        if lay is None:
-            continue
-        queue = lay._paused_event_queue
-        if queue:
-            for e in queue:
-                if (isinstance(e, events.DataReceived) and e.connection is conn) or isinstance(e, parsed):
-                    total += len(e.data)
-    return total
-
-
-def held_bytes(client: connection.Client) -> int:
-    """Bytes read from any of the client's connections that its layers hold now (every queued
-    chunk and parsed body): what the bound kept per handler restarts from after a scan."""
-    layers = _LAYERS.get(client)
-    if layers is None:
-        return 0
-    total = 0
+    # the set at any other moment), not a WeakSet's guarded generator.
     for ref in layers.copy():
         lay = ref()
         if lay is not None and lay._paused_event_queue:
             for e in lay._paused_event_queue:
                 if isinstance(e, events.DataReceived | RequestData | ResponseData):
-                    total += len(e.data)
-    return total
+                    yield e
+
+
+def queued_bytes(client: connection.Client, conn: connection.Connection) -> int:
+    """Bytes read from `conn` that the client's layers hold while waiting for a hook: raw
+    chunks, or message bodies parsed from them (a request's from the client, a response's
+    from a server)."""
+    parsed: type[RequestData | ResponseData] = RequestData if conn is client else ResponseData
+    return sum(
+        len(e.data)
+        for e in _held_events(client)
+        if (isinstance(e, events.DataReceived) and e.connection is conn) or isinstance(e, parsed)
+    )
+
+
+def held_bytes(client: connection.Client) -> int:
+    """Bytes read from any of the client's connections that its layers hold now (every queued
+    chunk and parsed body): what the bound kept per handler restarts from after a scan."""
+    return sum(len(e.data) for e in _held_events(client))
 
 
 def install(max_queued: int) -> None:
