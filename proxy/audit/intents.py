@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["CUT_BY_EXIT", "IntentJournal", "Leftovers", "read_leftovers", "settle_leftovers"]
+__all__ = ["CUT_BY_EXIT", "IntentJournal", "Leftovers", "read_leftovers", "settle_leftovers", "trail_line"]
 
 log = structlog.get_logger("sandgate.audit")
 
@@ -170,7 +170,7 @@ def settle_leftovers(
     for left in leftovers:
         ids = {r["decision_id"] for r in left.records}
         known = written(ids) if ids else set()
-        lines = [_encode(r).decode() + "\n" for r in left.records if r["decision_id"] not in known]
+        lines = [trail_line(r) for r in left.records if r["decision_id"] not in known]
         if lines:
             write(lines)
         total += len(lines)
@@ -183,8 +183,10 @@ def settle_leftovers(
     return total
 
 
-def _encode(record: Mapping[str, Any]) -> bytes:
-    return json.dumps(record, separators=(",", ":"), default=str).encode()
+def trail_line(record: Mapping[str, Any]) -> str:
+    """A record as its line in the trail (and in a journal): compact JSON, non-ASCII escaped,
+    newline-terminated."""
+    return json.dumps(record, separators=(",", ":"), default=str) + "\n"
 
 
 def _write_all(fd: int, data: bytes) -> None:

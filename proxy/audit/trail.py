@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -36,7 +35,7 @@ from typing import Any, Protocol
 import structlog
 
 from sandgate.proxy.audit.chain import Chain, ChainState, load_or_create_key, recover_state
-from sandgate.proxy.audit.intents import IntentJournal
+from sandgate.proxy.audit.intents import IntentJournal, trail_line
 from sandgate.proxy.audit.records import format_time, new_decision_id
 from sandgate.proxy.audit.redis_stream import RedisStreamSink
 from sandgate.proxy.config import GatewayConfig
@@ -317,7 +316,7 @@ class AuditLog:
         """
         if not await self._take_reserved(decision_id):
             return False
-        if intent is not None and not self._journaled(intent, reserved=True):
+        if intent is not None and self._journaled(intent, reserved=True) is None:
             self.release(decision_id)
             return False
         return True
@@ -334,12 +333,16 @@ class AuditLog:
         log.warning("audit.queue_full", decision_id=decision_id, queue_size=self._capacity)
         return False
 
-    def _journaled(self, record: Record, *, reserved: bool) -> bool:
-        """Journal `record` as an intent (what the trail line will be); True without a journal."""
+    def _journaled(self, record: Record, *, reserved: bool) -> tuple[Record, str | None] | None:
+        """`record` as it will be written and its trail line, once journaled as an intent (without
+        a journal: the record unchanged, no line); None when the journal could not take it."""
         if self._journal is None:
-            return True
+            return record, None
         final = _with_time(record, self._stamp)
-        return self._journal.add(str(final["decision_id"]), _line(final), reserved=reserved)
+        line = trail_line(final)
+        if not self._journal.add(str(final["decision_id"]), line, reserved=reserved):
+            return None
+        return final, line
 
     def release(self, decision_id: str) -> None:
         """Give back the place reserved for `decision_id`, whose record another one stands for
@@ -356,15 +359,14 @@ class AuditLog:
         it is on disk). False: it could not be queued, the caller denies (counted, logged).
         An allow record (what lets a tunnel or request go) is journaled as an intent first."""
         line = None
-        if record.get("decision") == "allow" and self._journal is not None:
+        if record.get("decision") == "allow":
             # Encoded once, here: the intent and the trail line are the same text.
-            record = _with_time(record, self._stamp)
-            line = _line(record)
-            if not self._journal.add(str(record["decision_id"]), line, reserved=False):
-                self._count_unrecorded(str(record["decision_id"]))
+            journaled = self._journaled(record, reserved=False)
+            if journaled is None:
+                self._count_unrecorded(str(record.get("decision_id") or ""))
                 return False
-        entry = self._entry(record)
-        entry.line = line
+            record, line = journaled
+        entry = self._entry(record, line)
         if not self._put(entry):
             did = str(record.get("decision_id") or "")
             deadline = time.monotonic() + (0 if did in self._failed else self._max_wait)
@@ -411,11 +413,11 @@ class AuditLog:
 
     # -- places in the queue -----------------------------------------------------------------
 
-    def _entry(self, record: Record) -> _Entry:
+    def _entry(self, record: Record, line: str | None) -> _Entry:
         if not self._acknowledge:
-            return _Entry(record)
+            return _Entry(record, line=line)
         loop = asyncio.get_running_loop()
-        return _Entry(record, loop.create_future(), loop)
+        return _Entry(record, loop.create_future(), loop, line)
 
     def _take(self, decision_id: str, *, reserve: bool) -> bool:
         with self._cond:
@@ -501,7 +503,7 @@ class AuditLog:
 
     def _write(self, entries: list[_Entry]) -> None:
         batch = [e.record if e.line is not None else _with_time(e.record, self._stamp) for e in entries]
-        lines = [e.line if e.line is not None else _line(r) for e, r in zip(entries, batch, strict=True)]
+        lines = [e.line if e.line is not None else trail_line(r) for e, r in zip(entries, batch, strict=True)]
         for sink in self._sinks:
             delay = 0.05
             while True:
@@ -538,11 +540,6 @@ def _settle(futures: list[asyncio.Future[None]]) -> None:
     for f in futures:
         if not f.done():
             f.set_result(None)
-
-
-def _line(record: Record) -> str:
-    """A final record as its trail line (compact JSON, non-ASCII escaped, newline-terminated)."""
-    return json.dumps(record, separators=(",", ":"), default=str) + "\n"
 
 
 def _with_time(record: Record, stamp: dict[str, object]) -> Record:
