@@ -19,6 +19,7 @@ ignore_hosts, plain HTTP via the proxy) is left to mitmproxy's NextLayer addon.
 from __future__ import annotations
 
 import sys
+from collections.abc import Generator
 
 from h11 import Data, ProtocolError
 from h11._readers import Http10Reader
@@ -84,6 +85,20 @@ class LeanHttp1(layer.Layer):
             yield commands.SendData(self.context.client, make_error_response(status, message))
         yield from self._close()
 
+    @staticmethod
+    def _body(read, to, *, chunked: bool) -> Generator[commands.Command, None, bool]:
+        """Forward a body's data as `read` (an h11 body reader on its buffer) yields it, re-chunked
+        when `chunked`: True at the end of the message, False when it needs more bytes."""
+        while True:
+            ev = read()
+            if ev is None:
+                return False
+            if not isinstance(ev, Data):
+                return True  # EndOfMessage
+            data = bytes(ev.data)
+            if data:
+                yield commands.SendData(to, b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+
     def _client(self) -> layer.CommandGenerator[None]:
         """Parse and forward the client's request (head, then body) as far as the buffer goes."""
         server = self.context.server
@@ -109,29 +124,20 @@ class LeanHttp1(layer.Layer):
                     yield from self._fail(502, f"cannot connect: {err}")
                     return
             yield commands.SendData(server, http1.assemble_request_head(request))
-        while True:
-            try:
-                ev = self.req_reader(self.cbuf)
-            except ProtocolError as e:
-                yield from self._fail(400, f"HTTP/1 protocol error: {e}")
-                return
-            if ev is None:
-                return
-            if isinstance(ev, Data):
-                data = bytes(ev.data)
-                if data:
-                    yield commands.SendData(
-                        server, b"%x\r\n%s\r\n" % (len(data), data) if self.req_chunked else data
-                    )
-                continue
-            # EndOfMessage
-            if self.req_chunked:
-                yield commands.SendData(server, b"0\r\n\r\n")
-            self.req_reader = None
-            self.waiting = True
-            if self.sbuf:  # the server answered early
-                yield from self._server(eof=False)
+        reader = self.req_reader
+        try:
+            done = yield from self._body(lambda: reader(self.cbuf), server, chunked=self.req_chunked)
+        except ProtocolError as e:
+            yield from self._fail(400, f"HTTP/1 protocol error: {e}")
             return
+        if not done:
+            return
+        if self.req_chunked:
+            yield commands.SendData(server, b"0\r\n\r\n")
+        self.req_reader = None
+        self.waiting = True
+        if self.sbuf:  # the server answered early
+            yield from self._server(eof=False)
 
     def _server(self, *, eof: bool) -> layer.CommandGenerator[None]:
         """Parse and forward the server's response as far as the buffer goes; then keep-alive."""
@@ -158,22 +164,18 @@ class LeanHttp1(layer.Layer):
             self.resp_chunked = size is None
             self.resp_reader = make_body_reader(size)
             yield commands.SendData(client, http1.assemble_response_head(response))
-        while True:
-            try:
-                ev = self.resp_reader.read_eof() if eof and not self.sbuf else self.resp_reader(self.sbuf)
-            except ProtocolError:
-                yield from self._close()
-                return
-            if ev is None:
-                return
-            if isinstance(ev, Data):
-                data = bytes(ev.data)
-                if data:
-                    yield commands.SendData(
-                        client, b"%x\r\n%s\r\n" % (len(data), data) if self.resp_chunked else data
-                    )
-                continue
-            break
+        reader = self.resp_reader
+        try:
+            done = yield from self._body(
+                lambda: reader.read_eof() if eof and not self.sbuf else reader(self.sbuf),
+                client,
+                chunked=self.resp_chunked,
+            )
+        except ProtocolError:
+            yield from self._close()
+            return
+        if not done:
+            return
         # EndOfMessage: the exchange is complete.
         if self.resp_chunked and self.request.method.upper() != "HEAD":
             yield commands.SendData(client, b"0\r\n\r\n")

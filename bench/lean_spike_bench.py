@@ -40,9 +40,8 @@ sys.path.insert(0, str(BENCH))
 import ratios  # noqa: E402
 import run  # noqa: E402
 import workers  # noqa: E402
-from ratios import Measure, _load  # noqa: E402
-from run import PROXY_IP, UPSTREAM_IP, Bench, service  # noqa: E402
-from support.ports import free_port  # noqa: E402
+from ratios import Measure, _load, mitmdump_service  # noqa: E402
+from run import UPSTREAM_IP, Bench  # noqa: E402
 
 SPIKE = BENCH / "lean_layer_spike.py"
 MARK = "lean-layer-spike: serving an intercepted tunnel"  # bench/lean_layer_spike.py prints it
@@ -69,24 +68,6 @@ RATIOS = [
 ]
 
 
-def _mitmdump(
-    b: Bench, stack: contextlib.ExitStack, name: str, extra: list[str]
-) -> tuple[run.Service, list[str]]:
-    """One mitmdump exactly as ratios.py starts it (plus `extra`), and its intercepted client args."""
-    port = free_port(PROXY_IP)
-    confdir = b.tmp / f"{name}-conf"
-    md = stack.enter_context(service(name, run._mitmdump_argv(b, port, confdir, extra), b.tmp))
-    md.wait_listening(port, 60)
-    tls = workers.tls_args(
-        f"{PROXY_IP}:{port}",
-        f"https://api.test:{b.tls_port}/",
-        str(confdir / "mitmproxy-ca-cert.pem"),
-        None,
-        f"{UPSTREAM_IP}:{b.tls_port}",
-    )
-    return md, tls
-
-
 @contextlib.contextmanager
 def proxies(b: Bench) -> Iterator[list[Measure]]:
     """Start bare mitmdump, the spike and a 1-worker sandgate (idle until their rows run)."""
@@ -104,12 +85,12 @@ def proxies(b: Bench) -> Iterator[list[Measure]]:
         Measure("direct-int10", "direct → nginx, HTTPS keep-alive c10 (no proxy)", None, _load(direct))
     ]  # type: ignore[arg-type]
     with contextlib.ExitStack() as stack:
-        md, tls = _mitmdump(b, stack, "mitmdump", [])
+        md, tls = mitmdump_service(b, stack, "mitmdump")
         ms += [
             Measure("md-int10", "bare mitmdump, intercepted HTTPS c10", md, _load(tls)),
             Measure("md-int1", "bare mitmdump, intercepted HTTPS c1", md, _load(tls, concurrency=1)),
         ]
-        sp, tls = _mitmdump(b, stack, "mitmdump-spike", ["-s", str(SPIKE)])
+        sp, tls = mitmdump_service(b, stack, "mitmdump-spike", ["-s", str(SPIKE)])
         # The spike must really serve the tunnel: a few requests, then its mark on stderr.
         run.run_client(b, [*tls, "--concurrency", "1", "--requests", "3"], duration=10)
         if MARK not in sp.err_path.read_text():
@@ -134,21 +115,6 @@ def proxies(b: Bench) -> Iterator[list[Measure]]:
         yield ms
 
 
-def measure(b: Bench, ms: list[Measure], rounds: int, others: dict[str, list[float]]) -> None:
-    """ratios.measure, also keeping each row's CPU use by other processes (the machine's load)."""
-    for r in range(rounds):
-        order = ms if r % 2 == 0 else list(reversed(ms))
-        print(f"round {r + 1} of {rounds}", file=sys.stderr, flush=True)
-        for m in order:
-            with workers.under_test(b, m.proxy, m.helpers):
-                row = m.run(b, m.key, m.label)
-            value = row.value if not row.errors else None
-            m.values.append(value)
-            busy = row.cpu.proxy
-            m.per_core.append(value / (busy / 100) if value is not None and busy else None)
-            others.setdefault(m.key, []).append(row.cpu.others)
-
-
 def _span(values: list[float], fmt: str) -> str:
     if not values:
         return "–"
@@ -156,7 +122,7 @@ def _span(values: list[float], fmt: str) -> str:
     return f"{mid:{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
 
 
-def report(b: Bench, ms: list[Measure], rounds: int, started: float, others: dict[str, list[float]]) -> str:
+def report(b: Bench, ms: list[Measure], rounds: int, started: float) -> str:
     by_key = {m.key: m for m in ms}
     load = os.getloadavg()
     lines = [
@@ -193,7 +159,7 @@ def report(b: Bench, ms: list[Measure], rounds: int, started: float, others: dic
         shown = ", ".join("failed" if v is None else f"{v:,.0f}" for v in m.values)
         vals = [v for v in m.values if v is not None]
         core = [v for v in m.per_core if v is not None]
-        busy = ", ".join(f"{x:.0f}" for x in others.get(m.key, []))
+        busy = ", ".join(f"{x:.0f}" for x in m.others)
         pairs = zip(m.values, m.per_core, strict=True)
         own = ", ".join("–" if not (v and c) else f"{100 * v / c:.0f}" for v, c in pairs)
         lines.append(
@@ -218,13 +184,12 @@ def main() -> int:
     args.no_install = True
     args.retry_disturbed = 0  # the rounds are the repeats
     started = time.monotonic()
-    others: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
         b = workers.new_bench(stack, args, "sgbench-leanspike-")
         b.http_port, b.tls_port = stack.enter_context(workers.upstream(b, "upstream", UPSTREAM_IP, ()))
         ms = stack.enter_context(proxies(b))
-        measure(b, ms, args.rounds, others)
-        text = report(b, ms, args.rounds, started, others)
+        ratios.measure(b, ms, args.rounds)
+        text = report(b, ms, args.rounds, started)
     sys.stdout.write(text)
     if args.markdown:
         args.markdown.write_text(text)

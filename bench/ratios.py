@@ -88,6 +88,8 @@ class Measure:
     values: list[float | None] = field(default_factory=list)
     # per round: the row's rate per core-second of the proxy's CPU (its processes, summed)
     per_core: list[float | None] = field(default_factory=list)
+    # per round: % of a core that processes outside the benchmark used (the machine's load)
+    others: list[float] = field(default_factory=list)
 
 
 def _load(args: list[str], **kw: Any) -> Callable[[Bench, str, str], run.Row]:
@@ -98,23 +100,32 @@ def _bulk(args: list[str]) -> Callable[[Bench, str, str], run.Row]:
     return lambda b, key, label: run.bulk_row(b, key, label, args)
 
 
+def mitmdump_service(
+    b: Bench, stack: contextlib.ExitStack, name: str, extra: list[str] | None = None
+) -> tuple[Service, list[str]]:
+    """A bare mitmdump (with `extra` arguments) listening, and the load client's arguments for
+    intercepted HTTPS through it."""
+    port = free_port(PROXY_IP)
+    confdir = b.tmp / f"{name}-conf"
+    md = stack.enter_context(service(name, run._mitmdump_argv(b, port, confdir, extra or []), b.tmp))
+    md.wait_listening(port, 60)
+    tls = workers.tls_args(
+        f"{PROXY_IP}:{port}",
+        f"https://api.test:{b.tls_port}/",
+        str(confdir / "mitmproxy-ca-cert.pem"),
+        None,
+        f"{UPSTREAM_IP}:{b.tls_port}",
+    )
+    return md, tls
+
+
 @contextlib.contextmanager
 def proxies(b: Bench) -> Iterator[list[Measure]]:
     """Start every proxy (idle until its rows run) and list the rows to measure."""
     h, t = b.http_port, b.tls_port
     ms: list[Measure] = []
     with contextlib.ExitStack() as stack:
-        port = free_port(PROXY_IP)
-        confdir = b.tmp / "mitmdump-conf"
-        md = stack.enter_context(service("mitmdump", run._mitmdump_argv(b, port, confdir, []), b.tmp))
-        md.wait_listening(port, 60)
-        tls = workers.tls_args(
-            f"{PROXY_IP}:{port}",
-            f"https://api.test:{t}/",
-            str(confdir / "mitmproxy-ca-cert.pem"),
-            None,
-            f"{UPSTREAM_IP}:{t}",
-        )
+        md, tls = mitmdump_service(b, stack, "mitmdump")
         ms += [
             Measure("md-int10", "bare mitmdump, intercepted HTTPS c10", md, _load(tls)),
             Measure("md-int1", "bare mitmdump, intercepted HTTPS c1", md, _load(tls, concurrency=1)),
@@ -242,6 +253,7 @@ def measure(b: Bench, ms: list[Measure], rounds: int) -> None:
             m.values.append(value)
             busy = row.cpu.proxy
             m.per_core.append(value / (busy / 100) if value is not None and busy else None)
+            m.others.append(row.cpu.others)
 
 
 def _median(values: list[float]) -> float | None:
