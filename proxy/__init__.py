@@ -1,6 +1,7 @@
 """sandgate proxy: the mitmproxy side. `runtime` builds the master and its addons in pipeline
 order from the subsystems `assembly/` builds; `front/` passes allowed TLS tunnels through
-before mitmproxy's layers, `addons/` are the hooks, `mitm/` what sandgate changes inside
+before mitmproxy's layers, `lean/` serves intercepted HTTP/1.1 without mitmproxy's HTTP layer
+(the same hooks), `addons/` are the hooks, `mitm/` what sandgate changes inside
 mitmproxy, `net/` host plumbing, `dns/` the guests' DNS, `audit/` the trail, `stores/`
 credential and sandbox stores, `fleet/` fleet sync, `redis/` the redis client and its outage
 state, `admin/` the admin API, `workers/` the supervisor of N gateway processes and `cli/`
@@ -25,6 +26,7 @@ __all__ = [
     "errors",
     "fleet",
     "front",
+    "lean",
     "metrics",
     "mitm",
     "net",

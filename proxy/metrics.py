@@ -272,6 +272,21 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        # The lean HTTP/1.1 path (interception.http1_path: lean): how much of the traffic it serves.
+        self._lean_exchanges = Counter(
+            "sandgate_http1_lean_exchanges",
+            "Intercepted HTTP/1.1 exchanges the lean layer served",
+            registry=self.registry,
+        )
+        self._lean_handovers = Counter(
+            "sandgate_http1_lean_handovers",
+            "Intercepted HTTP/1.1 connections the lean layer handed to mitmproxy's general path, by "
+            "reason: partial_head (a head not complete in one read), over_caps, not_plain (an "
+            "upgrade, Expect, trailers, a chunked request body, not HTTP/1.1 origin-form, ...), "
+            "upstream_closed (its upstream connection ended between requests)",
+            ["reason"],
+            registry=self.registry,
+        )
         self._decision_children: dict[tuple[str, str, str, str], Counter] = {}
         self._injection_children: dict[tuple[str, str], Counter] = {}
         self._bytes_children: dict[tuple[str, str], Counter] = {}
@@ -294,6 +309,14 @@ class Metrics:
                 if child is None:
                     child = self._bytes_children[key] = self._tenant_bytes.labels(*key)
                 child.inc(n)
+
+    def lean_exchange(self) -> None:
+        """One exchange served by the lean HTTP/1.1 layer."""
+        self._lean_exchanges.inc()
+
+    def lean_handover(self, reason: str) -> None:
+        """One connection the lean layer handed to the general path (see the counter's help)."""
+        self._lean_handovers.labels(reason).inc()
 
     def approvals_held(self, held: int) -> None:
         """The number of requests held for approval now."""

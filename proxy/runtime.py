@@ -57,6 +57,7 @@ from sandgate.proxy.context import GatewayContext
 from sandgate.proxy.dns.listener import DnsListener
 from sandgate.proxy.errors import ListenerError
 from sandgate.proxy.fleet.channel import publish_reload_with
+from sandgate.proxy.lean.choose import LeanPath, http1_path
 from sandgate.proxy.metrics import METRICS, GatewayGauges
 from sandgate.proxy.mitm.closer import ConnectionCloser
 from sandgate.proxy.net.sandbox_listeners import SandboxListeners
@@ -258,6 +259,7 @@ class Gateway:
             approvals=self.approvals.pending,
             endpoint=self.approvals.endpoint,
             lifecycle=_Lifecycle(self),
+            lean=LeanPath(http1_path(config) == "lean"),
         )
 
     def _services(self) -> Services:

@@ -56,6 +56,20 @@ WORKERS_SUBSET=(
 WORKERS_SUBSET+=(
     --deselect tests/e2e/test_audit_durability.py::test_a_full_queue_denies_before_anything_goes_upstream
 )
+# The intercepted HTTP/1.1 exchanges again on mitmproxy's general HTTP layer: the suite above runs
+# them on the lean layer (the default, proxy/lean/), which hands the general path only what it
+# does not serve itself. Refusals of malformed traffic, head caps, credentials and scrubbing,
+# gate decisions, trailers and hop-by-hop fields on the path `interception.http1_path: general`
+# keeps (tests/e2e/lean compares both paths exchange by exchange in the run above).
+GENERAL_PATH_SUBSET=(
+    tests/e2e/addons/test_http_seam.py
+    tests/e2e/addons/test_heads.py
+    tests/e2e/addons/test_credentials.py
+    tests/e2e/addons/test_streamed_responses.py
+    tests/e2e/addons/test_gate.py
+    tests/e2e/addons/test_trailers.py
+    tests/e2e/addons/test_hop_by_hop.py
+)
 # Two worker processes (pytest-xdist), a test file's tests on one of them (module fixtures such
 # as a shared gateway or a namespace lab start once, and never run beside their own twin:
 # `--dist worksteal` split test_transparent.py's lab and its jails hung once in six runs).
@@ -74,6 +88,9 @@ if [ "$#" -eq 0 ]; then
     echo "== pytest, two workers per gateway" >&2
     SANDGATE_TEST_WORKERS=2 .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
         "${WORKERS_SUBSET[@]}" || status=$?
+    echo "== pytest, the general HTTP/1.1 path" >&2
+    SANDGATE_HTTP1_PATH=general .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile \
+        "${GENERAL_PATH_SUBSET[@]}" || status=$?
 fi
 echo "== mypy" >&2
 wait "$typecheck" || status=1

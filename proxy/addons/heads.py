@@ -74,8 +74,11 @@ __all__ = [
     "HeadRefusal",
     "RefusedResponse",
     "SandgateHeadRefusedHook",
+    "head_limits",
     "head_overflow",
     "install",
+    "refused_response",
+    "request_head_refusal",
     "self_test",
 ]
 
@@ -158,6 +161,11 @@ _ORIGINAL: Callable[..., Commands] | None = None
 
 
 _LIMITS: dict[tuple[Any, ...], HeadLimits] = {}  # read on every HTTP/1 event: built once
+
+
+def head_limits(options: Options) -> HeadLimits | None:
+    """The caps in force (the master's `sandgate_head_*` options), or None: none declared."""
+    return _limits(options)
 
 
 def _limits(options: Options) -> HeadLimits | None:
@@ -357,17 +365,25 @@ def _refuse(
         yield ReceiveHttp(ResponseHeaders(layer.stream_id, response, end_stream=True))
         yield ReceiveHttp(ResponseEndOfMessage(layer.stream_id))
         return
+    yield from request_head_refusal(layer.context.client, problem, limits, received)
+
+
+def request_head_refusal(
+    client: connection.Client, problem: str, limits: HeadLimits, received: int
+) -> Commands:
+    """A refused request head (`problem`: a cap's name, "timeout" or "pipelined"): its hook (the
+    record), the answer (none for "pipelined": a response is still being sent), the close."""
     reason = Reason.HEADER_TIMEOUT if problem == "timeout" else Reason.HEADER_TOO_LARGE
     status: int | None = 408 if problem == "timeout" else 431
     if problem == "pipelined":
         status = None  # a response is still being sent: no room for another answer
     decision_id = new_decision_id()
     detail = _detail(problem, limits, received)
-    yield SandgateHeadRefusedHook(HeadRefusal(layer.context.client, reason, status, decision_id, detail))
+    yield SandgateHeadRefusedHook(HeadRefusal(client, reason, status, decision_id, detail))
     if status is not None:
         response = refused_response(status, reason, decision_id, _limit_name(problem))
-        yield commands.SendData(layer.conn, http1.assemble_response(response))
-    yield commands.CloseConnection(layer.conn)
+        yield commands.SendData(client, http1.assemble_response(response))
+    yield commands.CloseConnection(client)
 
 
 def _limit_name(problem: str) -> str:

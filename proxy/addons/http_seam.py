@@ -59,7 +59,7 @@ from sandgate.proxy.mitm.wire_errors import INVALID_REQUEST, KILLED, Failure, fa
 from sandgate.proxy.respond import denied_response
 from sandgate.proxy.tasks import TaskSet
 
-__all__ = ["HttpErrorSeam", "SeamMoved", "check_seam"]
+__all__ = ["STREAM_REFUSALS", "HttpErrorSeam", "SeamMoved", "check_seam"]
 
 log = structlog.get_logger("sandgate.http_seam")
 
@@ -67,7 +67,7 @@ SUPPORTED = "12.3."
 # What a refused streamed body raises from its stream callable to stop mitmproxy forwarding it
 # (a limit, the broker, a refused JSON-RPC body).
 # A compressed body that does not decode is cut too: it could not be scrubbed.
-_STREAM_REFUSALS = (LimitStreamCut, StreamDenied, ProtocolBodyRefused, UndecodableBody)
+STREAM_REFUSALS = (LimitStreamCut, StreamDenied, ProtocolBodyRefused, UndecodableBody)
 
 Commands = Generator[commands.Command, Any, Any]
 Record = Callable[[dict[str, Any]], None]
@@ -188,7 +188,7 @@ class _GuardedStream(HttpStream):
             except StopIteration as stop:
                 self._scrub()
                 return stop.value
-            except _STREAM_REFUSALS:
+            except STREAM_REFUSALS:
                 # A limit or the broker stopped a streamed body (already audited): cut it.
                 yield from self._cut()
                 return None

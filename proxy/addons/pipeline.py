@@ -66,6 +66,9 @@ class Shared:
     endpoint: AccessEndpoint | None = None
     # The gateway's own start and stop hooks (an addon), run after every other addon's.
     lifecycle: object | None = None
+    # Chooses the lean HTTP/1.1 layer (proxy/lean/, a layer above the addons: it runs their
+    # hooks); placed right after the HTTP/2 guard, the last of the layer choosers. None: none.
+    lean: object | None = None
 
 
 def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | None = None) -> list[Any]:
@@ -132,6 +135,11 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
     if only is not None and (unknown := set(only) - {cls for cls, _ in order}):
         raise TypeError(f"pipeline: not in it: {sorted(c.__name__ for c in unknown)}")
     addons = [make() for cls, make in order if only is None or cls in only]
+    if s.lean is not None:
+        # After the guards made mitmproxy's HTTP layer theirs: the lean layer keeps it inside
+        # for the requests it hands over.
+        after = [i for i, addon in enumerate(addons) if isinstance(addon, H2Guard)]
+        addons.insert(after[0] + 1 if after else len(addons), s.lean)
     if s.lifecycle is not None:
         addons.append(s.lifecycle)  # last: services stop after every addon's `done`
     return addons
