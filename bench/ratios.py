@@ -56,6 +56,17 @@ RATIOS = [
     ),
     Ratio("2 workers / 1 worker, plain HTTP c10, per core-second", "sg2-plain", "sg1-plain", None, True),
     Ratio("1 worker / bare mitmdump, intercepted HTTPS c10", "sg1-int10", "md-int10", 1.5),
+    # Issue 29: the lean HTTP/1.1 path against mitmproxy's general path, both 1 worker.
+    Ratio("lean path / general path, intercepted HTTPS c10 (1 worker)", "lean-int10", "general-int10", 1.6),
+    Ratio("lean path / general path, intercepted HTTPS c1 (1 worker)", "lean-int1", "general-int1", None),
+    Ratio(
+        "lean path / general path, intercepted HTTPS c10, per core-second",
+        "lean-int10",
+        "general-int10",
+        None,
+        True,
+    ),
+    Ratio("lean path (1 worker) / bare mitmdump, intercepted HTTPS c10", "lean-int10", "md-int10", 2.0),
     Ratio("1 worker / bare mitmdump, intercepted HTTPS c1", "sg1-int1", "md-int1", 1.5),
     Ratio("2-core gateway / one-core Node proxy, intercepted HTTPS c10", "sg2-int10", "node-int10", 1.0),
     Ratio("Rego tenant / allowlist only, intercepted HTTPS c10 (1 worker)", "rego-int10", "sg1-int10", 0.85),
@@ -162,6 +173,7 @@ def proxies(b: Bench) -> Iterator[list[Measure]]:
                     ),
                 ]
 
+        ms += _path_rows(b, stack, rules, cred)
         if b.args.alt:
             ms += _alt_rows(b, stack, rules, cred)
         rules, cred = workers.rego_rules(b)
@@ -218,6 +230,32 @@ def proxies(b: Bench) -> Iterator[list[Measure]]:
         except peers.Unavailable as e:
             b.notes.append(f"Node proxy not available: {e}")
         yield ms
+
+
+def _path_rows(b: Bench, stack: contextlib.ExitStack, rules: Path, cred: str) -> list[Measure]:
+    """One 1-worker gateway on each intercepted HTTP/1.1 path (`$SANDGATE_HTTP1_PATH`, whatever
+    the default): intercepted c10 and c1 on each."""
+    t = b.tls_port
+    ms: list[Measure] = []
+    for path in ("general", "lean"):
+        os.environ["SANDGATE_HTTP1_PATH"] = path
+        try:
+            sg, gw = stack.enter_context(workers.gateway_service(b, f"sandgate-{path}", rules, cred, 1))
+        finally:
+            del os.environ["SANDGATE_HTTP1_PATH"]
+        tls = workers.tls_args(gw.proxy, f"https://api.test:{t}/", gw.ca, gw.cred)
+        ms += [
+            Measure(
+                f"{path}-int10", f"sandgate, 1 worker, {path} path, intercepted HTTPS c10", sg, _load(tls)
+            ),
+            Measure(
+                f"{path}-int1",
+                f"sandgate, 1 worker, {path} path, intercepted HTTPS c1",
+                sg,
+                _load(tls, concurrency=1),
+            ),
+        ]
+    return ms
 
 
 def _alt_rows(b: Bench, stack: contextlib.ExitStack, rules: Path, cred: str) -> list[Measure]:
