@@ -49,7 +49,7 @@ from sandgate.policy.reasons import Reason
 from sandgate.proxy.addons.exchange import Exchange
 from sandgate.proxy.addons.heads import HeadLimits, head_overflow, refused_response, request_head_refusal
 from sandgate.proxy.addons.http_seam import STREAM_REFUSALS
-from sandgate.proxy.lean.phases import run_phase
+from sandgate.proxy.lean.phases import END_EMPTY_BODY, run_phase
 from sandgate.proxy.lean.plain import plain_request
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.mitm.wire_errors import (
@@ -191,9 +191,7 @@ class LeanHttp1(layer.Layer):
         if self.stream_above is not None and size > self.stream_above:
             request.stream = True
         if size == 0:  # no body: both request hooks in one phase
-            request.timestamp_end = time.time()
-            request.data.content = b""
-            yield from run_phase(flow, HttpRequestHeadersHook(flow), HttpRequestHook(flow))
+            yield from run_phase(flow, HttpRequestHeadersHook(flow), END_EMPTY_BODY, HttpRequestHook(flow))
             yield from self._after_request()
             return
         yield from run_phase(flow, HttpRequestHeadersHook(flow))

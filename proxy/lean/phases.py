@@ -12,14 +12,25 @@ queue, as for any hook.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from mitmproxy import ctx, http
+from mitmproxy import hooks as hooks_module
+from mitmproxy.flow import Error
 from mitmproxy.proxy import commands
 
-__all__ = ["LeanWait", "run_phase"]
+from sandgate.proxy.mitm.wire_errors import KILLED
+
+__all__ = ["END_EMPTY_BODY", "LeanWait", "Step", "run_phase"]
+
+log = structlog.get_logger("sandgate.lean")
+
+# Something the layer does to the flow between two hooks of one phase.
+Step = Callable[[http.HTTPFlow], None]
 
 
 @dataclass
@@ -30,18 +41,44 @@ class LeanWait(commands.StartHook):
     name = "sandgate_lean_wait"
 
 
+def _end_empty_body(flow: http.HTTPFlow) -> None:
+    flow.request.data.content = b""
+    flow.request.timestamp_end = time.time()
+
+
+# A request without a body ends between its two hooks, as mitmproxy ends it.
+END_EMPTY_BODY: Step = _end_empty_body
+
+
 async def _hooks(flow: http.HTTPFlow, hooks: tuple[Any, ...]) -> None:
     manager = ctx.master.addons
-    for hook in hooks:
-        await manager.handle_lifecycle(hook)
-        if flow.error is not None:
-            return  # killed or failed: the later hooks of the phase are not for it
+    try:
+        for hook in hooks:
+            if not isinstance(hook, hooks_module.Hook):
+                hook(flow)  # a Step
+                continue
+            await manager.handle_lifecycle(hook)
+            if flow.intercepted:
+                await flow.wait_for_resume()  # as mitmproxy's connection handler waits
+            if flow.error is not None:
+                return  # killed or failed: the later hooks of the phase are not for it
+    except Exception:
+        # handle_lifecycle logs an addon's error and goes on; this is anything else. Fail closed.
+        log.exception("hook_failed", hook="lean.phase")
+        _fail_closed(flow)
+
+
+def _fail_closed(flow: http.HTTPFlow) -> None:
+    if flow.error is None:
+        flow.error = Error(KILLED.text)
 
 
 def run_phase(flow: http.HTTPFlow, *hooks: Any) -> Generator[commands.Command, Any, None]:
-    """Run `hooks` on the addons; yields `LeanWait` only if one of them suspended."""
+    """Run `hooks` on the addons (a `Step` between two is called on the flow); yields `LeanWait`
+    only if an addon suspended. A phase that did not run to its end (cancelled: the gateway
+    stops; anything raised outside an addon) leaves the flow killed: nothing undecided goes on."""
     task = asyncio.Task(_hooks(flow, hooks), loop=asyncio.get_running_loop(), eager_start=True)
     if not task.done():
         yield LeanWait(task)
-    if not task.cancelled() and task.exception() is not None:
-        raise task.exception()  # type: ignore[misc]  # handle_lifecycle logs addon errors itself
+    if not task.done() or task.cancelled():
+        _fail_closed(flow)
