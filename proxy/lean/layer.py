@@ -107,11 +107,9 @@ class LeanHttp1(layer.Layer):
         # Start: mitmproxy chooses this layer on the tunnel's first bytes, which come next.
         if isinstance(event, events.DataReceived) and event.connection is client:
             self.cbuf += event.data
-            if self.flow is None:
-                yield from self._next_request()
-            elif self.request_reader is not None:
+            if self.flow is not None and self.request_reader is not None:
                 yield from self._request_body()
-            elif self.limits is not None and len(self.cbuf) > self.limits.max_bytes:
+            elif self.flow is not None and self.limits is not None and len(self.cbuf) > self.limits.max_bytes:
                 # Pipelined while a response is pending, over the cap: as in HTTP/1, closed.
                 yield from self._refuse_head("pipelined")
         elif isinstance(event, events.DataReceived) and event.connection is server:
@@ -128,22 +126,34 @@ class LeanHttp1(layer.Layer):
         elif isinstance(event, events.ConnectionClosed) and event.connection is server:
             if self.awaiting_response:
                 yield from self._response(eof=True)
-            elif self.flow is not None:
-                yield from self._fail(UPSTREAM_CLOSED)
             elif server.state is not ConnectionState.CLOSED:
-                yield commands.CloseConnection(server)  # idle keep-alive ended upstream
+                # Between requests, or before this one was sent: the next needs a new connection.
+                yield commands.CloseConnection(server)
         elif isinstance(event, events.ConnectionClosed) and event.connection is client:
             if self.flow is not None and self.flow.live:
                 yield from self._fail(CLIENT_GONE)
             yield from self._close()
+        yield from self._serve_waiting_requests()
+
+    def _serve_waiting_requests(self) -> Commands:
+        """Serve each request whose bytes are here, one after the other: a loop, not a call per
+        request, so a guest pipelining thousands of refused requests deepens no stack."""
+        while self.flow is None and self.cbuf and not (self.closed or self.handed_over):
+            yield from self._next_request()
 
     # --- the request ------------------------------------------------------------------------
 
     def _refuse_head(self, problem: str) -> Commands:
         assert self.limits is not None
         received = len(self.cbuf)
-        self.closed = True
         self.cbuf = ReceiveBuffer()
+        flow = self.flow
+        if flow is not None and flow.live:
+            # The exchange in flight ends with the connection (its record says so), first.
+            flow.error, flow.live = Error(CLIENT_GONE.text), False
+            yield from run_phase(flow, HttpErrorHook(flow))
+        self.closed = True
+        self.flow = None
         yield from request_head_refusal(self.context.client, problem, self.limits, received)
         if self.context.server.state is not ConnectionState.CLOSED:
             yield commands.CloseConnection(self.context.server)
@@ -153,7 +163,7 @@ class LeanHttp1(layer.Layer):
         raw = bytes(self.cbuf)
         if not raw:
             return
-        if server.timestamp_start is not None and server.state is ConnectionState.CLOSED:
+        if server.timestamp_start is not None and server.state is not ConnectionState.OPEN:
             # A new upstream connection (and its TLS) is the general path's to make.
             yield from self._hand_over(raw, "upstream_closed")
             return
@@ -267,6 +277,12 @@ class LeanHttp1(layer.Layer):
     def _send_request_head(self) -> Generator[commands.Command, Any, bool]:
         flow, server = self.flow, self.context.server
         assert flow is not None
+        if server.timestamp_start is not None and server.state is not ConnectionState.OPEN:
+            # The upstream closed its kept-alive connection while this request was read or
+            # decided (a hold for approval can outlast its idle timeout). The general path would
+            # dial again; this layer answers 502 (recorded), which a client may retry.
+            yield from self._fail(UPSTREAM_CLOSED)
+            return False
         if server.state is ConnectionState.CLOSED:
             error = yield commands.OpenConnection(server)
             if error:
@@ -300,10 +316,12 @@ class LeanHttp1(layer.Layer):
                 if eof:
                     yield from self._fail(UPSTREAM_CLOSED)
                 return None
+            if not lines:
+                continue  # an empty line before the status line: skipped, as h11 skips it
             try:
                 response = http1.read_response_head([bytes(x) for x in lines])
                 size = http1.expected_http_body_size(flow.request, response)
-            except ValueError:
+            except (ValueError, IndexError):
                 yield from self._fail(MALFORMED)
                 return None
             if response.status_code >= 200 or response.status_code == 101:
@@ -345,7 +363,9 @@ class LeanHttp1(layer.Layer):
         assert flow is not None and flow.response is not None and reader is not None
         try:
             while True:
-                event = reader.read_eof() if eof and not self.sbuf else reader(self.sbuf)
+                event = reader(self.sbuf)
+                if event is None and eof:
+                    event = reader.read_eof()  # what is left can only end here (or not at all)
                 if not isinstance(event, Data):
                     break
                 if flow.response.stream:
@@ -414,14 +434,13 @@ class LeanHttp1(layer.Layer):
         flow.live = False
         self.flow = None
         METRICS.lean_exchange()
-        if (
-            close
-            or http1.connection_close(request.http_version, request.headers)
-            or http1.connection_close(response.http_version, response.headers)
-        ):
+        if self.sbuf:
+            # Bytes past the answer's end (as mitmproxy's HTTP/1 client): never the next answer.
+            self.sbuf = ReceiveBuffer()
+            yield commands.CloseConnection(self.context.server)
+        if close or _connection_done(request, response):
             yield from self._close(drain=drain)
-        elif self.cbuf:
-            yield from self._next_request()
+        # A request waiting behind this one is served by the caller's loop.
 
     # --- bodies through stream callables --------------------------------------------------------
 
@@ -454,10 +473,13 @@ class LeanHttp1(layer.Layer):
     # --- endings --------------------------------------------------------------------------------
 
     def _ended(self, *, error_hook: bool = True) -> Generator[commands.Command, Any, bool]:
-        """After a phase: a killed or failed flow gets its error hook (not after the response
-        hook, as in mitmproxy) and the connection closes."""
+        """After a phase: a killed or failed flow, or one whose guest left while the phase
+        waited (as mitmproxy's check_killed sees it), gets its error hook (not after the
+        response hook, as in mitmproxy) and the connection closes."""
         flow = self.flow
         assert flow is not None
+        if flow.error is None and self._client_left():
+            flow.error = Error(CLIENT_GONE.text)
         if flow.error is None:
             return False
         flow.live = False
@@ -465,6 +487,12 @@ class LeanHttp1(layer.Layer):
             yield from run_phase(flow, HttpErrorHook(flow))
         yield from self._close()
         return True
+
+    def _client_left(self) -> bool:
+        """The guest's close waits among the events queued while a phase waited."""
+        client = self.context.client
+        queued = self._paused_event_queue
+        return any(isinstance(e, events.ConnectionClosed) and e.connection is client for e in queued)
 
     def _answer_now(self) -> Commands:
         """A refusal of a request whose body is streamed: answered before its body, then closed
@@ -527,6 +555,20 @@ class LeanHttp1(layer.Layer):
             yield commands.CloseTcpConnection(client, half_close=True)
         elif client.state is not ConnectionState.CLOSED:
             yield commands.CloseConnection(client)
+
+
+def _connection_done(request: http.Request, response: http.Response) -> bool:
+    """mitmproxy's HTTP/1 rule: a connection ends after an answer framed by its close, or when
+    either side said `Connection: close`."""
+    try:
+        until_close = http1.expected_http_body_size(request, response) == -1
+    except ValueError:
+        until_close = False  # headers an addon set that frame nothing: as mitmproxy, not this
+    return (
+        until_close
+        or http1.connection_close(request.http_version, request.headers)
+        or http1.connection_close(response.http_version, response.headers)
+    )
 
 
 def _valid_headers(response: http.Response) -> bool:

@@ -63,9 +63,10 @@ async def _hooks(flow: http.HTTPFlow, hooks: tuple[Any, ...]) -> None:
             if flow.error is not None:
                 return  # killed or failed: the later hooks of the phase are not for it
     except Exception:
-        # handle_lifecycle logs an addon's error and goes on; this is anything else. Fail closed.
-        log.exception("hook_failed", hook="lean.phase")
+        # handle_lifecycle logs an addon's error and goes on; this is anything else. Fail closed
+        # first: the log call itself may fail the same way (a RecursionError).
         _fail_closed(flow)
+        log.exception("hook_failed", hook="lean.phase")
 
 
 def _fail_closed(flow: http.HTTPFlow) -> None:
@@ -80,5 +81,5 @@ def run_phase(flow: http.HTTPFlow, *hooks: Any) -> Generator[commands.Command, A
     task = asyncio.Task(_hooks(flow, hooks), loop=asyncio.get_running_loop(), eager_start=True)
     if not task.done():
         yield LeanWait(task)
-    if not task.done() or task.cancelled():
+    if not task.done() or task.cancelled() or task.exception() is not None:
         _fail_closed(flow)
