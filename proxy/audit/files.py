@@ -287,15 +287,17 @@ class JsonlSource:
         self._resume = None
         if inode is None:
             return None
-        for path in audit_files(self.path):
-            try:
-                f = path.open("rb")
-            except FileNotFoundError:
-                continue
-            if _inode(f) == inode:
-                f.seek(pos)
-                return f
-            f.close()
+        # Twice: a rotation between a listing and the opens renames the file out of the first.
+        for _ in range(2):
+            for path in audit_files(self.path):
+                try:
+                    f = path.open("rb")
+                except FileNotFoundError:
+                    continue
+                if _inode(f) == inode:
+                    f.seek(pos)
+                    return f
+                f.close()
         self.gaps += 1  # rotated past the last backup since `latest`: the live file from its start
         return None
 

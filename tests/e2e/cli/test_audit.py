@@ -670,6 +670,29 @@ def test_follow_reads_every_file_rotated_while_it_was_not_looking(tmp_path: Path
     assert (source.gaps, source.malformed) == (0, 0)
 
 
+def test_follow_finds_the_file_it_stopped_in_when_a_rotation_renames_it_during_the_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower lists the audit files, then opens them: a rotation between the two renames
+    the file `latest` stopped in out of the listing. Seen under load as a follower that never
+    printed the record the rotation carried."""
+    from sandgate.proxy.audit import files
+
+    path = tmp_path / "audit.jsonl"
+    a0, a1, a2 = records_named("a0", "a1", "a2")
+    sink = JsonlFileSink(path, max_bytes=3 * len(a0) - 1, backups=5)
+    sink.write([a0, a1])
+    source = JsonlSource(path, poll_seconds=0.01)
+    assert [r["decision_id"] for r in source.latest(Query(), 1)] == ["a1"]
+    sink.write([a2])  # rotates: the file `latest` stopped in is audit.jsonl.1 now
+    sink.close()
+    listings = [[path]]  # the first listing, made before the rename: the new live file only
+    real = files.audit_files
+    monkeypatch.setattr(files, "audit_files", lambda p: listings.pop() if listings else real(p))
+    assert take(source, 1) == ["a2"]
+    assert source.gaps == 0
+
+
 def test_follow_counts_a_gap_when_rotation_outran_it(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     a0, a1, a2, a3 = records_named("a0", "a1", "a2", "a3")
