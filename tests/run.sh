@@ -58,15 +58,14 @@ WORKERS_SUBSET+=(
 )
 # The intercepted HTTP/1.1 exchanges again on mitmproxy's general HTTP layer: the suite above runs
 # them on the lean layer (the default, proxy/lean/), which hands the general path only what it
-# does not serve itself. Refusals of malformed traffic, head caps, credentials and scrubbing,
-# gate decisions, trailers and hop-by-hop fields on the path `interception.http1_path: general`
-# keeps (tests/e2e/lean compares both paths exchange by exchange in the run above).
+# does not serve itself. Refusals of malformed traffic, head caps, streamed answers through the
+# scrubber, trailers and hop-by-hop fields on the path `interception.http1_path: general` keeps
+# (tests/e2e/lean compares both paths exchange by exchange, and runs its limits and edge cases
+# on both, in the run above; the in-process tests drive the addons through mitmproxy's layers).
 GENERAL_PATH_SUBSET=(
     tests/e2e/addons/test_http_seam.py
     tests/e2e/addons/test_heads.py
-    tests/e2e/addons/test_credentials.py
     tests/e2e/addons/test_streamed_responses.py
-    tests/e2e/addons/test_gate.py
     tests/e2e/addons/test_trailers.py
     tests/e2e/addons/test_hop_by_hop.py
 )
