@@ -270,6 +270,22 @@ class WebSocketGuest:
         self.wait(lambda evs: any(isinstance(e, CloseConnection) for e in evs), timeout)
         return next((e for e in self.events if isinstance(e, CloseConnection)), None)
 
+    def send_until_refused(self, event: Event, piece: int = 4096) -> int:
+        """Send `event` in `piece`-byte writes, stopping once the gateway answered or closed
+        (a refusal may come before the whole message is written); returns the bytes sent."""
+        data = self.ws.send(event)
+        sent = 0
+        while sent < len(data):
+            try:
+                self.tls.sendall(data[sent : sent + piece])
+            except (OSError, ssl.SSLError):
+                break
+            sent += min(piece, len(data) - sent)
+            if self._poll():
+                break
+        self.sent_bytes += sent
+        return sent
+
     def send_message(self, size: int, fragment: int) -> int:
         """Send one binary message of `size` bytes in `fragment`-byte frames, stopping early
         when the gateway answers or closes; returns the bytes sent."""
