@@ -259,7 +259,7 @@ class Gateway:
             approvals=self.approvals.pending,
             endpoint=self.approvals.endpoint,
             lifecycle=_Lifecycle(self),
-            lean=LeanPath(http1_path(config) == "lean"),
+            lean=LeanPath() if http1_path(config) == "lean" else None,
         )
 
     def _services(self) -> Services:

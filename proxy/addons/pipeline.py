@@ -136,13 +136,18 @@ def pipeline(ctx: GatewayContext, shared: Shared, *, only: Collection[type] | No
         raise TypeError(f"pipeline: not in it: {sorted(c.__name__ for c in unknown)}")
     addons = [make() for cls, make in order if only is None or cls in only]
     if s.lean is not None:
-        # After the guards made mitmproxy's HTTP layer theirs: the lean layer keeps it inside
-        # for the requests it hands over.
-        after = [i for i, addon in enumerate(addons) if isinstance(addon, H2Guard)]
-        addons.insert(after[0] + 1 if after else len(addons), s.lean)
+        _insert_after(addons, H2Guard, s.lean)
     if s.lifecycle is not None:
         addons.append(s.lifecycle)  # last: services stop after every addon's `done`
     return addons
+
+
+def _insert_after(addons: list[Any], cls: type, addon: object) -> None:
+    """`addon` right after the instance of `cls` (the end without one). The lean layer's chooser
+    comes after the guards made mitmproxy's HTTP layer theirs: it keeps that layer inside for
+    the requests it hands over."""
+    after = [i for i, a in enumerate(addons) if isinstance(a, cls)]
+    addons.insert(after[0] + 1 if after else len(addons), addon)
 
 
 def _once[T](make: Callable[[], T]) -> Callable[[], T]:

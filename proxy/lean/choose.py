@@ -48,14 +48,10 @@ def http1_path(config: GatewayConfig, env: Mapping[str, str] = os.environ) -> st
 
 
 class LeanPath:
-    """Chooses the lean layer where it serves (`enabled`); waits for its suspended phases."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    """Chooses the lean layer where it serves; waits for its suspended phases. In the pipeline
+    only when `http1_path` is "lean"."""
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
-        if not self.enabled:
-            return
         try:
             self._choose(nextlayer)
         except Exception:
