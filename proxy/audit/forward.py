@@ -121,6 +121,10 @@ class ForwardSink:
                 self._frames = self._frame(lines)
                 self._pending = list(lines)
             self._pace(len(lines))
+            if self._closed:
+                # close() woke the wait: sending now could race its shutdown, and a batch the
+                # collector wrote whose ack was cut would read as failed and be kept twice.
+                raise OSError(errno.EBADF, "audit forwarder closed")
             try:
                 while self._frames:
                     self._send(*self._frames[0])

@@ -51,6 +51,22 @@ def test_a_batch_of_pace_until_records_goes_at_once(
     sink.close()
 
 
+class _SlowToSet(threading.Event):
+    """An Event that says when someone waits on it, and lingers after it is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+    def set(self) -> None:
+        super().set()
+        time.sleep(0.3)
+
+
 def test_close_wakes_a_paced_write_which_then_fails_and_keeps_its_records(
     sock: Path, collector: AuditCollector
 ) -> None:
@@ -64,9 +80,12 @@ def test_close_wakes_a_paced_write_which_then_fails_and_keeps_its_records(
         except OSError as e:
             errors.append(e)
 
+    # close() wakes the paced write, then takes its time before it shuts the socket: the woken
+    # write must not send in that gap (a batch written whose ack is then cut reads as failed).
+    sink._closing = _SlowToSet()
     thread = threading.Thread(target=second)
     thread.start()
-    time.sleep(0.1)
+    assert sink._closing.waiting.wait(5)
     sink.close()
     thread.join(5)
     assert not thread.is_alive()
