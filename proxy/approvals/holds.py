@@ -83,6 +83,7 @@ class Holds:
         except QueueFull:
             return decision.as_denial(Reason.APPROVAL_QUEUE_FULL, "too many requests held for approval"), dctx
         held = self._held.setdefault(client.id, set())
+        intent: bool | None = None
         try:
             # The held request's own record (decision `ask`), tied to its end's by `approval_id`.
             record = decision_record(replace(dctx, decision_id=new_decision_id()), decision)
@@ -92,6 +93,11 @@ class Holds:
             if not await self.ctx.audit.emit(record):
                 return Decision.internal_error(self.ctx.policy.version, "audit queue full"), dctx
             log.info("approval.held", id=request.id, sandbox=request.sandbox, host=request.host)
+            # Its end's record, should this process die while it waits (the trail would have the
+            # `ask` alone): journaled as an intent, closed once the hold ends.
+            intent = self.ctx.audit.intend(_cut_record(dctx, decision, request))
+            if intent is False:
+                return Decision.internal_error(self.ctx.policy.version, "audit journal failed"), dctx
             held.add(request)
             # A client that hung up has its read side closed (mitmproxy sees the EOF at once).
             ended = await approvals.wait(request, lambda: not client.state & WireState.CAN_READ)
@@ -99,6 +105,8 @@ class Holds:
             held.discard(request)
             # A fault or a cancelled hook ends the hold undecided: never left open, never released.
             approvals.drop(request)
+            if intent:
+                self.ctx.audit.close_intent(dctx.decision_id)
         return _ended(decision, request, ended), replace(dctx, waited=request.waited)
 
     def approved_tunnel(self, client: connection.Client, host: str, port: int, decision: Decision) -> None:
@@ -118,6 +126,13 @@ class Holds:
         if held and self.approvals is not None:
             for request in list(held):
                 self.approvals.client_gone(request)
+
+
+def _cut_record(dctx: DecisionContext, decision: Decision, request: AccessRequest) -> dict[str, Any]:
+    """The held request's end as the trail has it should the process holding it die: refused
+    (nothing went upstream); the journal's reader adds `error: cut by worker exit`."""
+    cut = decision.as_denial(Reason.INTERNAL_ERROR, "the gateway process holding it exited")
+    return decision_record(dctx, replace(cut, approval=(request.id, None)))
 
 
 def _ended(decision: Decision, request: AccessRequest, ended: State) -> Decision:

@@ -85,6 +85,11 @@ class IntentJournal:
                 # and settle_leftovers skips those already in the trail.
                 log.warning("audit.intent_done_failed", error=e.strerror)
 
+    def is_open(self, decision_id: str) -> bool:
+        """Whether an intent for `decision_id` is open."""
+        with self._lock:
+            return decision_id in self._open
+
     @property
     def open_intents(self) -> int:
         return len(self._open)
@@ -164,23 +169,29 @@ def settle_leftovers(
     write: Callable[[list[str]], None],
 ) -> int:
     """Write the open intents of dead processes as records (those not in the trail already,
-    per `written`), then remove their journals; how many records were written. OSError from
-    `write` leaves the journals for the next try."""
-    total = 0
+    per `written`), then remove their journals; how many of the records written are requests
+    the exit cut (the `R` intents: an `E` one, a tunnel's record, was complete as it was).
+    OSError from `write` leaves the journals for the next try."""
+    cut = 0
     for left in leftovers:
         ids = {r["decision_id"] for r in left.records}
         known = written(ids) if ids else set()
-        lines = [trail_line(r) for r in left.records if r["decision_id"] not in known]
-        if lines:
-            write(lines)
-        total += len(lines)
+        records = [r for r in left.records if r["decision_id"] not in known]
+        if records:
+            write([trail_line(r) for r in records])
+        cut_here = sum(1 for r in records if r.get("error") == CUT_BY_EXIT)
+        cut += cut_here
         with contextlib.suppress(OSError):
             left.path.unlink()
         if ids:
             log.warning(
-                "audit.cut_by_exit", pid=left.pid, records=len(lines), already_written=len(ids) - len(lines)
+                "audit.cut_by_exit",
+                pid=left.pid,
+                records=len(records),
+                cut=cut_here,
+                already_written=len(ids) - len(records),
             )
-    return total
+    return cut
 
 
 def trail_line(record: Mapping[str, Any]) -> str:

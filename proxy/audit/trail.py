@@ -344,6 +344,21 @@ class AuditLog:
             return None
         return final, line
 
+    def intend(self, record: Record) -> bool | None:
+        """Journal `record` as the one to write should this process die before the record its
+        id will have (a held request's end); True once journaled, False when the journal could
+        not take it (the caller fails closed), None when there is nothing to do: no journal, or
+        an intent for that id is open already (it stands for the record). `close_intent` closes it."""
+        decision_id = str(record["decision_id"])
+        if self._journal is None or self._journal.is_open(decision_id):
+            return None
+        return self._journaled(record, reserved=True) is not None
+
+    def close_intent(self, decision_id: str) -> None:
+        """The intent `intend` journaled is no longer needed (what it stood for ended)."""
+        if self._journal is not None:
+            self._journal.done((decision_id,))
+
     def release(self, decision_id: str) -> None:
         """Give back the place reserved for `decision_id`, whose record another one stands for
         (an aggregate that names it): a place never used would be lost for good."""

@@ -67,6 +67,8 @@ def test_settling_writes_each_record_once_and_skips_what_the_trail_has(tmp_path:
     journal = IntentJournal(worker, pid=444)
     for i in (1, 2, 3):
         journal.add(f"id{i:04d}", line(record(i)), reserved=True)
+    # A tunnel's allow record, emitted: written as it was, and not a request the exit cut.
+    journal.add("id0004", line(record(4)), reserved=False)
     spool = Spool(worker, pid=444)
     spool.write([line(record(10)), line(record(11))])
     # A line cut by the death: never a whole write, never a record.
@@ -75,7 +77,7 @@ def test_settling_writes_each_record_once_and_skips_what_the_trail_has(tmp_path:
     settled = settle_dead_processes(state, trail_path, sink.write, alive=dead)
     assert (settled.merged, settled.cut) == (1, 2)
     ids = [json.loads(x)["decision_id"] for x in trail_path.read_text().splitlines()]
-    assert sorted(ids) == ["id0001", "id0002", "id0003", "id0010", "id0011"]
+    assert sorted(ids) == ["id0001", "id0002", "id0003", "id0004", "id0010", "id0011"]
     assert not list(worker.iterdir()), "settled files are removed"
     # Settling again (a supervisor that died mid-way runs it once more) adds nothing.
     assert settle_dead_processes(state, trail_path, sink.write, alive=dead).cut == 0
