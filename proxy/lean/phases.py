@@ -2,11 +2,11 @@
 
 mitmproxy runs each hook as a task and resumes the layer with a `HookCompleted` event through
 the whole layer stack. A phase here is one eagerly started task that runs its hooks in order
-(`handle_lifecycle`, as mitmproxy does): when no addon awaits anything that is not ready, it
-is done before the layer goes on. When one does (an OPA server, redis, an approval), the layer
-waits for it through `LeanWait`, a blocking hook whose handler (the `LeanPath` addon) awaits
-the task: the connection handler disarms the idle timeout meanwhile and the layer's events
-queue, as for any hook.
+(as mitmproxy's `handle_lifecycle`: each hook, then `update` if an addon has one): when no
+addon awaits anything that is not ready, it is done before the layer goes on. When one does
+(an OPA server, redis, an approval), the layer waits for it through `LeanWait`, a blocking
+hook whose handler (the `LeanPath` addon) awaits the task: the connection handler disarms the
+idle timeout meanwhile and the layer's events queue, as for any hook.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from mitmproxy import hooks as hooks_module
 from mitmproxy.flow import Error
 from mitmproxy.proxy import commands
 
+from sandgate.proxy.mitm.dispatch import handlers
 from sandgate.proxy.mitm.wire_errors import KILLED
 
 __all__ = ["END_EMPTY_BODY", "LeanWait", "Step", "run_phase"]
@@ -57,7 +58,7 @@ async def _hooks(flow: http.HTTPFlow, hooks: tuple[Any, ...]) -> None:
             if not isinstance(hook, hooks_module.Hook):
                 hook(flow)  # a Step
                 continue
-            await manager.handle_lifecycle(hook)
+            await _lifecycle(manager, hook, flow)
             if flow.intercepted:
                 await flow.wait_for_resume()  # as mitmproxy's connection handler waits
             if flow.error is not None:
@@ -67,6 +68,14 @@ async def _hooks(flow: http.HTTPFlow, hooks: tuple[Any, ...]) -> None:
         # first: the log call itself may fail the same way (a RecursionError).
         _fail_closed(flow)
         log.exception("hook_failed", hook="lean.phase")
+
+
+async def _lifecycle(manager: Any, hook: hooks_module.Hook, flow: http.HTTPFlow) -> None:
+    """mitmproxy's `handle_lifecycle` without its per-hook costs: the flow is known (no
+    `args()` walk), and no `UpdateHook` is made when no addon has an `update` handler."""
+    await manager.trigger_event(hook)
+    if handlers(manager, "update") != ():
+        await manager.trigger_event(hooks_module.UpdateHook([flow]))
 
 
 def _fail_closed(flow: http.HTTPFlow) -> None:

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from mitmproxy import hooks as hooks_module
 from mitmproxy import http
 from mitmproxy.proxy.layers.http._hooks import HttpRequestHeadersHook, HttpRequestHook
 from mitmproxy.test import taddons, tflow
@@ -111,3 +112,36 @@ async def test_a_phase_that_raises_outside_an_addon_leaves_the_flow_killed() -> 
         assert _drive(run_phase(flow, HttpRequestHeadersHook(flow), broken, HttpRequestHook(flow))) == []
     assert [name for name, _ in recorder.seen] == ["requestheaders"]
     assert flow.error is not None and flow.error.msg == "killed"
+
+
+class Updates:
+    """An addon with mitmproxy's `update` hook: it is told after each hook, as mitmproxy tells it."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.updates: list[tuple[int, list[str]]] = []
+
+    def update(self, flows: list[http.HTTPFlow]) -> None:
+        self.updates.append((len(flows), [name for name, _ in self.recorder.seen]))
+
+
+async def test_an_update_handler_is_called_after_each_hook_and_none_is_made_without_one() -> None:
+    recorder = Recorder()
+    updates = Updates(recorder)
+    with taddons.context(recorder, updates):
+        flow = _flow()
+        _drive(run_phase(flow, HttpRequestHeadersHook(flow), HttpRequestHook(flow)))
+    assert updates.updates == [(1, ["requestheaders"]), (1, ["requestheaders", "request"])]
+
+    made: list[object] = []
+    original = hooks_module.UpdateHook.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append(self)
+        original(self, *args, **kwargs)
+
+    with taddons.context(Recorder()), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hooks_module.UpdateHook, "__init__", counted)
+        flow = _flow()
+        _drive(run_phase(flow, HttpRequestHeadersHook(flow), HttpRequestHook(flow)))
+    assert made == [], "no addon has `update`: none is made"
