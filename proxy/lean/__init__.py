@@ -13,4 +13,4 @@ the first byte of that request on, goes to the general path (the guarded `HttpLa
 the tunnel), which then serves the rest of the connection exactly as before.
 """
 
-__all__ = ["choose", "layer", "phases", "plain"]
+__all__ = ["choose", "layer", "phases", "plain", "upstream"]

@@ -12,12 +12,15 @@ What it keeps from mitmproxy's general path, exchange by exchange:
   the broker's scrubber) see each chunk and then b"" at the end; a callable that refuses (a
   limit, the broker) cuts the exchange as the error seam does;
 - a response head over the caps becomes HeadGuard's 502; upstream failures are answered in
-  sandgate's shape, with fixed words (`wire_errors`).
+  sandgate's shape, with fixed words (`wire_errors`);
+- a request whose kept-alive upstream connection closed while it was read or decided goes over
+  a new connection, as the general path dials one (`upstream.Redial`, its own TLS layer); this
+  layer then uses that connection (`self.server`) for the requests after it.
 
 What it hands to the general path (the guarded HttpLayer made for the tunnel, started then,
 serving the rest of the connection): a request head not complete in what was read, over the
-caps, or not plain (`plain.plain_request`), and any request once the upstream connection it
-used has closed.
+caps, or not plain (`plain.plain_request`), and any request that arrives once the upstream
+connection in use has closed (the general path dials its own; a redialled one is closed).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from h11 import Data, EndOfMessage, ProtocolError
 from h11._readers import Http10Reader
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import http
-from mitmproxy.connection import ConnectionState
+from mitmproxy.connection import ConnectionState, Server
 from mitmproxy.flow import Error
 from mitmproxy.net.http import http1
 from mitmproxy.net.http.validate import validate_headers
@@ -51,6 +54,7 @@ from sandgate.proxy.addons.heads import HeadLimits, head_overflow, refused_respo
 from sandgate.proxy.addons.http_seam import STREAM_REFUSALS
 from sandgate.proxy.lean.phases import END_EMPTY_BODY, run_phase
 from sandgate.proxy.lean.plain import plain_request
+from sandgate.proxy.lean.upstream import Dialed, Read, Redial
 from sandgate.proxy.metrics import METRICS
 from sandgate.proxy.mitm.wire_errors import (
     CLIENT_GONE,
@@ -89,6 +93,69 @@ class LeanHttp1(layer.Layer):
         self.response_body = bytearray()
         self.awaiting_response = False
         self.answered = False  # the response head went to the client
+        # The upstream connection in use: the tunnel's, or the last one dialled here (`upstream`).
+        self.server: Server = context.server
+        self.redials: list[Redial] = []
+        self.dialing: commands.OpenConnection | None = None  # this layer waits for the last redial
+
+    def handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        """`Layer.handle_event`, with a redialled connection's stack in between: its events go to
+        it (also while this layer waits for the dial), this layer's commands for it through it."""
+        if self.redials:
+            owner = next((r for r in self.redials if r.owns(event)), None)
+            if owner is not None:
+                yield from self._from_redial(owner, owner.feed(event))
+                if owner.finished and owner is not self.redials[-1]:
+                    # A tunnel that redials often keeps no old stacks.
+                    self.redials = [r for r in self.redials if r is not owner]
+                return
+        for command in super().handle_event(event):
+            if self.redials and isinstance(command, commands.ConnectionCommand):
+                yield from self._to_redial(command)
+            else:
+                yield command
+
+    # --- a redialled upstream connection --------------------------------------------------
+
+    def _to_redial(self, command: commands.ConnectionCommand) -> Commands:
+        """This layer's command: through the last redial's stack if it is for its server."""
+        redial = self.redials[-1]
+        if command.connection is not redial.server:
+            yield command
+        elif isinstance(command, commands.OpenConnection):
+            self.dialing = command  # answered when the stack reports `Dialed`
+            yield from self._from_redial(redial, redial.start())
+        elif isinstance(command, commands.SendData):
+            yield from self._from_redial(redial, redial.send(command.data))
+        elif isinstance(command, commands.CloseConnection):
+            yield from self._from_redial(redial, redial.close())
+        else:  # pragma: no cover - this layer issues no other command for it
+            raise AssertionError(command)
+
+    def _from_redial(self, redial: Redial, produced: list[commands.Command]) -> Commands:
+        """A redial stack's commands: what its pipe reports to this layer, the rest up."""
+        for command in produced:
+            if isinstance(command, Dialed):
+                opening, self.dialing = self.dialing, None
+                assert opening is not None
+                yield from self._own_event(events.OpenConnectionCompleted(opening, command.error))
+            elif isinstance(command, Read):
+                if redial is not self.redials[-1] or self.handed_over:
+                    continue  # a connection no longer used: closed or closing
+                server = redial.server
+                data = command.data
+                got = events.ConnectionClosed(server) if data is None else events.DataReceived(server, data)
+                yield from self._own_event(got)
+            else:
+                yield command
+
+    def _own_event(self, event: events.Event) -> Commands:
+        """`event` to this layer itself, as `Layer.handle_event` runs it (queued while it waits)."""
+        for command in super().handle_event(event):
+            if isinstance(command, commands.ConnectionCommand):
+                yield from self._to_redial(command)
+            else:
+                yield command
 
     # --- events ---------------------------------------------------------------------------
 
@@ -103,7 +170,7 @@ class LeanHttp1(layer.Layer):
             return
         if self.closed:
             return  # what a draining guest still sends is dropped
-        client, server = self.context.client, self.context.server
+        client, server = self.context.client, self.server
         # Start: mitmproxy chooses this layer on the tunnel's first bytes, which come next.
         if isinstance(event, events.DataReceived) and event.connection is client:
             self.cbuf += event.data
@@ -155,11 +222,11 @@ class LeanHttp1(layer.Layer):
         self.closed = True
         self.flow = None
         yield from request_head_refusal(self.context.client, problem, self.limits, received)
-        if self.context.server.state is not ConnectionState.CLOSED:
-            yield commands.CloseConnection(self.context.server)
+        if self.server.state is not ConnectionState.CLOSED:
+            yield commands.CloseConnection(self.server)
 
     def _next_request(self) -> Commands:
-        server = self.context.server
+        server = self.server
         raw = bytes(self.cbuf)
         if not raw:
             return
@@ -187,6 +254,9 @@ class LeanHttp1(layer.Layer):
     def _hand_over(self, raw: bytes, reason: str) -> Commands:
         """The general path serves this request and the rest of the connection."""
         METRICS.lean_handover(reason)
+        if self.redials and self.server.state is not ConnectionState.CLOSED:
+            # The general path knows the tunnel's connection only: it dials its own.
+            yield commands.CloseConnection(self.server)
         self.handed_over = True
         self.cbuf = ReceiveBuffer()
         self.context.layers.append(self.general)
@@ -194,7 +264,7 @@ class LeanHttp1(layer.Layer):
         yield from self.general.handle_event(events.DataReceived(self.context.client, raw))
 
     def _request_head(self, request: http.Request, size: int) -> Commands:
-        flow = self.flow = http.HTTPFlow(self.context.client, self.context.server, live=True)
+        flow = self.flow = http.HTTPFlow(self.context.client, self.server, live=True)
         flow.request = request
         self.answered = False
         self.request_body.clear()
@@ -223,7 +293,7 @@ class LeanHttp1(layer.Layer):
         try:
             while isinstance(event := reader(self.cbuf), Data):
                 if streamed:
-                    yield from self._forward(flow.request, bytes(event.data), self.context.server, up=True)
+                    yield from self._forward(flow.request, bytes(event.data), self.server, up=True)
                 else:
                     self.request_body += event.data
         except STREAM_REFUSALS:
@@ -239,7 +309,7 @@ class LeanHttp1(layer.Layer):
         flow.request.timestamp_end = time.time()
         if streamed:
             try:
-                yield from self._forward(flow.request, b"", self.context.server, up=True, end=True)
+                yield from self._forward(flow.request, b"", self.server, up=True, end=True)
             except STREAM_REFUSALS:
                 yield from self._cut()
                 return
@@ -269,20 +339,19 @@ class LeanHttp1(layer.Layer):
         if not (yield from self._send_request_head()):
             return
         if flow.request.raw_content:
-            yield commands.SendData(self.context.server, flow.request.raw_content)
+            yield commands.SendData(self.server, flow.request.raw_content)
         self.awaiting_response = True
         if self.sbuf:
             yield from self._response(eof=False)
 
     def _send_request_head(self) -> Generator[commands.Command, Any, bool]:
-        flow, server = self.flow, self.context.server
+        flow, server = self.flow, self.server
         assert flow is not None
         if server.timestamp_start is not None and server.state is not ConnectionState.OPEN:
             # The upstream closed its kept-alive connection while this request was read or
-            # decided (a hold for approval can outlast its idle timeout). The general path would
-            # dial again; this layer answers 502 (recorded), which a client may retry.
-            yield from self._fail(UPSTREAM_CLOSED)
-            return False
+            # decided (a hold for approval can outlast its idle timeout): a new connection, as
+            # the general path dials one. Only this request goes on it.
+            server = yield from self._redial(flow)
         if server.state is ConnectionState.CLOSED:
             error = yield commands.OpenConnection(server)
             if error:
@@ -290,6 +359,17 @@ class LeanHttp1(layer.Layer):
                 return False
         yield commands.SendData(server, http1.assemble_request_head(flow.request))
         return True
+
+    def _redial(self, flow: http.HTTPFlow) -> Generator[commands.Command, Any, Server]:
+        """A new server to the same address for `flow` and the requests after it (not opened)."""
+        old = self.server
+        if old.state is not ConnectionState.CLOSED:
+            yield commands.CloseConnection(old)  # half-closed by the upstream
+        redial = Redial(self.context, old)
+        self.redials = [r for r in self.redials if not r.finished] + [redial]
+        self.sbuf = ReceiveBuffer()  # what the old connection sent is never this answer
+        self.server = flow.server_conn = redial.server
+        return redial.server
 
     # --- the response -----------------------------------------------------------------------
 
@@ -352,7 +432,7 @@ class LeanHttp1(layer.Layer):
         assert flow is not None
         self.awaiting_response = False
         self.sbuf = ReceiveBuffer()
-        yield commands.CloseConnection(self.context.server)
+        yield commands.CloseConnection(self.server)
         flow.response = refused_response(502, Reason.HEADER_TOO_LARGE, None, problem)
         yield from run_phase(flow, HttpResponseHeadersHook(flow))
         if not (yield from self._ended()):
@@ -437,7 +517,7 @@ class LeanHttp1(layer.Layer):
         if self.sbuf:
             # Bytes past the answer's end (as mitmproxy's HTTP/1 client): never the next answer.
             self.sbuf = ReceiveBuffer()
-            yield commands.CloseConnection(self.context.server)
+            yield commands.CloseConnection(self.server)
         if close or _connection_done(request, response):
             yield from self._close(drain=drain)
         # A request waiting behind this one is served by the caller's loop.
@@ -547,7 +627,7 @@ class LeanHttp1(layer.Layer):
             return
         self.closed = True
         self.flow = None
-        server, client = self.context.server, self.context.client
+        server, client = self.server, self.context.client
         if server.state is not ConnectionState.CLOSED:
             yield commands.CloseConnection(server)
         if drain and client.state & ConnectionState.CAN_WRITE:
