@@ -336,15 +336,14 @@ class LeanHttp1(layer.Layer):
             if not (yield from self._ended()):
                 yield from self._send_response()
             return
-        if not (yield from self._send_request_head()):
+        if not (yield from self._send_request_head(flow.request.raw_content or b"")):
             return
-        if flow.request.raw_content:
-            yield commands.SendData(self.server, flow.request.raw_content)
         self.awaiting_response = True
         if self.sbuf:
             yield from self._response(eof=False)
 
-    def _send_request_head(self) -> Generator[commands.Command, Any, bool]:
+    def _send_request_head(self, body: bytes = b"") -> Generator[commands.Command, Any, bool]:
+        """The request head (and `body`, a whole one, in the same write) to the upstream."""
         flow, server = self.flow, self.server
         assert flow is not None
         if server.timestamp_start is not None and server.state is not ConnectionState.OPEN:
@@ -357,7 +356,8 @@ class LeanHttp1(layer.Layer):
             if error:
                 yield from self._fail(failure_for(ErrorCode.CONNECT_FAILED, str(error)))
                 return False
-        yield commands.SendData(server, http1.assemble_request_head(flow.request))
+        # One write: each SendData is a TLS record and a socket write.
+        yield commands.SendData(server, http1.assemble_request_head(flow.request) + body)
         return True
 
     def _redial(self, flow: http.HTTPFlow) -> Generator[commands.Command, Any, Server]:
@@ -504,13 +504,17 @@ class LeanHttp1(layer.Layer):
             return
         response, request, client = flow.response, flow.request, self.context.client
         chunked = _chunked(response)
+        parts = []  # sent in one write: each SendData is a TLS record and a socket write
         if not self.answered:
-            yield from self._send_response_head()
+            self.answered = True
+            parts.append(http1.assemble_response_head(response))
             content = response.raw_content
             if content:
-                yield commands.SendData(client, _frame(content) if chunked else content)
+                parts.append(_frame(content) if chunked else content)
         if chunked and request.method.upper() != "HEAD":
-            yield commands.SendData(client, b"0\r\n\r\n")
+            parts.append(b"0\r\n\r\n")
+        if parts:
+            yield commands.SendData(client, b"".join(parts))
         flow.live = False
         self.flow = None
         METRICS.lean_exchange()
