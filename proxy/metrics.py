@@ -282,8 +282,7 @@ class Metrics:
             "sandgate_http1_lean_handovers",
             "Intercepted HTTP/1.1 connections the lean layer handed to mitmproxy's general path, by "
             "reason: partial_head (a head not complete in one read), over_caps, not_plain (an "
-            "upgrade, Expect, trailers, a chunked request body, not HTTP/1.1 origin-form, ...), "
-            "upstream_closed (its upstream connection ended between requests)",
+            "upgrade, Expect, trailers, a chunked request body, not HTTP/1.1 origin-form, ...)",
             ["reason"],
             registry=self.registry,
         )

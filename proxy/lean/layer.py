@@ -13,14 +13,15 @@ What it keeps from mitmproxy's general path, exchange by exchange:
   limit, the broker) cuts the exchange as the error seam does;
 - a response head over the caps becomes HeadGuard's 502; upstream failures are answered in
   sandgate's shape, with fixed words (`wire_errors`);
-- a request whose kept-alive upstream connection closed while it was read or decided goes over
-  a new connection, as the general path dials one (`upstream.Redial`, its own TLS layer); this
-  layer then uses that connection (`self.server`) for the requests after it.
+- a request whose kept-alive upstream connection closed (between requests, or while it was
+  read or decided: a hold can outlast the upstream's idle timeout) goes over a new connection,
+  as the general path dials one (`upstream.Redial`, its own TLS layer); this layer then uses
+  that connection (`self.server`) for the requests after it.
 
 What it hands to the general path (the guarded HttpLayer made for the tunnel, started then,
-serving the rest of the connection): a request head not complete in what was read, over the
-caps, or not plain (`plain.plain_request`), and any request that arrives once the upstream
-connection in use has closed (the general path dials its own; a redialled one is closed).
+serving the rest of the connection, dialling its own upstream connection if it needs one): a
+request head not complete in what was read, over the caps, or not plain
+(`plain.plain_request`).
 """
 
 from __future__ import annotations
@@ -229,10 +230,6 @@ class LeanHttp1(layer.Layer):
         server = self.server
         raw = bytes(self.cbuf)
         if not raw:
-            return
-        if server.timestamp_start is not None and server.state is not ConnectionState.OPEN:
-            # A new upstream connection (and its TLS) is the general path's to make.
-            yield from self._hand_over(raw, "upstream_closed")
             return
         if self.limits is not None and head_overflow(b"", raw, len(raw), self.limits):
             yield from self._hand_over(raw, "over_caps")  # refused there, as HTTP/1 refuses it

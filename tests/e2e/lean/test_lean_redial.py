@@ -207,30 +207,31 @@ def _tunnel(gw: RunningGateway, port: int) -> ssl.SSLSocket:
 
 # What follows the redialled exchange on the same tunnel: a request the lean layer does not
 # serve (HTTP/1.0), pipelined behind the held one, handed over while the new connection is open
-# (the lean layer closes it); or a plain one sent after the new connection idled out too, handed
-# over as "upstream_closed". Either way the general path made for the tunnel dials its own
-# connection. (after an idle wait, the request, the lean layer's handover reason, the upstream
-# connections on the general path)
+# (the lean layer closes it, the general path made for the tunnel dials its own); or a plain one
+# sent after the new connection idled out too, which the lean layer serves over a third
+# connection. (after an idle wait, the request, the lean layer's handover reason or None, the
+# exchanges it served, the upstream connections on the general path)
 THEN = {
     "open": (
         False,
         b"GET /third HTTP/1.0\r\nHost: api.test\r\nConnection: keep-alive\r\n\r\n",
         "not_plain",
         2,
+        2,
     ),
-    "idle": (True, b"GET /third HTTP/1.1\r\nHost: api.test\r\n\r\n", "upstream_closed", 3),
+    "idle": (True, b"GET /third HTTP/1.1\r\nHost: api.test\r\n\r\n", None, 3, 3),
 }
 
 
 @pytest.mark.parametrize(
     "then",
     list(THEN),
-    ids=["then a request it hands over", "then a request after the new connection idled out"],
+    ids=["then a request it hands over", "then a request after the new connection idled out too"],
 )
 def test_a_request_held_past_the_upstreams_idle_close_goes_over_a_new_connection(
     start_gateway: GatewayFactory, pki: TestPKI, path: str, then: str
 ) -> None:
-    idle, third, handover, general_connections = THEN[then]
+    idle, third, handover, lean_exchanges, general_connections = THEN[then]
     with IdleUpstream(pki) as up:
         gw = start_gateway({"t1.yaml": _tenant(up.port)}, config={"interception": {"http1_path": path}})
         with _tunnel(gw, up.port) as tls:
@@ -254,8 +255,9 @@ def test_a_request_held_past_the_upstreams_idle_close_goes_over_a_new_connection
         assert up.connections == (3 if path == "lean" else general_connections)
         if path == "lean":
             counted = _lean_counters(gw)
-            assert counted["sandgate_http1_lean_exchanges_total"] == 2, "the lean layer served /held/x"
-            assert counted[f"sandgate_http1_lean_handovers_total:{handover}"] == 1, counted
+            assert counted["sandgate_http1_lean_exchanges_total"] == lean_exchanges, counted
+            handovers = {k: v for k, v in counted.items() if "handovers" in k and v}
+            assert handovers == ({f"sandgate_http1_lean_handovers_total:{handover}": 1} if handover else {})
         records = gw.records_until(lambda rs: len(_requests(rs, "/third")) >= 1)
         assert _requests(records, "/first") == [("allow", "allowed", 200)]
         assert _requests(records, "/held/x") == [
@@ -360,4 +362,30 @@ def test_a_redial_that_fails_is_a_recorded_502_and_nothing_hangs(
         ]
         (failed,) = [r for r in records if r.get("path") == "/held/x" and r["decision"] == "allow"]
         assert failed["error"] == "upstream unreachable", failed
+        assert "Traceback" not in gw.log()
+
+
+def test_a_request_after_the_upstream_closed_an_idle_connection_is_served_on_a_new_one(
+    start_gateway: GatewayFactory, pki: TestPKI, path: str
+) -> None:
+    """The common case (an agent's tunnel idle between two model calls longer than the upstream
+    keeps it): the lean layer dials again itself and keeps the tunnel, nothing is handed over."""
+    with IdleUpstream(pki) as up:
+        gw = start_gateway({"t1.yaml": _tenant(up.port)}, config={"interception": {"http1_path": path}})
+        with _tunnel(gw, up.port) as tls:
+            tls.sendall(b"GET /first HTTP/1.1\r\nHost: api.test\r\n\r\n")
+            answer = _read_until(tls, _ok)
+            assert up.idle_closed.wait(10), "the upstream kept its idle connection"
+            time.sleep(0.3)  # the gateway has read the close
+            tls.sendall(b"GET /third HTTP/1.1\r\nHost: api.test\r\n\r\n")
+            answer += _read_until(tls, _ok)
+        assert answer.count(b"HTTP/1.1 200 ") == 2 and _ok(answer), answer
+        assert [head.split(b" ")[1] for _, head in up.requests] == [b"/first", b"/third"]
+        assert up.connections == 2 and len({n for n, _ in up.requests}) == 2
+        if path == "lean":
+            counted = _lean_counters(gw)
+            assert counted["sandgate_http1_lean_exchanges_total"] == 2, counted
+            assert not any(v for k, v in counted.items() if "handovers" in k), counted
+        records = gw.records_until(lambda rs: len(_requests(rs, "/third")) >= 1)
+        assert _requests(records, "/first") == _requests(records, "/third") == [("allow", "allowed", 200)]
         assert "Traceback" not in gw.log()
