@@ -71,14 +71,14 @@ class RequestGate:
             # What the rules match is what the upstream gets: the normalised path, no fragment.
             reading = read_target(flow.request.path)
             flow.request.path = reading.forward
-            method, path = flow.request.method, flow.request.path
+            dctx = replace(dctx, method=flow.request.method, path=flow.request.path)
             exchange.head_bytes = head_bytes(flow.request)
             target = self._request_target(flow, state)
             if isinstance(target, Decision):
-                await self._deny(flow, replace(dctx, method=method, path=path), target)
+                await self._deny(flow, dctx, target)
                 return
             host, port, address = target
-            dctx = replace(dctx, method=method, path=path, host=host, port=port, sni=state.sni)
+            dctx = replace(dctx, host=host, port=port, sni=state.sni)
             if self.endpoint is not None and host == self.endpoint.name and not state.in_tunnel:
                 # The gateway's own: never forwarded.
                 if await self.endpoint.headers(flow, dctx, port):

@@ -93,20 +93,24 @@ class Holds:
             if not await self.ctx.audit.emit(record):
                 return Decision.internal_error(self.ctx.policy.version, "audit queue full"), dctx
             log.info("approval.held", id=request.id, sandbox=request.sandbox, host=request.host)
-            # Its end's record, should this process die while it waits (the trail would have the
-            # `ask` alone): journaled as an intent, closed once the hold ends.
+            # Its end's record, should this process die before that record is written (the trail
+            # would have the `ask` alone): journaled as an intent under the end record's id, so
+            # writing that record closes it (an allowed end's reservation takes its place).
             intent = self.ctx.audit.intend(_cut_record(dctx, decision, request))
             if intent is False:
                 return Decision.internal_error(self.ctx.policy.version, "audit journal failed"), dctx
             held.add(request)
             # A client that hung up has its read side closed (mitmproxy sees the EOF at once).
             ended = await approvals.wait(request, lambda: not client.state & WireState.CAN_READ)
+        except BaseException:
+            if intent:
+                # No end record follows a fault or a cancelled hook: the intent goes with it.
+                self.ctx.audit.close_intent(dctx.decision_id)
+            raise
         finally:
             held.discard(request)
             # A fault or a cancelled hook ends the hold undecided: never left open, never released.
             approvals.drop(request)
-            if intent:
-                self.ctx.audit.close_intent(dctx.decision_id)
         return _ended(decision, request, ended), replace(dctx, waited=request.waited)
 
     def approved_tunnel(self, client: connection.Client, host: str, port: int, decision: Decision) -> None:
@@ -132,7 +136,8 @@ def _cut_record(dctx: DecisionContext, decision: Decision, request: AccessReques
     """The held request's end as the trail has it should the process holding it die: refused
     (nothing went upstream); the journal's reader adds `error: cut by worker exit`."""
     cut = decision.as_denial(Reason.INTERNAL_ERROR, "the gateway process holding it exited")
-    return decision_record(dctx, replace(cut, approval=(request.id, None)))
+    # Not counted in the metrics: it is written only if the process dies (its end is counted).
+    return decision_record(dctx, replace(cut, approval=(request.id, None)), count=False)
 
 
 def _ended(decision: Decision, request: AccessRequest, ended: State) -> Decision:

@@ -116,15 +116,17 @@ class ForwardSink:
         """Send the batch and wait until the collector has written it; OSError otherwise."""
         with self._lock:
             if self._closed:
-                raise OSError(errno.EBADF, "audit forwarder closed")
+                self._closed_write(lines)
+                return
             if self._pending is None or lines != self._pending:
                 self._frames = self._frame(lines)
                 self._pending = list(lines)
             self._pace(len(lines))
-            if self._closed:
+            if self._closing.is_set():
                 # close() woke the wait: sending now could race its shutdown, and a batch the
                 # collector wrote whose ack was cut would read as failed and be kept twice.
-                raise OSError(errno.EBADF, "audit forwarder closed")
+                self._closed_write(lines)
+                return
             try:
                 while self._frames:
                     self._send(*self._frames[0])
@@ -139,6 +141,14 @@ class ForwardSink:
                 self._spool.write(lines)
                 self._frames = []
             self._pending = None
+
+    def _closed_write(self, lines: list[str]) -> None:
+        """A batch written after close(): spooled once the supervisor is gone (nobody else will
+        take it), else OSError (the AuditLog keeps it)."""
+        if self._spool is None or not self._orphaned.is_set():
+            raise OSError(errno.EBADF, "audit forwarder closed")
+        self._spool.write(lines)
+        self._frames, self._pending = [], None
 
     def _pace(self, records: int) -> None:
         """Wait out the rest of `interval` since the last frame for a small batch."""

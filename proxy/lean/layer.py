@@ -353,6 +353,8 @@ class LeanHttp1(layer.Layer):
             if error:
                 yield from self._fail(failure_for(ErrorCode.CONNECT_FAILED, str(error)))
                 return False
+            if (yield from self._ended()):
+                return False  # the guest left while the connection was made: nothing is sent
         # One write: each SendData is a TLS record and a socket write.
         yield commands.SendData(server, http1.assemble_request_head(flow.request) + body)
         return True

@@ -4,7 +4,7 @@ A kept-alive upstream may close while a request is read or decided (a hold for a
 outlast its idle timeout). mitmproxy's general path then dials a new connection
 (`HttpLayer.get_connection`); the tunnel's own `Server` cannot be opened again (mitmproxy
 would reuse its local address, and the tunnel's TLS layer above is done with it). `Redial` is
-that new connection: a new `Server` (same address, same SNI, only HTTP/1.1 offered, same
+that new connection: a new `Server` (same address, the old one's SNI, only HTTP/1.1 offered, same
 `via`) behind its own layers, stacked as `get_connection` stacks them (an upstream proxy, TLS),
 with `_Pipe` at the bottom in place of mitmproxy's HTTP client.
 
@@ -75,7 +75,8 @@ class Redial:
     def __init__(self, context: Context, old: Server) -> None:
         ctx = context.fork()
         server = ctx.server = Server(address=old.address)
-        server.sni = old.sni or context.client.sni
+        # The old server's SNI is the name DialGuard permitted (never the guest's); None: it sets it.
+        server.sni = old.sni
         if old.alpn_offers or context.client.alpn_offers:
             server.alpn_offers = _HTTP11  # else none, as the guest offered none
         stack = tunnel.LayerStack()

@@ -22,6 +22,8 @@ from sandgate.proxy.addons.pipeline import Shared
 from sandgate.proxy.addons.request_gate import RequestGate
 from sandgate.proxy.addons.tunnel_gate import TunnelGate
 from sandgate.proxy.approvals import Approvals, State
+from sandgate.proxy.audit.intents import CUT_BY_EXIT, IntentJournal, read_leftovers
+from sandgate.proxy.metrics import METRICS
 
 HOSTS = {"api.test": ["127.0.0.2"]}
 PORT = 8080
@@ -118,3 +120,39 @@ async def test_without_a_store_an_ask_is_refused_approval_required(tmp_path: Pat
         assert flow.response.headers["X-Sandgate-Reason"] == "approval_required"
         [record] = gw.records()
         assert (record["decision"], record["reason"]) == ("deny", "approval_required")
+
+
+def _decisions(reason: str) -> float:
+    sample = METRICS.registry.get_sample_value(
+        "sandgate_decisions_total",
+        {"tenant": "t1", "reason": reason, "phase": "request", "decision": "deny"},
+    )
+    return sample or 0.0
+
+
+async def test_a_hold_journals_its_end_until_that_record_is_written_and_counts_nothing_more(
+    gw: InProcess, approvals: Approvals, tmp_path: Path
+) -> None:
+    journal = IntentJournal(tmp_path / "journal", pid=4343)
+    gw.ctx.audit._journal = journal
+    errors_before, denied_before = _decisions("internal_error"), _decisions("approval_denied")
+    _, hook = await start(gw, "/v1")
+    await until_held(approvals, 1)
+    # While held, the journal holds the end a death would leave: refused, cut by the exit.
+    [left] = read_leftovers(journal.path.parent, lambda pid: False)
+    [cut] = left.records
+    assert (cut["decision"], cut["reason"], cut["error"]) == ("deny", "internal_error", CUT_BY_EXIT)
+    [held] = approvals.listing()
+    assert cut["approval"]["id"] == held.id
+    approvals.settle(held.id, approve=False, by=None, reason=None)
+    await asyncio.wait_for(hook, 5)
+    # The denial is queued: the intent stays open until that record is written, then closes.
+    records = gw.records()
+    assert [(r["decision"], r["reason"]) for r in records] == [
+        ("ask", "approval_required"),
+        ("deny", "approval_denied"),
+    ]
+    assert journal.open_intents == 0
+    # The label names are right (the denial is counted), and the journaled end is not counted.
+    assert _decisions("approval_denied") == denied_before + 1
+    assert _decisions("internal_error") == errors_before

@@ -13,6 +13,7 @@ import pytest
 from sandgate.proxy.assembly.audit import file_sink
 from sandgate.proxy.audit.collector import AuditCollector
 from sandgate.proxy.audit.forward import DEFAULT_INTERVAL, PACE_UNTIL, ForwardSink, forward_interval
+from sandgate.proxy.audit.spool import Spool
 from sandgate.proxy.audit.trail import AuditLog, JsonlFileSink
 from sandgate.proxy.config import GatewayConfig
 
@@ -92,6 +93,34 @@ def test_close_wakes_a_paced_write_which_then_fails_and_keeps_its_records(
     # Nothing reached the collector: the AuditLog keeps the batch (as for any failed write).
     assert len(errors) == 1
     assert collector.written == 1
+
+
+def test_once_the_supervisor_is_gone_a_write_close_woke_or_came_after_is_spooled(
+    tmp_path: Path, sock: Path, collector: AuditCollector
+) -> None:
+    spool = Spool(tmp_path, pid=4242)
+    sink = ForwardSink(sock, "w1", interval=30.0, spool=spool)
+    sink.write(_lines(1))
+    sink.orphaned()
+    errors: list[OSError] = []
+
+    def second() -> None:
+        try:
+            sink.write(_lines(1, start=1))
+        except OSError as e:
+            errors.append(e)
+
+    sink._closing = _SlowToSet()
+    thread = threading.Thread(target=second)
+    thread.start()
+    assert sink._closing.waiting.wait(5)
+    sink.close()
+    thread.join(5)
+    sink.write(_lines(1, start=2))  # after close
+    # Nobody else would take them: spooled for the next supervisor, never raised and retried.
+    assert errors == []
+    assert collector.written == 1
+    assert _numbers(spool.path) == [1, 2] and sink.spooled == 2
 
 
 def test_no_interval_sends_every_batch_at_once(sock: Path, collector: AuditCollector) -> None:
