@@ -83,22 +83,12 @@ class Holds:
         except QueueFull:
             return decision.as_denial(Reason.APPROVAL_QUEUE_FULL, "too many requests held for approval"), dctx
         held = self._held.setdefault(client.id, set())
-        intent: bool | None = None
+        intent = False
         try:
-            # The held request's own record (decision `ask`), tied to its end's by `approval_id`.
-            record = decision_record(replace(dctx, decision_id=new_decision_id()), decision)
-            record.update(facts or {})
-            record["decision"] = "ask"
-            record["approval_id"] = request.id
-            if not await self.ctx.audit.emit(record):
-                return Decision.internal_error(self.ctx.policy.version, "audit queue full"), dctx
+            failure, intent = await self._recorded(dctx, decision, request, facts)
+            if failure is not None:
+                return Decision.internal_error(self.ctx.policy.version, failure), dctx
             log.info("approval.held", id=request.id, sandbox=request.sandbox, host=request.host)
-            # Its end's record, should this process die before that record is written (the trail
-            # would have the `ask` alone): journaled as an intent under the end record's id, so
-            # writing that record closes it (an allowed end's reservation takes its place).
-            intent = self.ctx.audit.intend(_cut_record(dctx, decision, request))
-            if intent is False:
-                return Decision.internal_error(self.ctx.policy.version, "audit journal failed"), dctx
             held.add(request)
             # A client that hung up has its read side closed (mitmproxy sees the EOF at once).
             ended = await approvals.wait(request, lambda: not client.state & WireState.CAN_READ)
@@ -112,6 +102,29 @@ class Holds:
             # A fault or a cancelled hook ends the hold undecided: never left open, never released.
             approvals.drop(request)
         return _ended(decision, request, ended), replace(dctx, waited=request.waited)
+
+    async def _recorded(
+        self,
+        dctx: DecisionContext,
+        decision: Decision,
+        request: AccessRequest,
+        facts: Mapping[str, object] | None,
+    ) -> tuple[str | None, bool]:
+        """The held request's own record (decision `ask`, tied to its end's by `approval_id`),
+        then its end journaled should this process die before that record is written (the trail
+        would have the `ask` alone): an intent under the end record's id, so writing that record
+        closes it (an allowed end's reservation takes its place). (What could not be written,
+        whether an intent was journaled.)"""
+        record = decision_record(replace(dctx, decision_id=new_decision_id()), decision)
+        record.update(facts or {})
+        record["decision"] = "ask"
+        record["approval_id"] = request.id
+        if not await self.ctx.audit.emit(record):
+            return "audit queue full", False
+        intent = self.ctx.audit.intend(_cut_record(dctx, decision, request))
+        if intent is False:
+            return "audit journal failed", False
+        return None, bool(intent)
 
     def approved_tunnel(self, client: connection.Client, host: str, port: int, decision: Decision) -> None:
         """A held CONNECT was approved: the tunnel's requests are not asked about again."""

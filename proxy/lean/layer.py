@@ -106,15 +106,8 @@ class LeanHttp1(layer.Layer):
             owner = next((r for r in self.redials if r.owns(event)), None)
             if owner is not None:
                 yield from self._from_redial(owner, owner.feed(event))
-                if owner.finished and owner is not self.redials[-1]:
-                    # A tunnel that redials often keeps no old stacks.
-                    self.redials = [r for r in self.redials if r is not owner]
                 return
-        for command in super().handle_event(event):
-            if self.redials and isinstance(command, commands.ConnectionCommand):
-                yield from self._to_redial(command)
-            else:
-                yield command
+        yield from self._own_event(event)
 
     # --- a redialled upstream connection --------------------------------------------------
 
@@ -153,7 +146,7 @@ class LeanHttp1(layer.Layer):
     def _own_event(self, event: events.Event) -> Commands:
         """`event` to this layer itself, as `Layer.handle_event` runs it (queued while it waits)."""
         for command in super().handle_event(event):
-            if isinstance(command, commands.ConnectionCommand):
+            if self.redials and isinstance(command, commands.ConnectionCommand):
                 yield from self._to_redial(command)
             else:
                 yield command
@@ -365,6 +358,7 @@ class LeanHttp1(layer.Layer):
         if old.state is not ConnectionState.CLOSED:
             yield commands.CloseConnection(old)  # half-closed by the upstream
         redial = Redial(self.context, old)
+        # A tunnel that redials often keeps no old stacks: those no event can reach go.
         self.redials = [r for r in self.redials if not r.finished] + [redial]
         self.sbuf = ReceiveBuffer()  # what the old connection sent is never this answer
         self.server = flow.server_conn = redial.server

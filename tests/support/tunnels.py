@@ -6,13 +6,14 @@ import base64
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["counters", "https_get", "open_tunnel", "read_head"]
+__all__ = ["counters", "https_get", "lean_counters", "open_tunnel", "read_head", "read_until", "tls_tunnel"]
 
 # The token conftest's tenants give sandbox sb1 (kept in step with tests/conftest.py).
 TOKEN = "test-token-0123456789abcdef"
@@ -24,6 +25,9 @@ class Gateway(Protocol):
     port: int
     root: Path
 
+    @property
+    def ca_file(self) -> Path: ...
+
 
 def counters(gw: Gateway) -> tuple[float, float]:
     """(tunnels the front spliced, connections it handed to mitmproxy) so far."""
@@ -32,6 +36,41 @@ def counters(gw: Gateway) -> tuple[float, float]:
         text = c.get("/metrics").raise_for_status().text
     values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
     return values["sandgate_front_tunnels_total"], values["sandgate_front_handoffs_total"]
+
+
+def lean_counters(gw: Gateway) -> dict[str, float]:
+    """The lean HTTP/1.1 layer's counters so far, by name (a label's value appended: `name:value`)."""
+    transport = httpx.HTTPTransport(uds=str(gw.root / "state" / "admin.sock"))
+    with httpx.Client(transport=transport, base_url="http://sandgate") as c:
+        text = c.get("/metrics").raise_for_status().text
+    return {
+        s.name + "".join(f":{v}" for v in s.labels.values()): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("sandgate_http1_lean_") and s.name.endswith("_total")
+    }
+
+
+def tls_tunnel(gw: Gateway, port: int, *, host: str = "api.test", timeout: float = 10.0) -> ssl.SSLSocket:
+    """TLS to `host` (trusting the gateway's CA) in a tunnel to host:port through the gateway."""
+    context = ssl.create_default_context(cafile=str(gw.ca_file))
+    tls = context.wrap_socket(open_tunnel(gw, f"{host}:{port}"), server_hostname=host)
+    tls.settimeout(timeout)
+    return tls
+
+
+def read_until(tls: ssl.SSLSocket, done: Callable[[bytes], bool]) -> bytes:
+    """What `tls` sends until `done` says it is all there, or it closes, fails or times out."""
+    data = b""
+    while not done(data):
+        try:
+            chunk = tls.recv(65536)
+        except (TimeoutError, ConnectionError, ssl.SSLError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def open_tunnel(gw: Gateway, target: str, *, token: str = TOKEN, head_in: int = 1) -> socket.socket:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import yaml
 from conftest import TOKEN_REF, GatewayFactory, RunningGateway
 from support import RecordingUpstream, TestPKI
-from support.tunnels import open_tunnel
+from support.tunnels import read_until, tls_tunnel
 
 pytestmark = pytest.mark.slow
 
@@ -31,26 +30,6 @@ def _tenant(port: int) -> str:
         "deny": [{"id": "no-admin", "hosts": ["api.test"], "paths": ["/admin/**"]}],
     }
     return yaml.safe_dump(doc, sort_keys=False)
-
-
-def _tunnel(gw: RunningGateway, port: int) -> ssl.SSLSocket:
-    context = ssl.create_default_context(cafile=str(gw.ca_file))
-    tls = context.wrap_socket(open_tunnel(gw, f"api.test:{port}"), server_hostname="api.test")
-    tls.settimeout(10)
-    return tls
-
-
-def _read_until(tls: ssl.SSLSocket, done: Callable[[bytes], bool]) -> bytes:
-    data = b""
-    while not done(data):
-        try:
-            chunk = tls.recv(65536)
-        except (TimeoutError, ConnectionError, ssl.SSLError):
-            break
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 class RawUpstream:
@@ -117,9 +96,9 @@ def test_hundreds_of_pipelined_refused_requests_are_each_answered_and_recorded(
     with RecordingUpstream(UPSTREAM_IP, tls=pki, name="pipelined") as up:
         gw = _gateway(start_gateway, up.port, path)
         denied = b"GET /admin/x HTTP/1.1\r\nHost: api.test\r\n\r\n"
-        with _tunnel(gw, up.port) as tls:
+        with tls_tunnel(gw, up.port) as tls:
             tls.sendall(denied * count + b"GET /last HTTP/1.1\r\nHost: api.test\r\n\r\n")
-            data = _read_until(tls, lambda d: d.count(b"HTTP/1.1 ") >= count + 1 and d.endswith(b"}"))
+            data = read_until(tls, lambda d: d.count(b"HTTP/1.1 ") >= count + 1 and d.endswith(b"}"))
         assert data.count(b"HTTP/1.1 403 ") == count
         assert data.count(b"HTTP/1.1 200 ") == 1
         assert [r.target for r in up.requests] == ["/last"], "only the allowed request went upstream"
@@ -139,11 +118,11 @@ def test_bytes_an_upstream_sends_past_its_answer_never_answer_the_next_request(
 ) -> None:
     with RawUpstream(pki, extra) as up:
         gw = _gateway(start_gateway, up.port, path)
-        with _tunnel(gw, up.port) as tls:
+        with tls_tunnel(gw, up.port) as tls:
             answers = []
             for i in range(2):
                 tls.sendall(b"GET /n%d HTTP/1.1\r\nHost: api.test\r\n\r\n" % i)
-                answers.append(_read_until(tls, lambda d: d.endswith(b"\r\n\r\nok")))
+                answers.append(read_until(tls, lambda d: d.endswith(b"\r\n\r\nok")))
         assert all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"ok") for a in answers), answers
         assert b"evil" not in b"".join(answers)
         assert up.connections == 2, "the upstream that talked past its answer was not asked again"
@@ -161,9 +140,9 @@ def test_an_upstream_that_ends_inside_a_chunk_fails_the_exchange_at_once(
     cut = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n5"
     with RawUpstream(pki, cut, close_after=True) as up:
         gw = _gateway(start_gateway, up.port, path)
-        with _tunnel(gw, up.port) as tls:
+        with tls_tunnel(gw, up.port) as tls:
             tls.sendall(b"GET /cut HTTP/1.1\r\nHost: api.test\r\n\r\n")
-            data = _read_until(tls, lambda d: False)  # until the gateway closes (or 10 s)
+            data = read_until(tls, lambda d: False)  # until the gateway closes (or 10 s)
         record: dict[str, Any]
         (record,) = [
             r

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from conftest import OTHER_TOKEN, OTHER_TOKEN_REF, TOKEN_REF, GatewayFactory, RunningGateway
 from support import RecordingUpstream, TestPKI
-from support.tunnels import open_tunnel
+from support.tunnels import tls_tunnel
 
 pytestmark = pytest.mark.slow
 
@@ -91,17 +91,12 @@ def lab(
         yield gw, up
 
 
-def _tunnel(gw: RunningGateway, port: int) -> ssl.SSLSocket:
-    context = ssl.create_default_context(cafile=str(gw.ca_file))
-    return context.wrap_socket(open_tunnel(gw, f"api.test:{port}"), server_hostname="api.test")
-
-
 def test_a_body_sent_behind_a_held_request_is_not_read_into_memory(
     lab: tuple[RunningGateway, RecordingUpstream],
 ) -> None:
     gw, up = lab
     baseline, peak, sent = _rss(gw), 0, 0
-    with Other(gw, up.port) as other, _tunnel(gw, up.port) as tls:
+    with Other(gw, up.port) as other, tls_tunnel(gw, up.port) as tls:
         # Over stream_large_bodies: the body streams once decided; it waits for the approval.
         tls.sendall(
             f"POST /held/upload HTTP/1.1\r\nHost: api.test\r\nContent-Length: {1 << 30}\r\n\r\n".encode()
@@ -126,7 +121,7 @@ def test_pipelined_bytes_over_the_head_cap_close_the_connection_and_are_never_fo
 ) -> None:
     with RecordingUpstream(UPSTREAM_IP, tls=pki, name="lean-slow", delay=1.0) as slow:
         gw = start_gateway(_tenants(slow.port), config={"interception": {"http1_path": "lean"}})
-        with Other(gw, slow.port) as other, _tunnel(gw, slow.port) as tls:
+        with Other(gw, slow.port) as other, tls_tunnel(gw, slow.port) as tls:
             tls.sendall(b"GET /first HTTP/1.1\r\nHost: api.test\r\n\r\n")
             time.sleep(0.3)  # the first is upstream, its answer pending
             tls.sendall(b"GET /second HTTP/1.1\r\nHost: api.test\r\nX-Big: " + b"a" * 200_000)

@@ -20,13 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from conftest import TOKEN, TOKEN_REF, GatewayFactory, RunningGateway
-from prometheus_client.parser import text_string_to_metric_families
 from support import RecordingUpstream, TestPKI
-from support.tunnels import open_tunnel
+from support.tunnels import lean_counters, open_tunnel, tls_tunnel
 
 pytestmark = pytest.mark.slow
 
@@ -66,10 +64,7 @@ class Pair:
 
     def tunnel(self, path: str) -> ssl.SSLSocket:
         """A TLS connection to api.test through a CONNECT on the `path` gateway."""
-        gw = self.gateways[path]
-        raw = open_tunnel(gw, f"api.test:{self.upstream.port}")
-        context = ssl.create_default_context(cafile=str(gw.ca_file))
-        return context.wrap_socket(raw, server_hostname="api.test")
+        return tls_tunnel(self.gateways[path], self.upstream.port)
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +79,6 @@ def pair(start_module_gateway: GatewayFactory, pki: TestPKI) -> Iterator[Pair]:
             for path in PATHS
         }
         yield Pair(up, gateways, {p: gw.placeholders()["OPENAI_API_KEY"] for p, gw in gateways.items()})
-
-
-def _counters(gw: RunningGateway) -> dict[str, float]:
-    transport = httpx.HTTPTransport(uds=str(gw.root / "state" / "admin.sock"))
-    with httpx.Client(transport=transport, base_url="http://sandgate") as c:
-        text = c.get("/metrics").raise_for_status().text
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.startswith("sandgate_http1_lean_") and s.name.endswith("_total"):
-                found[s.name + "".join(f":{v}" for v in s.labels.values())] = s.value
-    return found
 
 
 def _read_response(
@@ -178,13 +161,13 @@ def _exchange(pair: Pair, path: str, raw: bytes) -> tuple[bytes, list[Any], list
 
 @pytest.mark.parametrize("raw", EXCHANGES.values(), ids=list(EXCHANGES))
 def test_an_exchange_is_the_same_on_both_paths_and_the_lean_layer_serves_it(pair: Pair, raw: bytes) -> None:
-    before = _counters(pair.gateways["lean"])
+    before = lean_counters(pair.gateways["lean"])
     got = {path: _exchange(pair, path, raw) for path in PATHS}
     (general, general_upstream, general_records), (lean, lean_upstream, lean_records) = got.values()
     assert _comparable(lean) == _comparable(general), (lean, general)
     assert lean_upstream == general_upstream, "the upstream received the same requests"
     assert [_record_fields(r) for r in lean_records] == [_record_fields(r) for r in general_records]
-    after = _counters(pair.gateways["lean"])
+    after = lean_counters(pair.gateways["lean"])
     served = after["sandgate_http1_lean_exchanges_total"] - before.get(
         "sandgate_http1_lean_exchanges_total", 0
     )
@@ -216,7 +199,7 @@ def test_what_the_lean_layer_does_not_serve_the_general_path_serves_on_the_same_
     pair: Pair, pieces: list[bytes], reason: str
 ) -> None:
     gw = pair.gateways["lean"]
-    before = _counters(gw)
+    before = lean_counters(gw)
     gw.mark()
     with pair.tunnel("lean") as tls:
         buffered = b""
@@ -233,7 +216,7 @@ def test_what_the_lean_layer_does_not_serve_the_general_path_serves_on_the_same_
         assert after_response.startswith(b"HTTP/1.1 200")
     records = gw.records_until(lambda rs: sum(r["phase"] == "request" for r in rs) >= 2)
     assert [(r["decision"], r["status"]) for r in records if r["phase"] == "request"] == [("allow", 200)] * 2
-    after = _counters(gw)
+    after = lean_counters(gw)
     key = f"sandgate_http1_lean_handovers_total:{reason}"
     assert after.get(key, 0) - before.get(key, 0) == 1
     assert after["sandgate_http1_lean_exchanges_total"] == before.get(
@@ -287,14 +270,11 @@ def test_the_environment_names_the_path_when_the_config_does_not(
                 {"t1.yaml": _tenant(up.port)},
                 env={"SANDGATE_TEST_LEAN_SECRET": REAL, "SANDGATE_HTTP1_PATH": path},
             )
-            context = ssl.create_default_context(cafile=str(gw.ca_file))
-            with context.wrap_socket(
-                open_tunnel(gw, f"api.test:{up.port}"), server_hostname="api.test"
-            ) as tls:
+            with tls_tunnel(gw, up.port) as tls:
                 tls.sendall(b"GET /env HTTP/1.1\r\nHost: api.test\r\n\r\n")
                 response, _ = _read_response(tls)
             assert response.startswith(b"HTTP/1.1 200")
-            served[path] = _counters(gw)["sandgate_http1_lean_exchanges_total"]
+            served[path] = lean_counters(gw)["sandgate_http1_lean_exchanges_total"]
         assert served == {"general": 0, "lean": 1}
         bad = start_gateway(
             {"t1.yaml": _tenant(up.port)}, env={"SANDGATE_HTTP1_PATH": "fast"}, expect_exit=True

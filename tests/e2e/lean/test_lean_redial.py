@@ -17,13 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from conftest import SANDGATE, TOKEN_REF, GatewayFactory, RunningGateway
-from prometheus_client.parser import text_string_to_metric_families
 from support import TestPKI
-from support.tunnels import open_tunnel
+from support.tunnels import lean_counters, read_until, tls_tunnel
 
 pytestmark = pytest.mark.slow
 
@@ -115,18 +113,6 @@ def _content_length(head: bytes) -> int:
     return 0
 
 
-def _lean_counters(gw: RunningGateway) -> dict[str, float]:
-    transport = httpx.HTTPTransport(uds=str(gw.root / "state" / "admin.sock"))
-    with httpx.Client(transport=transport, base_url="http://sandgate") as c:
-        text = c.get("/metrics").raise_for_status().text
-    return {
-        s.name + "".join(f":{v}" for v in s.labels.values()): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name.startswith("sandgate_http1_lean_") and s.name.endswith("_total")
-    }
-
-
 def _sandgate(gw: RunningGateway, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [SANDGATE, *args, "--config", str(gw.root / "sandgate.yaml")],
@@ -149,19 +135,6 @@ def _held(gw: RunningGateway, timeout: float = 15.0) -> str:
         time.sleep(0.1)
 
 
-def _read_until(tls: ssl.SSLSocket, done: Callable[[bytes], bool]) -> bytes:
-    data = b""
-    while not done(data):
-        try:
-            chunk = tls.recv(65536)
-        except (TimeoutError, ConnectionError, ssl.SSLError):
-            break
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
 def _ok(data: bytes) -> bool:
     return data.endswith(b"\r\n\r\nok")
 
@@ -178,7 +151,7 @@ def _hold_past_the_upstreams_close(
     """/first answered; `held_head` held until the upstream closed the idle connection (and
     `meanwhile` ran), then approved (and its `body` sent): its answer."""
     tls.sendall(b"GET /first HTTP/1.1\r\nHost: api.test\r\n\r\n")
-    assert _ok(_read_until(tls, _ok))
+    assert _ok(read_until(tls, _ok))
     tls.sendall(held_head)
     held = _held(gw)
     assert up.idle_closed.wait(10), "the upstream kept its idle connection"
@@ -186,7 +159,7 @@ def _hold_past_the_upstreams_close(
     time.sleep(0.3)  # the gateway has read the close
     assert _sandgate(gw, "requests", "approve", held).returncode == 0
     tls.sendall(body)
-    return _read_until(tls, _ok)  # or until the gateway closes
+    return read_until(tls, _ok)  # or until the gateway closes
 
 
 def _requests(records: list[dict[str, Any]], path: str) -> list[tuple[str, str, int | None]]:
@@ -196,13 +169,6 @@ def _requests(records: list[dict[str, Any]], path: str) -> list[tuple[str, str, 
 @pytest.fixture(params=["general", "lean"])
 def path(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-def _tunnel(gw: RunningGateway, port: int) -> ssl.SSLSocket:
-    context = ssl.create_default_context(cafile=str(gw.ca_file))
-    tls = context.wrap_socket(open_tunnel(gw, f"api.test:{port}"), server_hostname="api.test")
-    tls.settimeout(15)
-    return tls
 
 
 # What follows the redialled exchange on the same tunnel: a request the lean layer does not
@@ -234,27 +200,27 @@ def test_a_request_held_past_the_upstreams_idle_close_goes_over_a_new_connection
     idle, third, handover, lean_exchanges, general_connections = THEN[then]
     with IdleUpstream(pki) as up:
         gw = start_gateway({"t1.yaml": _tenant(up.port)}, config={"interception": {"http1_path": path}})
-        with _tunnel(gw, up.port) as tls:
+        with tls_tunnel(gw, up.port, timeout=15) as tls:
             if idle:
                 answer = _hold_past_the_upstreams_close(gw, up, tls)
                 up.idle_closed.clear()
                 assert up.idle_closed.wait(10), "the upstream kept its idle connection"
                 time.sleep(0.3)  # the gateway has read the close
                 tls.sendall(third)
-                answer += _read_until(tls, _ok)
+                answer += read_until(tls, _ok)
             else:
                 # Pipelined: served as soon as the held one is answered, before the new
                 # connection could idle out.
                 answer = _hold_past_the_upstreams_close(gw, up, tls, body=third)
                 if answer.count(b"\r\n\r\nok") < 2:
-                    answer += _read_until(tls, _ok)
+                    answer += read_until(tls, _ok)
             assert answer.count(b"HTTP/1.1 200 ") == 2 and _ok(answer), answer
         targets = [(n, head.split(b" ")[1]) for n, head in up.requests]
         assert [t for _, t in targets] == [b"/first", b"/held/x", b"/third"], "each went upstream once"
         assert targets[1][0] != targets[0][0], "the held request went over a new connection"
         assert up.connections == (3 if path == "lean" else general_connections)
         if path == "lean":
-            counted = _lean_counters(gw)
+            counted = lean_counters(gw)
             assert counted["sandgate_http1_lean_exchanges_total"] == lean_exchanges, counted
             handovers = {k: v for k, v in counted.items() if "handovers" in k and v}
             assert handovers == ({f"sandgate_http1_lean_handovers_total:{handover}": 1} if handover else {})
@@ -275,7 +241,7 @@ def test_each_hold_past_an_idle_close_dials_again(
     second = b"GET /held/y HTTP/1.1\r\nHost: api.test\r\n\r\n"
     with IdleUpstream(pki) as up:
         gw = start_gateway({"t1.yaml": _tenant(up.port)}, config={"interception": {"http1_path": path}})
-        with _tunnel(gw, up.port) as tls:
+        with tls_tunnel(gw, up.port, timeout=15) as tls:
             # /held/y pipelined: read (and held) as soon as /held/x is answered.
             answer = _hold_past_the_upstreams_close(gw, up, tls, body=second)
             up.idle_closed.clear()
@@ -284,13 +250,13 @@ def test_each_hold_past_an_idle_close_dials_again(
             time.sleep(0.3)  # the gateway has read the close
             assert _sandgate(gw, "requests", "approve", held).returncode == 0
             if answer.count(b"\r\n\r\nok") < 2:
-                answer += _read_until(tls, _ok)
+                answer += read_until(tls, _ok)
         assert answer.count(b"HTTP/1.1 200 ") == 2 and _ok(answer), answer
         numbers = [n for n, _ in up.requests]
         assert [head.split(b" ")[1] for _, head in up.requests] == [b"/first", b"/held/x", b"/held/y"]
         assert len(set(numbers)) == 3 and up.connections == 3, "a new connection for each"
         if path == "lean":
-            counted = _lean_counters(gw)
+            counted = lean_counters(gw)
             assert counted["sandgate_http1_lean_exchanges_total"] == 3 and not any(
                 v for k, v in counted.items() if "handovers" in k
             ), counted
@@ -310,7 +276,7 @@ def test_a_held_request_whose_body_streams_goes_over_a_new_connection_body_and_a
     head = b"POST /held/up HTTP/1.1\r\nHost: api.test\r\nContent-Length: %d\r\n\r\n" % size
     with IdleUpstream(pki) as up:
         gw = start_gateway({"t1.yaml": _tenant(up.port)}, config={"interception": {"http1_path": path}})
-        with _tunnel(gw, up.port) as tls:
+        with tls_tunnel(gw, up.port, timeout=15) as tls:
             answer = _hold_past_the_upstreams_close(gw, up, tls, held_head=head, body=b"b" * size)
         assert answer.startswith(b"HTTP/1.1 200 ") and _ok(answer), answer
         assert [head.split(b" ")[1] for _, head in up.requests] == [b"/first", b"/held/up"]
@@ -345,11 +311,11 @@ def test_a_redial_that_fails_is_a_recorded_502_and_nothing_hangs(
             else:
                 up.context = _untrusted(tmp_path / "other-ca")
 
-        with _tunnel(gw, up.port) as tls:
+        with tls_tunnel(gw, up.port, timeout=15) as tls:
             started = time.monotonic()
             answer = _hold_past_the_upstreams_close(gw, up, tls, break_upstream)
             assert time.monotonic() - started < 10, "the failed redial was answered at once"
-            rest = _read_until(tls, lambda d: False)  # the gateway closed the tunnel: nothing more
+            rest = read_until(tls, lambda d: False)  # the gateway closed the tunnel: nothing more
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 502 "), answer
         assert json.loads(body)["reason"] == "upstream_unreachable", body
@@ -372,18 +338,18 @@ def test_a_request_after_the_upstream_closed_an_idle_connection_is_served_on_a_n
     keeps it): the lean layer dials again itself and keeps the tunnel, nothing is handed over."""
     with IdleUpstream(pki) as up:
         gw = start_gateway({"t1.yaml": _tenant(up.port)}, config={"interception": {"http1_path": path}})
-        with _tunnel(gw, up.port) as tls:
+        with tls_tunnel(gw, up.port, timeout=15) as tls:
             tls.sendall(b"GET /first HTTP/1.1\r\nHost: api.test\r\n\r\n")
-            answer = _read_until(tls, _ok)
+            answer = read_until(tls, _ok)
             assert up.idle_closed.wait(10), "the upstream kept its idle connection"
             time.sleep(0.3)  # the gateway has read the close
             tls.sendall(b"GET /third HTTP/1.1\r\nHost: api.test\r\n\r\n")
-            answer += _read_until(tls, _ok)
+            answer += read_until(tls, _ok)
         assert answer.count(b"HTTP/1.1 200 ") == 2 and _ok(answer), answer
         assert [head.split(b" ")[1] for _, head in up.requests] == [b"/first", b"/third"]
         assert up.connections == 2 and len({n for n, _ in up.requests}) == 2
         if path == "lean":
-            counted = _lean_counters(gw)
+            counted = lean_counters(gw)
             assert counted["sandgate_http1_lean_exchanges_total"] == 2, counted
             assert not any(v for k, v in counted.items() if "handovers" in k), counted
         records = gw.records_until(lambda rs: len(_requests(rs, "/third")) >= 1)

@@ -68,11 +68,10 @@ class _SlowToSet(threading.Event):
         time.sleep(0.3)
 
 
-def test_close_wakes_a_paced_write_which_then_fails_and_keeps_its_records(
-    sock: Path, collector: AuditCollector
-) -> None:
-    sink = ForwardSink(sock, "w1", interval=30.0)
-    sink.write(_lines(1))
+def _close_during_a_paced_write(sink: ForwardSink) -> list[OSError]:
+    """close() while a second batch (record 1) waits out the interval; what that write raised.
+    close() wakes the paced write, then takes its time before it shuts the socket: the woken
+    write must not send in that gap (a batch written whose ack is then cut reads as failed)."""
     errors: list[OSError] = []
 
     def second() -> None:
@@ -81,8 +80,6 @@ def test_close_wakes_a_paced_write_which_then_fails_and_keeps_its_records(
         except OSError as e:
             errors.append(e)
 
-    # close() wakes the paced write, then takes its time before it shuts the socket: the woken
-    # write must not send in that gap (a batch written whose ack is then cut reads as failed).
     sink._closing = _SlowToSet()
     thread = threading.Thread(target=second)
     thread.start()
@@ -90,6 +87,15 @@ def test_close_wakes_a_paced_write_which_then_fails_and_keeps_its_records(
     sink.close()
     thread.join(5)
     assert not thread.is_alive()
+    return errors
+
+
+def test_close_wakes_a_paced_write_which_then_fails_and_keeps_its_records(
+    sock: Path, collector: AuditCollector
+) -> None:
+    sink = ForwardSink(sock, "w1", interval=30.0)
+    sink.write(_lines(1))
+    errors = _close_during_a_paced_write(sink)
     # Nothing reached the collector: the AuditLog keeps the batch (as for any failed write).
     assert len(errors) == 1
     assert collector.written == 1
@@ -102,20 +108,7 @@ def test_once_the_supervisor_is_gone_a_write_close_woke_or_came_after_is_spooled
     sink = ForwardSink(sock, "w1", interval=30.0, spool=spool)
     sink.write(_lines(1))
     sink.orphaned()
-    errors: list[OSError] = []
-
-    def second() -> None:
-        try:
-            sink.write(_lines(1, start=1))
-        except OSError as e:
-            errors.append(e)
-
-    sink._closing = _SlowToSet()
-    thread = threading.Thread(target=second)
-    thread.start()
-    assert sink._closing.waiting.wait(5)
-    sink.close()
-    thread.join(5)
+    errors = _close_during_a_paced_write(sink)
     sink.write(_lines(1, start=2))  # after close
     # Nobody else would take them: spooled for the next supervisor, never raised and retried.
     assert errors == []
