@@ -445,12 +445,16 @@ def test_jail_cleans_up_when_it_is_terminated(lab: Lab, tmp_path: Path) -> None:
         )
     # Generous: the jail waits for the gateway to take its registration (host rules, a
     # reload), which on a loaded 2-core machine was seen to take over 30 s.
+    # The command itself, not a setup step the jail runs in its namespace for a moment (seen
+    # there once, then gone by a second look).
     deadline = time.monotonic() + 90
     while (
-        time.monotonic() < deadline and not _jailed_pids(_jail_resources() - before) and proc.poll() is None
+        time.monotonic() < deadline
+        and not (jailed := _jailed_command(_jail_resources() - before, b"sleep"))
+        and proc.poll() is None
     ):
         time.sleep(0.1)
-    if not _jailed_pids(_jail_resources() - before):
+    if not jailed:
         exited = proc.poll()
         proc.terminate()  # the jail cleans up on SIGTERM
         proc.wait(30)
@@ -484,6 +488,19 @@ def test_jail_terminated_while_setting_up_exits_with_sigterms_code(
     assert jail.run_jail(config, ["true"], tenant="t1", sandbox=None) == 128 + signal.SIGTERM
     assert cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) is before  # put back as it was
+
+
+def _jailed_command(names: set[str], program: bytes) -> list[str]:
+    """Processes running `program` in the jail namespaces among `names`."""
+    found = []
+    for pid in _jailed_pids(names):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue  # gone meanwhile
+        if Path(argv0.decode(errors="replace")).name.encode() == program:
+            found.append(pid)
+    return found
 
 
 def _jailed_pids(names: set[str]) -> list[str]:
