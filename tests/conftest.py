@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import RecordingUpstream, RedisServer, TestPKI, free_port, wait_for_port
+from support import RecordingUpstream, RedisServer, TestPKI, free_port
 from support.leftovers import MARKER, new_run_id, reap
 
 REPO = Path(__file__).resolve().parent.parent
@@ -411,9 +412,33 @@ class Gateways:
         env: dict[str, str] | None = None,
     ) -> RunningGateway:
         """Start a gateway on a free port with these tenant files (and `env` added to its
-        environment); wait until it listens, or with `expect_exit` until it exits."""
-        root = self.folder / f"gw{len(self.started)}"
+        environment); wait until it serves, or with `expect_exit` until it exits.
+
+        A gateway whose port another process took between the draw and the bind is started
+        again on another port: it exits, and the port answers for that other process."""
         cfg = {"upstream": {"trusted_ca": str(self.pki.ca_file)}, **(config or {})}
+        for attempt in range(3):
+            gw = self._launch(tenants, base, cfg, prepare, env)
+            if expect_exit:
+                gw.proc.wait(30)
+                return gw
+            if self._serves(gw, cfg, env):
+                return gw
+            if attempt < 2 and f"port {gw.port} is in use" in gw.log():
+                continue
+            gw.stop()
+            raise AssertionError(f"gateway did not start:\n{gw.log()}")
+        raise AssertionError("unreachable")
+
+    def _launch(
+        self,
+        tenants: dict[str, str],
+        base: str | None,
+        cfg: dict[str, Any],
+        prepare: Callable[[Path], None] | None,
+        env: dict[str, str] | None,
+    ) -> RunningGateway:
+        root = self.folder / f"gw{len(self.started)}"
         config_path, port = write_gateway_files(root, tenants, base=base, config=cfg)
         if prepare is not None:
             prepare(root)
@@ -428,23 +453,26 @@ class Gateways:
             )
         gw = RunningGateway(port=port, root=root, proc=proc, log_path=log_path)
         self.started.append(gw)
-        if expect_exit:
-            proc.wait(30)
-            return gw
-        try:
-            workers = _workers(cfg, env)
-            # Several workers each import mitmproxy and load the policy: on a loaded 2-core
-            # machine that was seen to take over 20 s before the first one listened.
-            wait_for_port("127.0.0.1", port, timeout=30 if workers == 1 else 90)
-            if workers > 1:
-                # The port answers once any worker listens; the gateway serves (every worker,
-                # the lead's admin socket) once the supervisor wrote its status file.
-                state = Path(cfg.get("state_dir") or root / "state")
-                _wait_for_file(state / "gateway.json", timeout=60)
-        except TimeoutError:
-            gw.stop()
-            raise AssertionError(f"gateway did not start:\n{gw.log()}") from None
         return gw
+
+    @staticmethod
+    def _serves(gw: RunningGateway, cfg: dict[str, Any], env: dict[str, str] | None) -> bool:
+        """Wait until this gateway serves: its status file names its own pid (the port alone
+        answers for whichever process holds it). False once it exited or after the timeout."""
+        workers = _workers(cfg, env)
+        # Several workers each import mitmproxy and load the policy: on a loaded 2-core
+        # machine that was seen to take over 20 s before the first one listened.
+        deadline = time.monotonic() + (30 if workers == 1 else 90)
+        # One worker started without its supervisor writes its status in its own folder.
+        alone = "SANDGATE_WORKER" in (env or {})
+        status = Path(cfg.get("state_dir") or gw.root / "state") / "gateway.json"
+        while time.monotonic() < deadline:
+            if gw.proc.poll() is not None:
+                return False
+            if (alone or _status_pid(status) == gw.proc.pid) and _answers(gw.port):
+                return True
+            time.sleep(0.05)
+        return False
 
     def close(self) -> None:
         for gw in self.started:
@@ -460,12 +488,21 @@ def _workers(config: dict[str, Any], env: dict[str, str] | None) -> int:
     return len(os.sched_getaffinity(0)) if count == "auto" else int(count)
 
 
-def _wait_for_file(path: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear in {timeout} s")
-        time.sleep(0.05)
+def _status_pid(path: Path) -> int | None:
+    """The pid a gateway's status file names, or None (not written yet, or mid-replace)."""
+    try:
+        pid = json.loads(path.read_text()).get("pid")
+    except (OSError, ValueError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 @pytest.fixture

@@ -68,6 +68,18 @@ def test_free_port_can_be_bound_and_waited_for() -> None:
         wait_for_port("127.0.0.1", port, timeout=2)
 
 
+def test_free_ports_of_two_test_workers_never_meet_and_are_not_handed_out_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drawn: dict[str, set[int]] = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        drawn[worker] = {free_port() for _ in range(50)}
+    assert len(drawn["gw0"]) == len(drawn["gw1"]) == 50  # none handed out twice
+    assert max(drawn["gw0"]) < min(drawn["gw1"]) and max(drawn["gw1"]) < 32768
+
+
 def test_wait_for_port_times_out_when_nothing_listens() -> None:
     with pytest.raises(TimeoutError, match="nothing listens"):
         wait_for_port("127.0.0.1", free_port(), timeout=0.2)
