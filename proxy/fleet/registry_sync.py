@@ -157,7 +157,7 @@ class FleetRegistrySync:
                 log.warning("fleet.subscriber_lost", error=type(e).__name__, retry_in=backoff)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 

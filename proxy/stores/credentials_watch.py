@@ -111,4 +111,4 @@ class CredentialWatcher:
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2

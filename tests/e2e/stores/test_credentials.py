@@ -181,7 +181,7 @@ async def test_redis_writes_publish_a_change_event(redis_server: RedisServer, tm
         assert got == [b"credentials", b"credentials"]
         assert await listener.exists("fleet1:credentials") == 0
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
         await listener.aclose()
         await store.aclose()
 

@@ -121,7 +121,7 @@ async def test_redis_store_add_list_remove_bumps_the_version_and_publishes(clien
     # Three changes, three messages; removing what was not there publishes nothing.
     assert kinds == ["registry"] * 3
     assert (await store.snapshot()).version == 3
-    await pubsub.aclose()  # type: ignore[no-untyped-call]
+    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
     # Stored as the digest; nothing else of the token.
     stored = await client.hget(keys.sandboxes, "dyn2")
     assert stored is not None and json.loads(stored)["token"] == DIGEST
