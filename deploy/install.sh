@@ -119,14 +119,16 @@ fi
 extras=""
 (( dev )) && extras="[dev]"
 stamp=".venv/.sandgate-installed$extras"
-current() { [[ -f "$1" && ! pyproject.toml -nt "$1" ]]; }
+current() { [[ -f "$1" && ! pyproject.toml -nt "$1" && ! deploy/constraints.txt -nt "$1" ]]; }
 # A dev install holds everything the gateway needs: after one, the plain install has nothing to do.
 if ! current "$stamp" && ! current ".venv/.sandgate-installed[dev]"; then
     # pip's whole output goes to a log; a failure shows its end and stops here (an earlier
     # install would still import, and the stamp would hide the failure from the next run).
     log=.venv/pip-install.log
     # --no-compile: pip compiles file by file on one core; the venv is compiled below, on all.
-    if ! .venv/bin/python -m pip install --disable-pip-version-check --no-compile -e ".$extras" >"$log" 2>&1; then
+    # -c: the versions the suite last passed with (deploy/constraints.txt says how to move them).
+    if ! .venv/bin/python -m pip install --disable-pip-version-check --no-compile \
+            -c deploy/constraints.txt -e ".$extras" >"$log" 2>&1; then
         tail -n 60 "$log" >&2
         echo "install.sh: pip install failed (the whole output: $log)" >&2
         exit 1

@@ -32,7 +32,8 @@ def test_a_failing_pip_install_fails_the_script_with_pip_output(tmp_path: Path) 
     # A project whose pyproject.toml pip cannot read, over a virtualenv where an earlier
     # install still imports (this test run's editable install): the import check alone passes.
     (tmp_path / "deploy").mkdir()
-    shutil.copy(REPO / "deploy" / "install.sh", tmp_path / "deploy" / "install.sh")
+    for name in ("install.sh", "constraints.txt"):
+        shutil.copy(REPO / "deploy" / name, tmp_path / "deploy" / name)
     (tmp_path / "pyproject.toml").write_text('[project\nname = "sandgate"\n')
     subprocess.run([sys.executable, "-m", "venv", str(tmp_path / ".venv")], check=True, timeout=300)
     python = tmp_path / ".venv" / "bin" / "python"
