@@ -39,8 +39,8 @@ class Gateway:
     pid: int  # the supervisor with two workers; the one process with one
     client_args: list[str]
     concurrency: int = 10
-    # per round: (requests/s, supervisor µs per request, workers' µs per request)
-    rounds: list[tuple[float, float, float]] = field(default_factory=list)
+    # per round: (requests/s, µs per request of the supervisor, of the limit relay, of the workers)
+    rounds: list[tuple[float, float, float, float]] = field(default_factory=list)
 
 
 def _start(
@@ -59,15 +59,21 @@ def measure_once(b: Bench, gw: Gateway, key: str) -> None:
     with workers.under_test(b, gw.service):
         label = f"{gw.count} worker(s), {gw.where}"
         row = workers.load_row(b, key, label, gw.client_args, concurrency=gw.concurrency)
-    if row.errors or not row.value:
-        print(f"  {gw.count} worker(s), {gw.where}: failed ({row.errors} errors)", file=sys.stderr)
-        gw.rounds.append((0.0, 0.0, 0.0))
-        return
     parts = row.cpu.proxy_parts
-    supervisor = parts.get(gw.pid, ("", 0.0))[1] if gw.count > 1 else 0.0
-    worker_pct = sum(pct for pid, (_, pct) in parts.items() if gw.count == 1 or pid != gw.pid)
+    if row.errors or not row.value or not parts:
+        print(f"  {gw.count} worker(s), {gw.where}: failed ({row.errors} errors)", file=sys.stderr)
+        gw.rounds.append((0.0, 0.0, 0.0, 0.0))
+        return
+    supervisor = relay = work = 0.0
+    for pid, (name, pct) in parts.items():
+        if gw.count > 1 and pid == gw.pid:
+            supervisor += pct
+        elif name.startswith("redis"):
+            relay += pct  # the limit relay: the supervisor's redis-server (no `redis:` configured)
+        else:
+            work += pct
     per_request = 1e6 / 100 / row.value  # µs per request for 1 % of a core
-    gw.rounds.append((row.value, supervisor * per_request, worker_pct * per_request))
+    gw.rounds.append((row.value, supervisor * per_request, relay * per_request, work * per_request))
 
 
 def report(gateways: list[Gateway], args: argparse.Namespace) -> str:
@@ -76,27 +82,28 @@ def report(gateways: list[Gateway], args: argparse.Namespace) -> str:
         f"# Per-request CPU by process, 1 and 2 workers ({args.mode} c10)",
         "",
         f"- {args.rounds} rounds of {args.duration:g} s loads; `bench/worker_split.py --mode {args.mode}`",
-        "- µs of CPU per request; 1 worker on its own core, 2 workers on both cores, 1 worker on the",
-        "  load client's core (shared with the client and the upstream, as the second worker's is),",
-        "  and the first 1-worker gateway again at c5 (the load each of two workers sees)",
+        "- µs of CPU per request; 1 worker pinned to the proxy's core, 2 workers on both cores (not",
+        "  pinned each: either may run on the load client's core), 1 worker pinned to the load",
+        "  client's core (shared with the client and the upstream), and the first 1-worker gateway",
+        "  again at c5 (the load each of two workers sees)",
         "",
-        "| round | 1 worker: req/s, µs/req | 2 workers: req/s | supervisor | workers "
+        "| round | 1 worker: req/s, µs/req | 2 workers: req/s | supervisor | limit relay | workers "
         "| 2 / 1 per core-second | 1 worker on the client's core: µs/req | 1 worker at c5: µs/req |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratios, shared_cost, half_cost = [], [], []
     rows = zip(one.rounds, two.rounds, shared.rounds, half.rounds, strict=True)
     for i, (a, c, s, h) in enumerate(rows, 1):
-        ratio = a[2] / (c[1] + c[2]) if a[0] and c[0] else None
+        ratio = a[3] / sum(c[1:]) if a[0] and c[0] else None
         if ratio is not None:
             ratios.append(ratio)
         if a[0] and s[0]:
-            shared_cost.append(s[2] / a[2])
+            shared_cost.append(s[3] / a[3])
         if a[0] and h[0]:
-            half_cost.append(h[2] / a[2])
+            half_cost.append(h[3] / a[3])
         lines.append(
-            f"| {i} | {a[0]:,.0f}, {a[2]:.0f} | {c[0]:,.0f} | {c[1]:.1f} | {c[2]:.0f} "
-            f"| {'–' if ratio is None else f'{ratio:.2f}×'} | {s[2]:.0f} | {h[2]:.0f} |"
+            f"| {i} | {a[0]:,.0f}, {a[3]:.0f} | {c[0]:,.0f} | {c[1]:.1f} | {c[2]:.1f} | {c[3]:.0f} "
+            f"| {'–' if ratio is None else f'{ratio:.2f}×'} | {s[3]:.0f} | {h[3]:.0f} |"
         )
 
     def mid(values: list[float], digits: int = 0) -> str:
@@ -107,8 +114,8 @@ def report(gateways: list[Gateway], args: argparse.Namespace) -> str:
 
     lines += [
         "",
-        f"Medians: 1 worker {mid(costs(one, 2))} µs/req; 2 workers: supervisor "
-        f"{mid(costs(two, 1), 1)} µs/req, workers {mid(costs(two, 2))} µs/req; 2 workers / 1 per "
+        f"Medians: 1 worker {mid(costs(one, 3))} µs/req; 2 workers: supervisor {mid(costs(two, 1), 1)}, "
+        f"limit relay {mid(costs(two, 2), 1)}, workers {mid(costs(two, 3))} µs/req; 2 workers / 1 per "
         f"core-second {mid(ratios, 2)}×; 1 worker on the client's core / on its own "
         f"{mid(shared_cost, 2)}× the CPU per request; 1 worker at c5 / at c10 {mid(half_cost, 2)}×.",
     ]

@@ -424,9 +424,9 @@ class Gateways:
                 return gw
             if self._serves(gw, cfg, env):
                 return gw
+            gw.stop()  # exited, or never served: its state folder and locks go with it
             if attempt < 2 and f"port {gw.port} is in use" in gw.log():
                 continue
-            gw.stop()
             raise AssertionError(f"gateway did not start:\n{gw.log()}")
         raise AssertionError("unreachable")
 
@@ -457,19 +457,24 @@ class Gateways:
 
     @staticmethod
     def _serves(gw: RunningGateway, cfg: dict[str, Any], env: dict[str, str] | None) -> bool:
-        """Wait until this gateway serves: its status file names its own pid (the port alone
-        answers for whichever process holds it). False once it exited or after the timeout."""
+        """Wait until this gateway serves: its status file names its own pid and its port (the
+        port alone answers for whichever process holds it). False once it exited, or after the
+        timeout."""
         workers = _workers(cfg, env)
         # Several workers each import mitmproxy and load the policy: on a loaded 2-core
         # machine that was seen to take over 20 s before the first one listened.
         deadline = time.monotonic() + (30 if workers == 1 else 90)
-        # One worker started without its supervisor writes its status in its own folder.
-        alone = "SANDGATE_WORKER" in (env or {})
-        status = Path(cfg.get("state_dir") or gw.root / "state") / "gateway.json"
+        status = _status_path(gw.root, cfg, env)
+        listener = f"127.0.0.1:{gw.port}"
         while time.monotonic() < deadline:
             if gw.proc.poll() is not None:
                 return False
-            if (alone or _status_pid(status) == gw.proc.pid) and _answers(gw.port):
+            shown = _status(status)
+            if (
+                shown.get("pid") == gw.proc.pid
+                and listener in shown.get("listeners", ())
+                and _answers(gw.port)
+            ):
                 return True
             time.sleep(0.05)
         return False
@@ -477,6 +482,18 @@ class Gateways:
     def close(self) -> None:
         for gw in self.started:
             gw.stop()
+
+
+def _status_path(root: Path, cfg: dict[str, Any], env: dict[str, str] | None) -> Path:
+    """Where the started process writes its status: the gateway's, or, for one worker started
+    without its supervisor (`SANDGATE_WORKER=i/N`), that worker's own."""
+    state = Path(cfg.get("state_dir") or "state").expanduser()
+    state = state if state.is_absolute() else root / state  # relative to the config file's folder
+    role = (env or {}).get("SANDGATE_WORKER", "")
+    index, _, count = role.partition("/")
+    if index.isdigit() and count.isdigit() and int(count) > 1:
+        return state / "workers" / f"w{index}" / "gateway.json"
+    return state / "gateway.json"
 
 
 def _workers(config: dict[str, Any], env: dict[str, str] | None) -> int:
@@ -488,13 +505,13 @@ def _workers(config: dict[str, Any], env: dict[str, str] | None) -> int:
     return len(os.sched_getaffinity(0)) if count == "auto" else int(count)
 
 
-def _status_pid(path: Path) -> int | None:
-    """The pid a gateway's status file names, or None (not written yet, or mid-replace)."""
+def _status(path: Path) -> dict[str, Any]:
+    """A gateway's status file, or {} (not written yet, or mid-replace)."""
     try:
-        pid = json.loads(path.read_text()).get("pid")
+        status = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
-    return pid if isinstance(pid, int) else None
+        return {}
+    return status if isinstance(status, dict) else {}
 
 
 def _answers(port: int) -> bool:

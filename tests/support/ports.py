@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import socket
 import time
+from pathlib import Path
 
 __all__ = ["free_port", "free_port_run", "wait_for_port"]
 
-# Ports handed out below the kernel's ephemeral range (32768 and up by default), where no
-# client's outgoing connection takes one between the check and the bind.
-_LOWEST, _HIGHEST = 20000, 32000
+
+def _below_ephemeral() -> tuple[int, int]:
+    """Ports below the kernel's ephemeral range (32768 and up by default), where no client's
+    outgoing connection takes one between the check and the bind; where that range starts
+    low (some container hosts: 1024), the range above 20000 all the same."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    return 20000, first - 768 if first >= 24000 else 32000
+
+
+_LOWEST, _HIGHEST = _below_ephemeral()
 # A port handed out is not handed out again by this process for this long: its server may
 # not have bound it yet.
 _HANDED_HOLD_SECONDS = 300.0
@@ -73,8 +85,10 @@ def _bindable(host: str, ports: range) -> bool:
                 held.append(sock)
                 sock.bind((host, port))
         return True
-    except OSError:
-        return False
+    except OSError as e:
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            return False  # taken (or reserved): another port
+        raise  # the host cannot be bound at all: say so, not "no free ports"
     finally:
         for sock in held:
             sock.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import socket
@@ -16,6 +17,7 @@ import dns.rcode
 import httpx
 import pytest
 
+from . import ports
 from .dnsserver import Answers, ScriptedDNSServer
 from .nginx import NginxServer
 from .pki import TestPKI
@@ -71,6 +73,8 @@ def test_free_port_can_be_bound_and_waited_for() -> None:
 def test_free_ports_of_two_test_workers_never_meet_and_are_not_handed_out_twice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # No bind: the other band's ports may be handed out to a server of the other test worker.
+    monkeypatch.setattr(ports, "_bindable", lambda host, ports: True)
     drawn: dict[str, set[int]] = {}
     for worker in ("gw0", "gw1"):
         monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
@@ -78,6 +82,12 @@ def test_free_ports_of_two_test_workers_never_meet_and_are_not_handed_out_twice(
         drawn[worker] = {free_port() for _ in range(50)}
     assert len(drawn["gw0"]) == len(drawn["gw1"]) == 50  # none handed out twice
     assert max(drawn["gw0"]) < min(drawn["gw1"]) and max(drawn["gw1"]) < 32768
+
+
+def test_a_host_that_cannot_be_bound_is_an_error_not_a_search() -> None:
+    with pytest.raises(OSError, match="assign requested address") as raised:
+        free_port("192.0.2.1")  # TEST-NET-1: not an address of this host
+    assert raised.value.errno == errno.EADDRNOTAVAIL
 
 
 def test_wait_for_port_times_out_when_nothing_listens() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import SANDGATE, GatewayFactory, tenant_yaml, write_gateway_files
-from support import RedisServer
+from support import RedisServer, free_port_run
 from support.processes import gateway_status, wait_until
 
 pytestmark = pytest.mark.slow
@@ -101,7 +101,7 @@ def test_wait_names_the_state_folder_it_waits_on(tmp_path: Path, chosen_by: str,
 def test_wait_returns_once_every_listener_is_bound(tmp_path: Path) -> None:
     """Started before the gateway: exit 0 only when the proxy and DNS listeners accept."""
     config_path, port = write_gateway_files(tmp_path, {"t1.yaml": tenant_yaml("t1", [])})
-    dns_port = _free_udp_port()
+    dns_port = free_port_run(1, "127.0.0.1")  # free for UDP and TCP
     cfg = yaml.safe_load(config_path.read_text())
     cfg["dns"] = {"host": "127.0.0.1", "port": dns_port}
     config_path.write_text(yaml.safe_dump(cfg))
@@ -142,19 +142,6 @@ def test_wait_returns_once_every_listener_is_bound(tmp_path: Path) -> None:
         assert gw.wait(30) == 0
     gone = status(config_path)
     assert gone.returncode == 1 and "no gateway answers" in gone.stderr
-
-
-def _free_udp_port() -> int:
-    """A port free for both UDP and TCP on loopback a moment ago."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.bind(("127.0.0.1", 0))
-            port: int = udp.getsockname()[1]
-            try:
-                with socket.create_server(("127.0.0.1", port)):
-                    return port
-            except OSError:
-                continue
 
 
 def test_a_gateway_that_lost_redis_is_not_serving(
