@@ -59,15 +59,21 @@ WORKERS_SUBSET+=(
 # The intercepted HTTP/1.1 exchanges again on mitmproxy's general HTTP layer: the suite above runs
 # them on the lean layer (the default, proxy/lean/), which hands the general path only what it
 # does not serve itself. Refusals of malformed traffic, head caps, streamed answers through the
-# scrubber, trailers and hop-by-hop fields on the path `interception.http1_path: general` keeps
-# (tests/e2e/lean compares both paths exchange by exchange, and runs its limits and edge cases
-# on both, in the run above; the in-process tests drive the addons through mitmproxy's layers).
+# scrubber, trailers and hop-by-hop fields, credential injection and scrubbing, request decisions
+# (Host, absolute-form targets, paths) and long streams on the path `interception.http1_path:
+# general` keeps (tests/e2e/lean compares both paths exchange by exchange, and runs its limits,
+# holds, redials and edge cases on both, in the run above; the in-process tests drive the addons
+# through mitmproxy's layers). About 50 s.
 GENERAL_PATH_SUBSET=(
     tests/e2e/addons/test_http_seam.py
     tests/e2e/addons/test_heads.py
     tests/e2e/addons/test_streamed_responses.py
     tests/e2e/addons/test_trailers.py
     tests/e2e/addons/test_hop_by_hop.py
+    tests/e2e/addons/test_credentials.py
+    tests/e2e/addons/test_gate.py
+    tests/e2e/test_request_paths.py
+    tests/e2e/addons/test_long_streams.py
 )
 # Two worker processes (pytest-xdist), a test file's tests on one of them (module fixtures such
 # as a shared gateway or a namespace lab start once, and never run beside their own twin:
