@@ -41,6 +41,8 @@ class Gateway:
     concurrency: int = 10
     # per round: (requests/s, µs per request of the supervisor, of the limit relay, of the workers)
     rounds: list[tuple[float, float, float, float]] = field(default_factory=list)
+    # per round: each worker's share of a core (how the load split, and how busy each was)
+    shares: list[list[float]] = field(default_factory=list)
 
 
 def _start(
@@ -63,8 +65,10 @@ def measure_once(b: Bench, gw: Gateway, key: str) -> None:
     if row.errors or not row.value or not parts:
         print(f"  {gw.count} worker(s), {gw.where}: failed ({row.errors} errors)", file=sys.stderr)
         gw.rounds.append((0.0, 0.0, 0.0, 0.0))
+        gw.shares.append([])
         return
     supervisor = relay = work = 0.0
+    shares = []
     for pid, (name, pct) in parts.items():
         if gw.count > 1 and pid == gw.pid:
             supervisor += pct
@@ -72,8 +76,10 @@ def measure_once(b: Bench, gw: Gateway, key: str) -> None:
             relay += pct  # the limit relay: the supervisor's redis-server (no `redis:` configured)
         else:
             work += pct
+            shares.append(pct)
     per_request = 1e6 / 100 / row.value  # µs per request for 1 % of a core
     gw.rounds.append((row.value, supervisor * per_request, relay * per_request, work * per_request))
+    gw.shares.append(sorted(shares))
 
 
 def report(gateways: list[Gateway], args: argparse.Namespace) -> str:
@@ -88,12 +94,13 @@ def report(gateways: list[Gateway], args: argparse.Namespace) -> str:
         "  again at c5 (the load each of two workers sees)",
         "",
         "| round | 1 worker: req/s, µs/req | 2 workers: req/s | supervisor | limit relay | workers "
-        "| 2 / 1 per core-second | 1 worker on the client's core: µs/req | 1 worker at c5: µs/req |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| each worker, % of a core | 2 / 1 per core-second | 1 worker on the client's core: µs/req "
+        "| 1 worker at c5: µs/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratios, shared_cost, half_cost = [], [], []
-    rows = zip(one.rounds, two.rounds, shared.rounds, half.rounds, strict=True)
-    for i, (a, c, s, h) in enumerate(rows, 1):
+    rows = zip(one.rounds, two.rounds, shared.rounds, half.rounds, two.shares, strict=True)
+    for i, (a, c, s, h, each) in enumerate(rows, 1):
         ratio = a[3] / sum(c[1:]) if a[0] and c[0] else None
         if ratio is not None:
             ratios.append(ratio)
@@ -103,6 +110,7 @@ def report(gateways: list[Gateway], args: argparse.Namespace) -> str:
             half_cost.append(h[3] / a[3])
         lines.append(
             f"| {i} | {a[0]:,.0f}, {a[3]:.0f} | {c[0]:,.0f} | {c[1]:.1f} | {c[2]:.1f} | {c[3]:.0f} "
+            f"| {', '.join(f'{x:.0f}' for x in each) or '–'} "
             f"| {'–' if ratio is None else f'{ratio:.2f}×'} | {s[3]:.0f} | {h[3]:.0f} |"
         )
 
