@@ -116,11 +116,13 @@ async def test_a_denied_tool_is_an_mcp_error_and_the_session_lives_on(
         return [r for r in records if any(m.get("tool") for m in r.get("mcp", {}).get("messages", []))]
 
     records = gateway.records_until(lambda found: len(calls(found)) >= 3)
+    # A record is written when its exchange ends: an allowed call's (its answer streamed) may
+    # come after the refusal of the call made next, so the records are compared as a set.
     tools = [(r["decision"], r["reason"], r["mcp"]["messages"][0]["tool"]) for r in calls(records)]
-    assert tools == [
+    assert sorted(tools) == [
+        ("allow", "allowed", "search_issues"),
         ("allow", "allowed", "search_issues"),
         ("deny", "tool_denied", "delete_repo"),
-        ("allow", "allowed", "search_issues"),
     ]
     assert all(len(r["mcp"]["messages"][0]["arguments_sha256"]) == 64 for r in calls(records))
     assert SECRET_ARGUMENT not in json.dumps(records), "an argument value reached the audit trail"
