@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import workers  # noqa: E402
-from run import CLIENT_CORE, UPSTREAM_IP, Bench, Service  # noqa: E402
+from run import CLIENT_CORE, PROXY_CORE, UPSTREAM_IP, Bench, Service  # noqa: E402
 
 
 @dataclass
@@ -43,18 +42,6 @@ class Gateway:
     rounds: list[tuple[float, float, float, float]] = field(default_factory=list)
     # per round: each worker's share of a core (how the load split, and how busy each was)
     shares: list[list[float]] = field(default_factory=list)
-
-
-def _start(
-    stack: contextlib.ExitStack, b: Bench, name: str, rules: Path, cred: str, count: int, core: int | None
-) -> tuple[Service, workers.Gateway]:
-    """workers.gateway_service, pinned to `core` instead of the proxy's for a 1-worker gateway."""
-    proxy_core = workers.PROXY_CORE
-    workers.PROXY_CORE = proxy_core if core is None else core
-    try:
-        return stack.enter_context(workers.gateway_service(b, name, rules, cred, count))
-    finally:
-        workers.PROXY_CORE = proxy_core
 
 
 def measure_once(b: Bench, gw: Gateway, key: str) -> None:
@@ -150,8 +137,9 @@ def main() -> int:
             ("sandgate-w2", 2, "both cores"),
             ("sandgate-w1-shared", 1, "the client's core"),
         ):
-            core = CLIENT_CORE if where == "the client's core" else None
-            sg, gw = _start(stack, b, name, rules, cred, count, core)
+            core = CLIENT_CORE if where == "the client's core" else PROXY_CORE
+            service = workers.gateway_service(b, name, rules, cred, count, core=core)
+            sg, gw = stack.enter_context(service)
             if args.mode == "int":
                 client = workers.tls_args(gw.proxy, f"https://api.test:{tls_port}/", gw.ca, gw.cred)
             else:
@@ -173,5 +161,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    started = time.monotonic()
     raise SystemExit(main())

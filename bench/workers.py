@@ -328,15 +328,16 @@ def _wait_workers(sg: Service, workers: int, timeout: float = 60.0) -> None:
 
 @contextlib.contextmanager
 def gateway_service(
-    b: Bench, name: str, rules: Path, cred: str, workers: int | None
+    b: Bench, name: str, rules: Path, cred: str, workers: int | None, *, core: int = PROXY_CORE
 ) -> Iterator[tuple[Service, Gateway]]:
-    """A sandgate gateway (`--workers N` when given) on a free port, checked to enforce."""
+    """A sandgate gateway (`--workers N` when given) on a free port, checked to enforce; one
+    worker runs pinned to `core` (the proxy's own unless said), several on all cores."""
     port = free_port(PROXY_IP)
     cfg = run._sandgate_config(b, name, rules, port)
     argv = [str(BIN / "sandgate"), "run", "--config", str(cfg)]
     if workers is not None:
         argv += ["--workers", str(workers)]
-    argv = all_cores(argv) if (workers or 1) > 1 else pinned(PROXY_CORE, argv)
+    argv = all_cores(argv) if (workers or 1) > 1 else pinned(core, argv)
     with service(name, argv, b.tmp) as sg:
         ready = sg.wait_listening(port, 120)
         _wait_workers(sg, workers or 1)

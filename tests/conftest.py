@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,10 @@ import pytest
 import yaml
 from support import RecordingUpstream, RedisServer, TestPKI, free_port
 from support.leftovers import MARKER, new_run_id, reap
+
+from sandgate.proxy.state.statusfile import STATUS_FILE, read_status
+from sandgate.proxy.worker_role import ENV as WORKER_ENV
+from sandgate.proxy.worker_role import WorkerRole
 
 REPO = Path(__file__).resolve().parent.parent
 SANDGATE = str(Path(sys.executable).with_name("sandgate"))
@@ -457,9 +460,9 @@ class Gateways:
 
     @staticmethod
     def _serves(gw: RunningGateway, cfg: dict[str, Any], env: dict[str, str] | None) -> bool:
-        """Wait until this gateway serves: its status file names its own pid and its port (the
-        port alone answers for whichever process holds it). False once it exited, or after the
-        timeout."""
+        """Wait until this gateway serves: its status file (written once its listeners run) names
+        its own pid and its port (the port alone answers for whichever process holds it). False
+        once it exited, or after the timeout."""
         workers = _workers(cfg, env)
         # Several workers each import mitmproxy and load the policy: on a loaded 2-core
         # machine that was seen to take over 20 s before the first one listened.
@@ -469,12 +472,8 @@ class Gateways:
         while time.monotonic() < deadline:
             if gw.proc.poll() is not None:
                 return False
-            shown = _status(status)
-            if (
-                shown.get("pid") == gw.proc.pid
-                and listener in shown.get("listeners", ())
-                and _answers(gw.port)
-            ):
+            shown = read_status(status) or {}
+            if shown.get("pid") == gw.proc.pid and listener in shown.get("listeners", ()):
                 return True
             time.sleep(0.05)
         return False
@@ -489,11 +488,10 @@ def _status_path(root: Path, cfg: dict[str, Any], env: dict[str, str] | None) ->
     without its supervisor (`SANDGATE_WORKER=i/N`), that worker's own."""
     state = Path(cfg.get("state_dir") or "state").expanduser()
     state = state if state.is_absolute() else root / state  # relative to the config file's folder
-    role = (env or {}).get("SANDGATE_WORKER", "")
-    index, _, count = role.partition("/")
+    index, _, count = (env or {}).get(WORKER_ENV, "").partition("/")
     if index.isdigit() and count.isdigit() and int(count) > 1:
-        return state / "workers" / f"w{index}" / "gateway.json"
-    return state / "gateway.json"
+        return WorkerRole(int(index), int(count)).folder(state) / STATUS_FILE
+    return state / STATUS_FILE
 
 
 def _workers(config: dict[str, Any], env: dict[str, str] | None) -> int:
@@ -503,23 +501,6 @@ def _workers(config: dict[str, Any], env: dict[str, str] | None) -> int:
     count = (config.get("workers") or {}).get("count") or (env or {}).get("SANDGATE_WORKERS")
     count = count or os.environ.get("SANDGATE_WORKERS") or 1
     return len(os.sched_getaffinity(0)) if count == "auto" else int(count)
-
-
-def _status(path: Path) -> dict[str, Any]:
-    """A gateway's status file, or {} (not written yet, or mid-replace)."""
-    try:
-        status = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return status if isinstance(status, dict) else {}
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture
