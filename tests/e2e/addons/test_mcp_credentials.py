@@ -8,6 +8,7 @@ arrives whole with the secret scrubbed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -72,7 +73,8 @@ def mcp_server() -> Iterator[int]:
 class ChunkedToolServer:
     """An MCP endpoint that answers every tools/call with its result as server-sent events,
     the `token` argument it got echoed in it, written `size` bytes at a time (TCP_NODELAY,
-    one HTTP chunk each) after a first chunk of `offset` bytes; it records the tokens it got."""
+    one HTTP chunk each) after a first chunk of `offset` bytes; it records the tokens it got.
+    Its connections are kept alive."""
 
     def __init__(self) -> None:
         self._sock = socket.create_server((UPSTREAM_IP, 0))
@@ -93,32 +95,52 @@ class ChunkedToolServer:
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
+        # Kept alive, as a real server: a server that closes after a response must say so
+        # (`Connection: close`), else the gateway may already have sent the next request on it.
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            while len(body) < length:
-                body += conn.recv(65536)
-            token = json.loads(body)["params"]["arguments"]["token"]
-            self.tokens.append(token)
-            stream = sse_answer(token)
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            )
-            pieces = [stream[: self.offset]] + [
-                stream[i : i + self.size] for i in range(self.offset, len(stream), self.size)
-            ]
-            for piece in pieces:
-                if piece:
-                    conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-            conn.sendall(b"0\r\n\r\n")
+        with conn, contextlib.suppress(OSError):
+            buf = b""
+            while True:
+                request = _read_request(conn, buf)
+                if request is None:
+                    return
+                body, buf = request
+                self._stream(conn, json.loads(body)["params"]["arguments"]["token"])
+
+    def _stream(self, conn: socket.socket, token: str) -> None:
+        self.tokens.append(token)
+        stream = sse_answer(token)
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        pieces = [stream[: self.offset]] + [
+            stream[i : i + self.size] for i in range(self.offset, len(stream), self.size)
+        ]
+        for piece in pieces:
+            if piece:
+                conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        conn.sendall(b"0\r\n\r\n")
+
+
+def _read_request(conn: socket.socket, buf: bytes) -> tuple[bytes, bytes] | None:
+    """The next request's body (framed by Content-Length) and what follows it; None: closed."""
+    while b"\r\n\r\n" not in buf:
+        data = conn.recv(65536)
+        if not data:
+            return None
+        buf += data
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        data = conn.recv(65536)
+        if not data:
+            return None
+        rest += data
+    return rest[:length], rest[length:]
 
 
 def sse_answer(token: str) -> bytes:
