@@ -191,7 +191,11 @@ def test_kill_9_while_the_writer_is_stuck(
         for t in clients:
             t.start()
         http_upstream.wait_for_requests(21, timeout=20)
-        time.sleep(1.0)
+        if fsync == "off":
+            for t in clients:
+                t.join(10)  # answered without waiting for the disk: all of them, before the kill
+        else:
+            time.sleep(1.0)  # the answers wait for the disk: give them the time to (wrongly) come
         gw.proc.send_signal(signal.SIGKILL)
         gw.proc.wait(10)
         for t in clients:

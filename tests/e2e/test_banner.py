@@ -43,11 +43,13 @@ def write_token(root: Path) -> None:
         f.write(FILE_TOKEN + "\n")
 
 
-def ready_log(gw: RunningGateway) -> str:
+def ready_log(gw: RunningGateway, last: str = "gateway.ready") -> str:
+    """The log once it holds `last` (the block's last line follows the event), and 0.2 s more
+    (for a block that should not come)."""
     deadline = time.monotonic() + 30
-    while "gateway.ready" not in gw.log() and time.monotonic() < deadline:
+    while last not in gw.log() and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.2)  # the block follows the event
+    time.sleep(0.2)
     return gw.log()
 
 
@@ -56,7 +58,7 @@ def test_the_console_banner_names_everything_an_operator_needs(
 ) -> None:
     monkeypatch.setenv("SANDGATE_TEST_BANNER_TOKEN", ENV_TOKEN)
     gw = start_gateway(TENANTS, config={"log": {"format": "console"}}, prepare=write_token)
-    log = ready_log(gw)
+    log = ready_log(gw, "  admin socket ")
     state = gw.root / "state"
     block = log[log.index("\nsandgate ") + 1 :].split("\n\n")[0].splitlines()
     assert block[0].startswith(f"sandgate {version('sandgate')} serves (pid {gw.proc.pid}, policy version ")

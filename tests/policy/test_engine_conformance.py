@@ -237,9 +237,12 @@ async def test_conformance_odd_decisions(
 @pytest.fixture
 async def opa_engine(fake_opa: FakeOpaServer, acme: RegoProgram) -> AsyncIterator[OpaEngine]:
     fake_opa.reset()
-    engine = OpaEngine(fake_opa.url, timeout=0.3)
+    # Generous while the server compiles the push and builds its first answer (regopy, in this
+    # process, on a loaded machine); a test of a fault sets the short timeout it measures.
+    engine = OpaEngine(fake_opa.url, timeout=5.0)
     try:
         await engine.push(acme.modules, {"acme": dict(acme.data)})
+        assert (await engine.evaluate(RegoQuery(acme, READ))).allowed
         yield engine
     finally:
         # Closed also when the push failed (a loaded machine): an open session would warn in
@@ -272,6 +275,7 @@ async def test_opa_faults_are_policy_errors(
     opa_engine: OpaEngine, fake_opa: FakeOpaServer, acme: RegoProgram, fault: str, message: str
 ) -> None:
     assert (await opa_engine.evaluate(RegoQuery(acme, READ))).allowed
+    opa_engine.timeout = 0.3
     fake_opa.fault, fake_opa.delay = fault, 1.0
     start = time.monotonic()
     verdict = await opa_engine.evaluate(RegoQuery(acme, READ))

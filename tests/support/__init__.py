@@ -8,7 +8,7 @@ from .dnsserver import DNSQuery, ScriptedDNSServer
 from .nginx import NginxRequest, NginxServer
 from .pki import TestPKI
 from .ports import free_port, free_port_run, wait_for_port
-from .redisserver import RedisServer
+from .redisserver import RedisServer, wait_for_presence_since
 from .reflector import ReflectingUpstream, header_value
 from .smalldisk import SmallDisk
 from .upstream import RecordedConnection, RecordedRequest, RecordingUpstream
@@ -29,4 +29,5 @@ __all__ = [
     "free_port_run",
     "header_value",
     "wait_for_port",
+    "wait_for_presence_since",
 ]

@@ -12,7 +12,7 @@ import redis
 
 from .ports import free_port, wait_for_port
 
-__all__ = ["RedisServer"]
+__all__ = ["RedisServer", "wait_for_presence_since"]
 
 
 class RedisServer:
@@ -96,3 +96,23 @@ def _raw(value: bytes | str) -> bytes:
     """A redis reply value of a client without `decode_responses`: always bytes."""
     assert isinstance(value, bytes), value
     return value
+
+
+def wait_for_presence_since(
+    url: str, key: str, members: list[str], since: float, timeout: float = 10.0
+) -> None:
+    """Wait until each of `members` marked itself alive in the sorted set `key` after `since`
+    (a `time.time()`): a limit sync scores its mark with the time its round trip started, and
+    reads the fleet's totals and presence in that same round trip, so it has seen both."""
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            scores = [client.zscore(key, m) for m in members]
+            if all(s is not None and s > since for s in scores):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{key}: no presence mark after {since} from all of {members}: {scores}")
+            time.sleep(0.05)
+    finally:
+        client.close()

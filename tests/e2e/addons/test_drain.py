@@ -54,7 +54,7 @@ def start(start_gateway: GatewayFactory, upstream: RecordingUpstream, drain: flo
 def test_sigterm_under_load_finishes_and_records_every_request_in_flight(
     start_gateway: GatewayFactory,
 ) -> None:
-    with RecordingUpstream(UPSTREAM_IP, name="slow", delay=0.4) as upstream:
+    with RecordingUpstream(UPSTREAM_IP, name="slow", delay=1.0) as upstream:
         gw = start(start_gateway, upstream, drain=8.0)
         url = upstream.url_for("api.test")
         results: list[tuple[str, float, float, int | None, str | None]] = []
@@ -81,7 +81,7 @@ def test_sigterm_under_load_finishes_and_records_every_request_in_flight(
         workers = [threading.Thread(target=load, args=(w,)) for w in range(6)]
         for w in workers:
             w.start()
-        # Two rounds answered; the workers' next requests are in flight (0.4 s each upstream).
+        # Two rounds received; the second is in flight (1 s each upstream: room for a late wake-up).
         upstream.wait_for_requests(12, timeout=30)
         time.sleep(0.15)
         signalled = time.monotonic()

@@ -12,9 +12,12 @@ import pytest
 import redis
 import yaml
 from conftest import GatewayFactory, RunningGateway, curl, tenant_yaml
-from support import RecordingUpstream, RedisServer, TestPKI
+from support import RecordingUpstream, RedisServer, TestPKI, wait_for_presence_since
 
 pytestmark = pytest.mark.slow
+
+# Where each gateway of a fleet marks itself alive, about once a second (sandgate.proxy.fleet.limits_sync).
+PRESENCE = "sandgate:limits:gateways"
 
 
 def limited_tenant(upstream: RecordingUpstream, **limits: int) -> str:
@@ -170,16 +173,18 @@ def test_when_redis_dies_each_gateway_admits_only_its_share_of_what_remains(
     b = start_gateway(tenant, config={**config, "redis": {**config["redis"], "gateway_id": "gw-b"}})
     client = redis.Redis.from_url(redis_server.url)
     deadline = time.monotonic() + 10
-    while client.zcard("sandgate:limits:gateways") < 2:
+    while client.zcard(PRESENCE) < 2:
         assert time.monotonic() < deadline, "the gateways did not mark themselves alive"
         time.sleep(0.05)
     client.close()
-    time.sleep(1.2)  # one more presence round: each has counted both
+    # One more presence round: each has counted both.
+    wait_for_presence_since(redis_server.url, PRESENCE, ["gw-a", "gw-b"], time.time())
     assert [r.status_code for r in send(a, http_upstream, 4)] == [200] * 4
     wait_for_fleet_total(redis_server, 4)
     assert [r.status_code for r in send(b, http_upstream, 1)] == [200]
     wait_for_fleet_total(redis_server, 5)  # b's push came back with a's 4
-    time.sleep(1.2)  # a's refresh learns b's 1: both know 5 of 10 are used
+    # a's next refresh learns b's 1: both know 5 of 10 are used.
+    wait_for_presence_since(redis_server.url, PRESENCE, ["gw-a"], time.time())
     redis_server.kill()
     for gw in (a, b):
         deadline = time.monotonic() + 5

@@ -122,8 +122,9 @@ def test_held_approved_denied_expired_and_gone_are_timed_and_counted(
     assert gauge(gw, "sandgate_grants_in_force") == 1
     url = f"http://api.test:{http_upstream.port}"
     approved = start_curl(gw, f"{url}/approved")
+    held = one_open(gw, "/approved")["id"]
     time.sleep(0.3)  # held a moment: its wait is at least this
-    decide(gw, one_open(gw, "/approved")["id"], "approve")
+    decide(gw, held, "approve")
     denied = start_curl(gw, f"{url}/denied")
     decide(gw, one_open(gw, "/denied")["id"], "deny")
     gone = start_curl(gw, f"{url}/gone")

@@ -64,6 +64,16 @@ def start_curl(gw: RunningGateway, url: str, *extra: str) -> subprocess.Popen[st
     )
 
 
+def about(records: list[dict[str, Any]], approval_id: str) -> list[dict[str, Any]]:
+    """The records of one held request: asked about (`approval_id`), then ended (`approval`);
+    on a shared gateway, never an earlier test's record written after this test began."""
+    return [
+        r
+        for r in records
+        if r.get("approval_id") == approval_id or (r.get("approval") or {}).get("id") == approval_id
+    ]
+
+
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=40)
     body, _, code = out.rpartition("\n")
@@ -112,8 +122,7 @@ def test_a_held_request_approved_through_the_cli_is_released_once(
     time.sleep(0.3)
     assert len(http_upstream.requests) == 1, "released exactly once"
 
-    records = gw.records_until(lambda rs: len(rs) >= 2)
-    ask, end = records[0], records[1]
+    ask, end = about(gw.records_until(lambda rs: len(about(rs, pending["id"])) >= 2), pending["id"])
     assert (ask["decision"], ask["reason"], ask["approval_id"], ask["rule_id"]) == (
         "ask",
         "approval_required",
@@ -148,7 +157,7 @@ def test_a_denied_request_gets_403_approval_denied(
     status, body = finish(curl)
     assert status == 403 and "x-sandgate-reason: approval_denied" in body.lower()
     assert http_upstream.requests == []
-    end = gw.records_until(lambda rs: any(r["reason"] == "approval_denied" for r in rs))[-1]
+    end = about(gw.records_until(lambda rs: len(about(rs, pending["id"])) >= 2), pending["id"])[-1]
     assert (end["decision"], end["reason"], end["approval"]["id"]) == (
         "deny",
         "approval_denied",
@@ -185,7 +194,7 @@ def test_a_client_that_hangs_up_leaves_its_request_listed(
     assert sandgate(gw, "requests", "approve", gone["id"]).returncode == 0
     time.sleep(0.5)
     assert http_upstream.requests == []
-    end = gw.records_until(lambda rs: len(rs) >= 2)[1]
+    end = about(gw.records_until(lambda rs: len(about(rs, pending["id"])) >= 2), pending["id"])[-1]
     assert (end["decision"], end["reason"], end["approval"]["id"]) == (
         "deny",
         "approval_required",

@@ -13,7 +13,7 @@ import pytest
 import redis
 import yaml
 from conftest import GatewayFactory, Gateways, RunningGateway, tenant_yaml
-from support import RecordingUpstream, TestPKI
+from support import RecordingUpstream, TestPKI, wait_for_presence_since
 
 from sandgate.proxy.audit.collector import AuditCollector
 from sandgate.proxy.audit.trail import JsonlFileSink
@@ -103,7 +103,7 @@ def test_a_tenant_request_limit_holds_across_two_workers(
     wait_for_total(broker, "requests", 10)
     # w0's counter is idle: it reads the shared total again at its next refresh (about once a
     # second); until then it may admit what w1 admitted meanwhile (the documented overshoot).
-    time.sleep(1.2)
+    wait_for_presence_since(broker.url, "sandgate:local:limits:gateways", ["w0"], time.time())
     # Used up for the gateway as a whole: neither worker admits more.
     assert send(w0, http_upstream, 2) == [429] * 2
     assert send(w1, http_upstream, 2) == [429] * 2

@@ -105,7 +105,7 @@ def test_a_sources_cap_counts_only_its_connections_that_have_not_identified_them
         # the place of its oldest once that one has been quiet for a second.
         address = ("127.0.0.1", gw.port)
         idle = [socket.create_connection(address, timeout=5, source_address=(source, 0)) for _ in range(3)]
-        time.sleep(1.5)
+        time.sleep(2.5)  # past the second of quiet, with room for a late accept
         idle += [socket.create_connection(address, timeout=5, source_address=(source, 0)) for _ in range(2)]
         for raw in idle[:2]:
             with raw, _closed():

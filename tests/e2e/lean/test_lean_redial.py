@@ -43,11 +43,12 @@ def _tenant(port: int) -> str:
 
 class IdleUpstream:
     """A TLS upstream answering `OK` to each request (head and Content-Length body), which
-    closes a kept-alive connection idle for `IDLE` s; records each head with the number of its
+    closes a kept-alive connection idle for `idle` s; records each head with the number of its
     connection, and each body's length."""
 
-    def __init__(self, pki: TestPKI) -> None:
+    def __init__(self, pki: TestPKI, idle: float = IDLE) -> None:
         self.context = pki.server_context()
+        self.idle = idle
         self.listener = socket.create_server((UPSTREAM_IP, 0))
         self.port = self.listener.getsockname()[1]
         self.connections = 0
@@ -81,7 +82,7 @@ class IdleUpstream:
     def _one(self, raw: socket.socket, number: int) -> None:
         try:
             with self.context.wrap_socket(raw, server_side=True) as tls:
-                tls.settimeout(IDLE)
+                tls.settimeout(self.idle)
                 data = b""
                 while True:
                     try:
@@ -198,7 +199,9 @@ def test_a_request_held_past_the_upstreams_idle_close_goes_over_a_new_connection
     start_gateway: GatewayFactory, pki: TestPKI, path: str, then: str
 ) -> None:
     idle, third, handover, lean_exchanges, general_connections = THEN[then]
-    with IdleUpstream(pki) as up:
+    # Sent once the approving command returned, the pipelined request must find the new
+    # connection still open: a longer idle timeout, so a slow command exit cannot close it.
+    with IdleUpstream(pki, idle=IDLE if idle else 2.0) as up:
         gw = start_gateway({"t1.yaml": _tenant(up.port)}, config={"interception": {"http1_path": path}})
         with tls_tunnel(gw, up.port, timeout=15) as tls:
             if idle:

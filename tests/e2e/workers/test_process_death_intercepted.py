@@ -293,7 +293,7 @@ def test_a_worker_killed_while_an_intercepted_request_is_held_sends_nothing_and_
             "/hold",
         )
         steady = Steady(other)
-        time.sleep(0.3)
+        wait_until(lambda: steady.answers or None, "a steady answer before the kill", 15)
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         wait_until(lambda: not alive(victim), "the worker to die")

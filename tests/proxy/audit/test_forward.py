@@ -137,7 +137,7 @@ def test_an_ack_lost_after_the_write_is_deduped_on_retry(tmp_path: Path, sock: P
         batch = _lines(7)
         with pytest.raises(TimeoutError):
             sink.write(batch)
-        assert gated.entered.is_set()
+        assert gated.entered.wait(5), "the collector took the batch into its sink"
         gated.gate.set()
         _wait(lambda: collector.written == 7)
         sink.write(batch)  # the retry: acknowledged without a second write

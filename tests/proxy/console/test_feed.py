@@ -12,7 +12,7 @@ import pytest
 
 from sandgate.brokers import Secret
 from sandgate.proxy.audit.query import Query
-from sandgate.proxy.console.feed import QUEUE_MAX, DecisionFeed
+from sandgate.proxy.console.feed import QUEUE_MAX, DecisionFeed, Subscriber
 from sandgate.proxy.console.sessions import LoginLimiter, SessionBook, csrf_matches
 from sandgate.proxy.console.trail import file_trail
 
@@ -32,16 +32,32 @@ async def wait_for(condition: object, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def tail_running(feed: DecisionFeed, trail: Path) -> Subscriber:
+    """The feed's tail started, once it reads the file (it starts at the end of the file, when
+    its thread runs): a probe stream's own records are appended until the last one arrives,
+    so none is still on its way. The probe keeps the tail running until it is unsubscribed."""
+    probe = feed.subscribe(Query(tenants=frozenset({"probe"})), lambda: None)
+    assert probe is not None
+    for i in range(10_000, 10_100):
+        append(trail, 1, tenant="probe", start=i)
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            if any(f'"d{i}"' in event for event in probe.queue):
+                return probe
+    raise AssertionError("the feed never tailed the file")
+
+
 async def test_a_stream_that_falls_behind_is_dropped_and_the_others_go_on(tmp_path: Path) -> None:
     trail = tmp_path / "audit.jsonl"
     trail.write_text("")
     feed = DecisionFeed(file_trail(trail), max_clients=3)
     dropped: list[str] = []
+    probe = await tail_running(feed, trail)
     slow = feed.subscribe(Query(), lambda: dropped.append("slow"))
     other_tenant = feed.subscribe(Query(tenants=frozenset({"t2"})), lambda: dropped.append("t2"))
+    feed.unsubscribe(probe)
     assert slow is not None and other_tenant is not None
     try:
-        await asyncio.sleep(0.5)  # the tail starts at the end of the file
         append(trail, QUEUE_MAX)
         await wait_for(lambda: len(slow.queue) == QUEUE_MAX)
         assert not slow.dropped and len(other_tenant.queue) == 0
