@@ -101,7 +101,10 @@ class Holds:
             held.discard(request)
             # A fault or a cancelled hook ends the hold undecided: never left open, never released.
             approvals.drop(request)
-        return _ended(decision, request, ended), replace(dctx, waited=request.waited)
+        outcome = _ended(decision, request, ended)
+        if intent and not self.ctx.audit.hold_ended(dctx.decision_id, released=outcome.allowed):
+            outcome = Decision.internal_error(self.ctx.policy.version, "audit journal failed")
+        return outcome, replace(dctx, waited=request.waited)
 
     async def _recorded(
         self,
@@ -113,8 +116,10 @@ class Holds:
         """The held request's own record (decision `ask`, tied to its end's by `approval_id`),
         then its end journaled should this process die before that record is written (the trail
         would have the `ask` alone): an intent under the end record's id, so writing that record
-        closes it (an allowed end's reservation takes its place). (What could not be written,
-        whether an intent was journaled.)"""
+        closes it (an allowed end's reservation takes its place). A held MCP body's exchange is
+        reserved already: the end stands in for that reservation while held (nothing went
+        upstream), which is put back if released (`AuditLog.hold_ended`). (What could not be
+        written, whether an intent was journaled.)"""
         record = decision_record(replace(dctx, decision_id=new_decision_id()), decision)
         record.update(facts or {})
         record["decision"] = "ask"

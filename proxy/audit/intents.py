@@ -54,8 +54,18 @@ class IntentJournal:
 
     def add(self, decision_id: str, trail_line: str, *, reserved: bool) -> bool:
         """Journal an intent, given as the record's trail line (JSON, ASCII, newline-terminated);
-        False when it could not be written (the caller fails closed)."""
-        line = (_RESERVED if reserved else _EMITTED) + trail_line.encode("ascii")
+        False when it could not be written (the caller fails closed). An intent open for that
+        id already is replaced: the reader keeps an id's last line."""
+        return self.restore(decision_id, (_RESERVED if reserved else _EMITTED) + trail_line.encode("ascii"))
+
+    def current(self, decision_id: str) -> bytes | None:
+        """The open intent of `decision_id` as journaled (for `restore`), or None."""
+        with self._lock:
+            return self._open.get(decision_id)
+
+    def restore(self, decision_id: str, line: bytes) -> bool:
+        """Journal `line` (as `current` gave it) as the open intent of `decision_id` again;
+        False when it could not be written."""
         with self._lock:
             if self._fd < 0:
                 return False

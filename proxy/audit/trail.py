@@ -266,6 +266,8 @@ class AuditLog:
         self._sinks = sinks
         # What went upstream before its record was written, on disk (sandgate.proxy.audit.intents).
         self._journal = journal
+        # Intents a held body's end stands in for (`intend`), by decision id: put back if released.
+        self._displaced: dict[str, bytes] = {}
         # Fields every record carries (the worker that decided it): added by the writer thread.
         self._stamp = stamp or {}
         self._capacity = queue_size
@@ -347,15 +349,37 @@ class AuditLog:
     def intend(self, record: Record) -> bool | None:
         """Journal `record` as the one to write should this process die before the record its
         id will have (a held request's end); True once journaled, False when the journal could
-        not take it (the caller fails closed), None when there is nothing to do: no journal, or
-        an intent for that id is open already (it stands for the record). `close_intent` closes it."""
-        decision_id = str(record["decision_id"])
-        if self._journal is None or self._journal.is_open(decision_id):
+        not take it (the caller fails closed), None without a journal. `close_intent` closes it.
+
+        An intent open for that id already is an allowed exchange's reservation whose body is
+        now held (an MCP call): nothing has gone upstream, so `record` stands in for it until
+        `hold_ended`."""
+        if self._journal is None:
             return None
-        return self._journaled(record, reserved=True) is not None
+        decision_id = str(record["decision_id"])
+        displaced = self._journal.current(decision_id)
+        if self._journaled(record, reserved=True) is None:
+            return False
+        if displaced is not None:
+            self._displaced[decision_id] = displaced
+        return True
+
+    def hold_ended(self, decision_id: str, *, released: bool) -> bool:
+        """A hold `intend` journaled for ended. Released, the reservation its end stood in for is
+        journaled again (what goes upstream now); refused, the stand-in stays until the
+        exchange's record closes it. False when the reservation could not be journaled again
+        (the caller refuses the body); the intent of a held request (no reservation yet) stays
+        open either way: its record closes it."""
+        displaced = self._displaced.pop(decision_id, None)
+        if displaced is None or not released or self._journal is None:
+            return True
+        return self._journal.restore(decision_id, displaced)
 
     def close_intent(self, decision_id: str) -> None:
-        """The intent `intend` journaled is no longer needed (what it stood for ended)."""
+        """The intent `intend` journaled is no longer needed (what it stood for ended). One that
+        stands in for an exchange's reservation stays: that exchange's record closes it."""
+        if self._displaced.pop(decision_id, None) is not None:
+            return
         if self._journal is not None:
             self._journal.done((decision_id,))
 

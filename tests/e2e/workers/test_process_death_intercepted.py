@@ -42,15 +42,28 @@ def two_workers(path: str) -> dict[str, str]:
     return {"SANDGATE_WORKERS": "2", "SANDGATE_HTTP1_PATH": path}
 
 
-def tenant(name: str, sandbox: str, token_ref: str, port: int, *, ask: bool = False) -> str:
-    """A tenant whose sandbox reaches api.test:`port` intercepted; with `ask`, only its GETs are
-    allowed and anything else is held for an operator."""
+def tenant(name: str, sandbox: str, token_ref: str, port: int, *, ask: str | None = None) -> str:
+    """A tenant whose sandbox reaches api.test:`port` intercepted. With `ask="request"`, only its
+    GETs are allowed and anything else is held for an operator; with `ask="tool call"`, its
+    requests are allowed and an MCP call of a `merge_*` tool in a body is held."""
     allow: dict[str, Any] = {"id": "api", "hosts": ["api.test"], "ports": [port], "inspect": True}
     doc: dict[str, Any] = {"tenant": name, "sandboxes": [{"id": sandbox, "token": token_ref}]}
-    if ask:
+    if ask == "request":
         allow["methods"] = ["GET"]
         doc["ask"] = [{"id": "writes", "hosts": ["api.test"], "ports": [port]}]
+    elif ask == "tool call":
+        allow["mcp"] = {"tools": {"ask": ["merge_*"]}}
     return yaml.safe_dump({**doc, "allow": [allow]}, sort_keys=False)
+
+
+# What is held: a request an `ask` rule matched (its record's place is reserved once it is
+# released), or an MCP call in the body of a request already allowed (its place reserved).
+HELD = {
+    "request": b'{"x": 1}',
+    "tool call": json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "merge_pull", "arguments": {}}}
+    ).encode(),
+}
 
 
 def admin(gw: RunningGateway) -> httpx.Client:
@@ -260,14 +273,15 @@ def replaced(gw: RunningGateway, victim: int) -> bool:
 
 
 @ON_EACH_PATH
+@pytest.mark.parametrize("what", list(HELD))
 def test_a_worker_killed_while_an_intercepted_request_is_held_sends_nothing_and_records_it(
-    start_gateway: GatewayFactory, pki: TestPKI, path: str
+    start_gateway: GatewayFactory, pki: TestPKI, path: str, what: str
 ) -> None:
     with RecordingUpstream(UPSTREAM_IP, tls=pki, name="held-tls") as upstream:
         port = upstream.port
         gw = start_gateway(
             {
-                "t1.yaml": tenant("t1", "sb1", TOKEN_REF, port, ask=True),
+                "t1.yaml": tenant("t1", "sb1", TOKEN_REF, port, ask=what),
                 "t2.yaml": tenant("t2", "sb2", OTHER_TOKEN_REF, port),
             },
             env=two_workers(path),
@@ -277,7 +291,7 @@ def test_a_worker_killed_while_an_intercepted_request_is_held_sends_nothing_and_
         asking = tunnel_on_worker(gw, port, "sb1", TOKEN, 1, "t1")
         other = tunnel_on_worker(gw, port, "sb2", OTHER_TOKEN, 0, "t2")
         assert asking.get("/before") == 200, "the tunnel is kept alive, its GETs allowed"
-        asking.send("POST", "/hold", b'{"x": 1}')
+        asking.send("POST", "/hold", HELD[what])
         with admin(gw) as lead:
             [pending] = wait_until(
                 lambda: [

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from sandgate.proxy.approvals.grants import grant_record
 from sandgate.proxy.approvals.store import AccessRequest
 from sandgate.proxy.approvals.tool_calls import PREVIEW_MAX
 from sandgate.proxy.approvals.uses import CountedUses, StateFileUseCount
+from sandgate.proxy.audit.intents import CUT_BY_EXIT, IntentJournal, read_leftovers
 
 PORT = 8080
 HOSTS = {"mcp.test": ["127.0.0.2"]}
@@ -101,7 +102,13 @@ class Sent:
         return bool(self.flow.metadata.get("forwarded"))
 
 
-async def start(gw: InProcess, body: object, *, headers: dict[str, str] | None = None) -> Sent:
+async def start(
+    gw: InProcess,
+    body: object,
+    *,
+    headers: dict[str, str] | None = None,
+    upstream: Callable[[], None] = lambda: None,
+) -> Sent:
     content = json.dumps(body).encode()
     client = tflow.tclient_conn()
     await gw.connect(client)
@@ -121,6 +128,7 @@ async def start(gw: InProcess, body: object, *, headers: dict[str, str] | None =
             await gw.hook(HttpRequestHook(flow))
         if flow.response is None:
             # What mitmproxy would send upstream now: the request as the hooks left it.
+            upstream()  # what runs as the request goes upstream
             flow.metadata["forwarded"] = True
             flow.metadata["sent"] = flow.request.raw_content
             flow.response = http.Response.make(200, b'{"jsonrpc":"2.0","id":1,"result":{}}')
@@ -181,6 +189,52 @@ async def test_an_asked_call_is_held_then_released_as_the_bytes_decided(
     assert (end["approval"]["id"], end["approval"]["by"]) == (held.id, "alice")
     assert end["approval"]["waited_seconds"] >= 0
     assert end["mcp"]["messages"][0]["verdict"] == "allow"
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["released", "denied"])
+async def test_a_death_while_a_call_is_held_leaves_a_refusal_not_the_exchanges_allow(
+    gw: InProcess, approvals: Approvals, tmp_path: Path, approve: bool
+) -> None:
+    journal = IntentJournal(tmp_path / "journal", pid=4344)
+    gw.ctx.audit._journal = journal
+
+    def left() -> list[dict[str, Any]]:
+        """What a death now would write for this process (its journal's open intents)."""
+        [leftovers] = read_leftovers(journal.path.parent, lambda pid: False)
+        return leftovers.records
+
+    at_upstream: list[list[dict[str, Any]]] = []
+    sent = await start(
+        gw, call("merge_pull", {"repo": SECRET_ARGUMENT}), upstream=lambda: at_upstream.append(left())
+    )
+    [held] = await until_held(approvals)
+    # The exchange was allowed (its place reserved) before its body was read; held, nothing
+    # went upstream: a death now is recorded as a refusal tied to the hold, not as an allow.
+    [cut] = left()
+    assert (cut["decision"], cut["reason"], cut["error"], cut["status"]) == (
+        "deny",
+        "internal_error",
+        CUT_BY_EXIT,
+        None,
+    )
+    assert cut["approval"]["id"] == held.id
+    approvals.settle(held.id, approve=approve, by="alice", reason=None)
+    await sent.done()
+    if approve:
+        # Released: on its way upstream, a death would cut the allowed exchange.
+        [[going]] = at_upstream
+        assert (going["decision_id"], going["decision"], going["error"]) == (
+            cut["decision_id"],
+            "allow",
+            CUT_BY_EXIT,
+        )
+    else:
+        assert at_upstream == [] and not sent.forwarded()
+    _, end = no_values(gw.records())
+    assert end["decision_id"] == cut["decision_id"] and end["approval"]["id"] == held.id
+    assert end["decision"] == ("allow" if approve else "deny")
+    assert journal.open_intents == 0, "the exchange's record closed its intent"
+    assert gw.ctx.audit._displaced == {}
 
 
 @pytest.mark.parametrize(
