@@ -153,7 +153,13 @@ class AgentWebsocket:
             outcome = "allow" if rego.allowed else "would_deny" if report else "deny"
             record["rego"] = rego_facts(outcome, rego)
         record.update(where)
-        await self.ctx.audit.emit(record)
+        if not await self.ctx.audit.emit(record) and not message.dropped:
+            # Nothing goes upstream without its record: the message stays, the session ends.
+            message.drop()
+            fault = Decision.internal_error(
+                session.decision.policy_version, "audit queue full", mode=session.decision.mode
+            )
+            await end_session(self.ctx.audit, self.closer, flow, session, fault, where)
 
     async def _rego(
         self,

@@ -202,14 +202,12 @@ class Exchange:
         audit.emit_nowait(build(*pending))
         return True
 
-    def covered(self, release: Callable[[str], None]) -> str | None:
-        """Another record stands for this exchange (an aggregate that names it): the place
-        reserved for its own is given back. Its decision id, or None when nothing was pending."""
+    def covered(self) -> str | None:
+        """Another record stands for this exchange (an aggregate that names it, whose writer
+        gives back the place reserved for its own: `AuditLog.cover`). Its decision id, or None
+        when nothing was pending."""
         pending = self._take()
-        if pending is None:
-            return None
-        release(pending[0].decision_id)
-        return pending[0].decision_id
+        return None if pending is None else pending[0].decision_id
 
     def permit_dial(self, state: ConnectionState, address: str, port: int, host: str) -> None:
         """Let the connection dial address:port for this request, remembered for `withdraw_dial`."""

@@ -172,17 +172,18 @@ class H2Guard:
             reason=Reason.PROTOCOL_ABUSE, policy_version=self.ctx.policy.version, detail=detail
         )
         record = decision_record(dctx, decision)
-        record["streams_cut"] = _take_pending(cut, self.ctx.audit.release)
+        record["streams_cut"] = streams = _take_pending(cut)
+        # Journaled before their own intents close: a death before the write still records them.
+        self.ctx.audit.cover(record, streams)
         log.warning("h2.abuse", client=dctx.client, detail=detail, streams_cut=len(record["streams_cut"]))
         self._tasks.spawn(self.ctx.audit.emit(record), name="sandgate-h2-audit")
 
 
-def _take_pending(flows: list[http.HTTPFlow], release: Callable[[str], None]) -> list[str]:
-    """The decision ids of the flows' records still to write, taken off them (with the places
-    reserved for them given back)."""
+def _take_pending(flows: list[http.HTTPFlow]) -> list[str]:
+    """The decision ids of the flows' records still to write, taken off them."""
     taken = []
     for flow in flows:
-        decision_id = Exchange.of(flow).covered(release)
+        decision_id = Exchange.of(flow).covered()
         if decision_id is not None:
             taken.append(decision_id)
     return taken

@@ -56,6 +56,8 @@ _BATCH = 512
 _POLL_WRITER = 0.005
 _BUSY = 1.0
 _POLL = 0.005  # how often a decision waiting for a place looks again
+# Decisions whose record lets traffic go: journaled before they are queued.
+_LETS_GO = frozenset({"allow", "would_deny"})
 _LOG_EVERY = 1.0  # seconds between two `audit.unrecorded` lines
 _FAILED_IDS = 4096  # decision ids remembered as unrecordable (so a denial does not wait twice)
 
@@ -319,7 +321,8 @@ class AuditLog:
         if not await self._take_reserved(decision_id):
             return False
         if intent is not None and self._journaled(intent, reserved=True) is None:
-            self.release(decision_id)
+            # Nothing was journaled: an intent open for the id (a released hold's) still holds.
+            self._give_back(decision_id)
             return False
         return True
 
@@ -386,32 +389,44 @@ class AuditLog:
     def release(self, decision_id: str) -> None:
         """Give back the place reserved for `decision_id`, whose record another one stands for
         (an aggregate that names it): a place never used would be lost for good."""
+        self._give_back(decision_id)
+        if self._journal is not None:
+            self._journal.done((decision_id,))
+
+    def cover(self, record: Record, decision_ids: list[str]) -> None:
+        """`record` (to be emitted) stands for the records of `decision_ids`, requests it cut:
+        journaled first, so that a death before it is written keeps it, then their places given
+        back and their intents closed (`release`)."""
+        if self._journal is not None and decision_ids:
+            self._journaled(record, reserved=False)  # a failure is logged; they are cut anyway
+        for decision_id in decision_ids:
+            self.release(decision_id)
+
+    def _give_back(self, decision_id: str) -> None:
         with self._cond:
             if decision_id in self._reserved:
                 self._reserved.discard(decision_id)
                 self._used -= 1
-        if self._journal is not None:
-            self._journal.done((decision_id,))
 
     async def emit(self, record: Record) -> bool:
         """Queue a record, waiting for a place up to max_wait (and, in acknowledge mode, until
         it is on disk). False: it could not be queued, the caller denies (counted, logged).
-        An allow record (what lets a tunnel or request go) is journaled as an intent first."""
-        line = None
-        if record.get("decision") == "allow":
-            # Encoded once, here: the intent and the trail line are the same text.
-            journaled = self._journaled(record, reserved=False)
-            if journaled is None:
-                self._count_unrecorded(str(record.get("decision_id") or ""))
-                return False
-            record, line = journaled
+
+        Journaled as an intent first (`_journal_first`): a record of what lets traffic go, and
+        a record whose id has an intent open."""
+        did = str(record.get("decision_id") or "")
+        first = self._journal_first(record, did, lets_go=record.get("decision") in _LETS_GO)
+        if first is None:
+            self._count_unrecorded(did)
+            return False
+        record, line, previous = first
         entry = self._entry(record, line)
         if not self._put(entry):
-            did = str(record.get("decision_id") or "")
             deadline = time.monotonic() + (0 if did in self._failed else self._max_wait)
             while True:
                 if time.monotonic() >= deadline or self._closed:
                     self._count_unrecorded(did)
+                    self._take_back(did, line, previous)
                     return False
                 await asyncio.sleep(_POLL)
                 if self._put(entry):
@@ -423,8 +438,40 @@ class AuditLog:
     def emit_nowait(self, record: Record) -> None:
         """Queue a record without waiting (streamed-body denials, reloads): it takes its
         reservation, else a place, else goes over the bound rather than block the loop."""
-        if not self._put(_Entry(record), force=True):
-            self._count_unrecorded(str(record.get("decision_id") or ""))
+        did = str(record.get("decision_id") or "")
+        first = self._journal_first(record, did, lets_go=False)
+        record, line, previous = first if first is not None else (record, None, None)
+        if not self._put(_Entry(record, line=line), force=True):
+            self._count_unrecorded(did)
+            self._take_back(did, line, previous)
+
+    def _journal_first(
+        self, record: Record, decision_id: str, *, lets_go: bool
+    ) -> tuple[Record, str | None, bytes | None] | None:
+        """`record` journaled as an intent before it is queued when it lets traffic go (an
+        allow, report mode's would_deny: a death before its write must not lose it) or when an
+        intent is open for its id (a reserved request refused: its `R allow` must not outlive
+        the refusal). (The record as it will be written, its line or None when not journaled,
+        the intent it replaced); None when the journal could not take it."""
+        if self._journal is None or not (lets_go or self._journal.is_open(decision_id)):
+            return record, None, None
+        previous = self._journal.current(decision_id)
+        # Encoded once, here: the intent and the trail line are the same text.
+        journaled = self._journaled(record, reserved=False)
+        if journaled is None:
+            return None
+        final, line = journaled
+        return final, line, previous
+
+    def _take_back(self, decision_id: str, line: str | None, previous: bytes | None) -> None:
+        """A record journaled first could not be queued: its intent goes (what it replaced, if
+        anything, is journaled again), so a death never writes what never happened."""
+        if self._journal is None or line is None:
+            return
+        if previous is not None:
+            self._journal.restore(decision_id, previous)
+        else:
+            self._journal.done((decision_id,))
 
     def close(self, timeout: float = 10.0) -> None:
         """Write out everything queued, stop the thread, fsync and close the sinks."""

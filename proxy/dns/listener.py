@@ -179,8 +179,9 @@ class DnsListener:
                 mode=decision.mode,
                 detail=f"every resolved address is refused ({refused})",
             )
+        if not await self.ctx.audit.emit(decision_record(dctx, decision)):
+            return _reply(query, dns.rcode.SERVFAIL)  # no answer goes without its record
         self.bindings.remember(identity.sandbox, name, addresses, resolution.ttl)
-        await self.ctx.audit.emit(decision_record(dctx, decision))
         ttl = int(min(resolution.ttl, self.max_ttl))
         response = dns.message.make_response(query)
         if addresses:
