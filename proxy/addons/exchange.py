@@ -203,9 +203,9 @@ class Exchange:
         return True
 
     def covered(self) -> str | None:
-        """Another record stands for this exchange (an aggregate that names it, whose writer
-        gives back the place reserved for its own: `AuditLog.cover`). Its decision id, or None
-        when nothing was pending."""
+        """Another record stands for this exchange (an aggregate that names it; `AuditLog.cover`
+        gives back the place reserved for its own). Its decision id, or None when nothing was
+        pending."""
         pending = self._take()
         return None if pending is None else pending[0].decision_id
 

@@ -103,7 +103,10 @@ class Holds:
             approvals.drop(request)
         outcome = _ended(decision, request, ended)
         if intent and not self.ctx.audit.hold_ended(dctx.decision_id, released=outcome.allowed):
-            outcome = Decision.internal_error(self.ctx.policy.version, "audit journal failed")
+            # Released, but what goes upstream could not be journaled: refused (fail closed, in
+            # any mode), still tied to its hold.
+            failed = Decision.internal_error(self.ctx.policy.version, "audit journal failed")
+            outcome = replace(failed, rule_id=outcome.rule_id, approval=outcome.approval)
         return outcome, replace(dctx, waited=request.waited)
 
     async def _recorded(

@@ -5,9 +5,13 @@ collector) after the request it stands for went upstream. A process killed in be
 that record with it: the upstream saw a request the trail never did. So, before anything goes
 upstream, the process appends an intent to its journal (`intents-<pid>.log` in its own folder):
 
-    R <record>      a place reserved for an allowed request's record (completed when it ends)
-    E <record>      an allow record emitted (a tunnel's, a CONNECT's): the record itself
+    R <record>      a place reserved for an allowed request's record (completed when it ends),
+                    or a held request's end (refused, should the process die holding it)
+    E <record>      a record emitted, the record itself: what let traffic go (an allow, a
+                    would_deny), a refusal in place of its request's `R`, an aggregate
     D <id> <id> …   the records of these decision ids were written (or given back)
+
+An id's last line is its intent: a later line replaces an earlier one.
 
 The append is one `os.write` of a line to a local file (page cache, no fsync: it outlives the
 process, not the machine; a few microseconds). The file is rewritten with only the open intents
@@ -55,27 +59,35 @@ class IntentJournal:
     def add(self, decision_id: str, trail_line: str, *, reserved: bool) -> bool:
         """Journal an intent, given as the record's trail line (JSON, ASCII, newline-terminated);
         False when it could not be written (the caller fails closed). An intent open for that
-        id already is replaced: the reader keeps an id's last line."""
-        return self.restore(decision_id, (_RESERVED if reserved else _EMITTED) + trail_line.encode("ascii"))
+        id already is replaced."""
+        line = (_RESERVED if reserved else _EMITTED) + trail_line.encode("ascii")
+        with self._lock:
+            return self._append(decision_id, line)
 
     def current(self, decision_id: str) -> bytes | None:
         """The open intent of `decision_id` as journaled (for `restore`), or None."""
         with self._lock:
             return self._open.get(decision_id)
 
-    def restore(self, decision_id: str, line: bytes) -> bool:
-        """Journal `line` (as `current` gave it) as the open intent of `decision_id` again;
-        False when it could not be written."""
+    def restore(self, decision_id: str, line: bytes, *, over: bytes) -> bool:
+        """Journal `line` (as `current` gave it) as the open intent of `decision_id` again, if
+        `over` is still its open intent (else what replaced or closed it stands: nothing is
+        written); False when it could not be written."""
         with self._lock:
-            if self._fd < 0:
-                return False
-            try:
-                _write_all(self._fd, line)
-            except OSError as e:
-                log.error("audit.intent_failed", error=e.strerror, path=str(self.path))
-                return False
-            self._open[decision_id] = line
-            self._size += len(line)
+            if self._open.get(decision_id) != over:
+                return True
+            return self._append(decision_id, line)
+
+    def _append(self, decision_id: str, line: bytes) -> bool:
+        if self._fd < 0:
+            return False
+        try:
+            _write_all(self._fd, line)
+        except OSError as e:
+            log.error("audit.intent_failed", error=e.strerror, path=str(self.path))
+            return False
+        self._open[decision_id] = line
+        self._size += len(line)
         return True
 
     def done(self, decision_ids: Iterable[str]) -> None:

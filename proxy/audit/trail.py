@@ -1,7 +1,8 @@
 """The audit trail: a bounded queue in front of a writer thread that never drops a record.
 
-Hooks only build a dict and queue it; JSON encoding, file writes, rotation, retries and the
-structlog `egress.decision` event all happen on the writer thread.
+Hooks only build a dict and queue it; file writes, rotation, retries, the structlog
+`egress.decision` event and JSON encoding happen on the writer thread (but for a record
+journaled before it is queued, which is encoded once, on the loop, for both).
 
 Every record needs a place in the queue (`queue_size` places; the batch the writer holds is
 out of it). `emit` waits for one up to `max_wait`; past that it returns False and the caller
@@ -58,6 +59,8 @@ _BUSY = 1.0
 _POLL = 0.005  # how often a decision waiting for a place looks again
 # Decisions whose record lets traffic go: journaled before they are queued.
 _LETS_GO = frozenset({"allow", "would_deny"})
+# A record's intent as journaled first, and the one it replaced (None: there was none).
+type _Undo = tuple[bytes, bytes | None]
 _LOG_EVERY = 1.0  # seconds between two `audit.unrecorded` lines
 _FAILED_IDS = 4096  # decision ids remembered as unrecordable (so a denial does not wait twice)
 
@@ -246,7 +249,7 @@ class _Entry:
     # Set when the emitter waits for the writer's acknowledgement (acknowledge mode).
     done: asyncio.Future[None] | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    # The trail line, when the emitter encoded it already (an allow record, for its intent):
+    # The trail line, when the emitter encoded it already (a record journaled first):
     # `record` is then final (time rendered, stamped) and the writer encodes nothing again.
     line: str | None = None
 
@@ -269,7 +272,7 @@ class AuditLog:
         # What went upstream before its record was written, on disk (sandgate.proxy.audit.intents).
         self._journal = journal
         # Intents a held body's end stands in for (`intend`), by decision id: put back if released.
-        self._displaced: dict[str, bytes] = {}
+        self._displaced: dict[str, tuple[bytes, bytes]] = {}
         # Fields every record carries (the worker that decided it): added by the writer thread.
         self._stamp = stamp or {}
         self._capacity = queue_size
@@ -363,20 +366,23 @@ class AuditLog:
         displaced = self._journal.current(decision_id)
         if self._journaled(record, reserved=True) is None:
             return False
-        if displaced is not None:
-            self._displaced[decision_id] = displaced
+        stand_in = self._journal.current(decision_id)
+        if displaced is not None and stand_in is not None:
+            self._displaced[decision_id] = (displaced, stand_in)
         return True
 
     def hold_ended(self, decision_id: str, *, released: bool) -> bool:
         """A hold `intend` journaled for ended. Released, the reservation its end stood in for is
-        journaled again (what goes upstream now); refused, the stand-in stays until the
-        exchange's record closes it. False when the reservation could not be journaled again
-        (the caller refuses the body); the intent of a held request (no reservation yet) stays
-        open either way: its record closes it."""
-        displaced = self._displaced.pop(decision_id, None)
-        if displaced is None or not released or self._journal is None:
+        journaled again (what goes upstream now), unless the exchange's record was written or
+        another record took its place meanwhile (a drain, an HTTP/2 abuse record); refused, the
+        stand-in stays until the exchange's record closes it. False when the reservation could
+        not be journaled again (the caller refuses the body). The intent of a held request (no
+        reservation yet) stays open either way: its record closes it."""
+        swap = self._displaced.pop(decision_id, None)
+        if swap is None or not released or self._journal is None:
             return True
-        return self._journal.restore(decision_id, displaced)
+        displaced, stand_in = swap
+        return self._journal.restore(decision_id, displaced, over=stand_in)
 
     def close_intent(self, decision_id: str) -> None:
         """The intent `intend` journaled is no longer needed (what it stood for ended). One that
@@ -386,21 +392,17 @@ class AuditLog:
         if self._journal is not None:
             self._journal.done((decision_id,))
 
-    def release(self, decision_id: str) -> None:
-        """Give back the place reserved for `decision_id`, whose record another one stands for
-        (an aggregate that names it): a place never used would be lost for good."""
-        self._give_back(decision_id)
-        if self._journal is not None:
-            self._journal.done((decision_id,))
-
     def cover(self, record: Record, decision_ids: list[str]) -> None:
         """`record` (to be emitted) stands for the records of `decision_ids`, requests it cut:
-        journaled first, so that a death before it is written keeps it, then their places given
-        back and their intents closed (`release`)."""
-        if self._journal is not None and decision_ids:
-            self._journaled(record, reserved=False)  # a failure is logged; they are cut anyway
+        their places are given back, and it is journaled first so that their intents can close
+        now. Should the journal refuse it, their intents stay open until it is written (the
+        writer closes the ids it names in `streams_cut`)."""
         for decision_id in decision_ids:
-            self.release(decision_id)
+            self._give_back(decision_id)
+        if self._journal is None or not decision_ids:
+            return
+        if self._journaled(record, reserved=False) is not None:
+            self._journal.done(decision_ids)
 
     def _give_back(self, decision_id: str) -> None:
         with self._cond:
@@ -414,19 +416,21 @@ class AuditLog:
 
         Journaled as an intent first (`_journal_first`): a record of what lets traffic go, and
         a record whose id has an intent open."""
-        did = str(record.get("decision_id") or "")
-        first = self._journal_first(record, did, lets_go=record.get("decision") in _LETS_GO)
+        lets_go = record.get("decision") in _LETS_GO
+        first = self._journal_first(record, lets_go=lets_go)
         if first is None:
-            self._count_unrecorded(did)
+            self._count_unrecorded(str(record.get("decision_id") or ""))
             return False
-        record, line, previous = first
+        record, line, undo = first
         entry = self._entry(record, line)
         if not self._put(entry):
+            did = str(record.get("decision_id") or "")
             deadline = time.monotonic() + (0 if did in self._failed else self._max_wait)
             while True:
                 if time.monotonic() >= deadline or self._closed:
                     self._count_unrecorded(did)
-                    self._take_back(did, line, previous)
+                    if lets_go:
+                        self._take_back(did, undo)
                     return False
                 await asyncio.sleep(_POLL)
                 if self._put(entry):
@@ -437,39 +441,44 @@ class AuditLog:
 
     def emit_nowait(self, record: Record) -> None:
         """Queue a record without waiting (streamed-body denials, reloads): it takes its
-        reservation, else a place, else goes over the bound rather than block the loop."""
-        did = str(record.get("decision_id") or "")
-        first = self._journal_first(record, did, lets_go=False)
-        record, line, previous = first if first is not None else (record, None, None)
+        reservation, else a place, else goes over the bound rather than block the loop. A
+        refusal journaled first and not queued stays journaled: it is what happened."""
+        first = self._journal_first(record, lets_go=False)
+        record, line, _ = first if first is not None else (record, None, None)
         if not self._put(_Entry(record, line=line), force=True):
-            self._count_unrecorded(did)
-            self._take_back(did, line, previous)
+            self._count_unrecorded(str(record.get("decision_id") or ""))
 
     def _journal_first(
-        self, record: Record, decision_id: str, *, lets_go: bool
-    ) -> tuple[Record, str | None, bytes | None] | None:
+        self, record: Record, *, lets_go: bool
+    ) -> tuple[Record, str | None, _Undo | None] | None:
         """`record` journaled as an intent before it is queued when it lets traffic go (an
         allow, report mode's would_deny: a death before its write must not lose it) or when an
         intent is open for its id (a reserved request refused: its `R allow` must not outlive
         the refusal). (The record as it will be written, its line or None when not journaled,
-        the intent it replaced); None when the journal could not take it."""
-        if self._journal is None or not (lets_go or self._journal.is_open(decision_id)):
+        how to take the intent back); None when the journal could not take it."""
+        if self._journal is None:
             return record, None, None
-        previous = self._journal.current(decision_id)
+        decision_id = str(record.get("decision_id") or "")
+        previous = self._journal.current(decision_id) if decision_id else None
+        if not lets_go and previous is None:
+            return record, None, None
         # Encoded once, here: the intent and the trail line are the same text.
         journaled = self._journaled(record, reserved=False)
         if journaled is None:
             return None
         final, line = journaled
-        return final, line, previous
+        mine = self._journal.current(str(final["decision_id"]))
+        return final, line, (mine, previous) if mine is not None else None
 
-    def _take_back(self, decision_id: str, line: str | None, previous: bytes | None) -> None:
-        """A record journaled first could not be queued: its intent goes (what it replaced, if
-        anything, is journaled again), so a death never writes what never happened."""
-        if self._journal is None or line is None:
+    def _take_back(self, decision_id: str, undo: _Undo | None) -> None:
+        """What lets traffic go could not be queued (the traffic is refused): its intent goes,
+        and what it replaced, if anything, is journaled again, so a death never writes what
+        never happened."""
+        if self._journal is None or undo is None:
             return
+        mine, previous = undo
         if previous is not None:
-            self._journal.restore(decision_id, previous)
+            self._journal.restore(decision_id, previous, over=mine)
         else:
             self._journal.done((decision_id,))
 
@@ -608,7 +617,11 @@ class AuditLog:
                     delay = min(delay * 2, 5.0)
         self.written += len(batch)
         if self._journal is not None:
-            self._journal.done([str(r["decision_id"]) for r in batch])
+            # An aggregate's record also closes the intents of the requests it names.
+            self._journal.done(
+                [str(r["decision_id"]) for r in batch]
+                + [str(i) for r in batch for i in r.get("streams_cut", ())]
+            )
         # No event built per record when info lines are filtered out (the level can change).
         if self._log_events and _info_enabled():
             for r in batch:

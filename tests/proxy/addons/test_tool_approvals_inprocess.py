@@ -237,6 +237,26 @@ async def test_a_death_while_a_call_is_held_leaves_a_refusal_not_the_exchanges_a
     assert gw.ctx.audit._displaced == {}
 
 
+async def test_a_released_call_whose_reservation_cannot_be_journaled_again_is_refused(
+    gw: InProcess, approvals: Approvals, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = IntentJournal(tmp_path / "journal", pid=4346)
+    gw.ctx.audit._journal = journal
+    sent = await start(gw, call("merge_pull", {"repo": SECRET_ARGUMENT}, 9))
+    [held] = await until_held(approvals)
+    monkeypatch.setattr(journal, "restore", lambda *args, **kwargs: False)  # a full disk under it
+    approvals.settle(held.id, approve=True, by="alice", reason=None)
+    error = rpc_error(await sent.done())
+    assert (error["id"], error["error"]["data"]["reason"]) == (9, "internal_error")
+    _, end = no_values(gw.records())
+    assert (end["decision"], end["reason"], end["detail"]) == (
+        "deny",
+        "internal_error",
+        "audit journal failed",
+    )
+    assert end["approval"]["id"] == held.id, "still tied to its hold"
+
+
 @pytest.mark.parametrize(
     ("settle", "reason"),
     [("deny", "approval_denied"), ("drain", "internal_error")],

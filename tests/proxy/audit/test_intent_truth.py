@@ -135,10 +135,44 @@ async def test_a_reservation_the_journal_refuses_keeps_the_held_requests_end(
     audit = trail(sink, journal)
     assert audit.intend(record("h1", "deny", reason="internal_error")) is True
     # Released by an operator, its reservation cannot be journaled (a full disk under it).
-    monkeypatch.setattr(journal, "restore", lambda decision_id, line: False)
+    monkeypatch.setattr(journal, "add", lambda *args, **kwargs: False)
     assert not await audit.reserve("h1", record("h1", "allow"))
     monkeypatch.undo()
     assert left(journal) == [("h1", "deny", CUT_BY_EXIT)], "the held request's end still stands"
     assert audit.depth == 0, "the place is given back"
     sink.release.set()
     audit.close()
+
+
+async def test_a_released_hold_never_reopens_a_reservation_whose_record_was_written(
+    sink: HeldSink, journal: IntentJournal
+) -> None:
+    audit = trail(sink, journal)
+    assert await audit.reserve("x1", record("x1", "allow"))
+    assert audit.intend(record("x1", "deny", reason="internal_error")) is True  # its body held
+    # Drained meanwhile: the exchange's record is queued (and then written) while held.
+    audit.emit_nowait(record("x1", "deny", reason="internal_error", detail="shutting down"))
+    assert left(journal) == [("x1", "deny", None)]
+    assert audit.hold_ended("x1", released=True), "an approval already decided resumes"
+    assert left(journal) == [("x1", "deny", None)], "the reservation is not put back"
+    sink.release.set()
+    audit.close()
+    assert left(journal) == [], "no intent left open for good"
+
+
+async def test_an_aggregate_the_journal_refuses_leaves_the_streams_until_it_is_written(
+    sink: HeldSink, journal: IntentJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    audit = trail(sink, journal)
+    for decision_id in ("s1", "s2"):
+        assert await audit.reserve(decision_id, record(decision_id, "allow"))
+    aggregate = record("abuse", "deny", reason="protocol_abuse", streams_cut=["s1", "s2"])
+    with monkeypatch.context() as patched:
+        patched.setattr(journal, "add", lambda *args, **kwargs: False)
+        audit.cover(aggregate, ["s1", "s2"])
+    assert [decision_id for decision_id, _, _ in left(journal)] == ["s1", "s2"], "still recorded"
+    assert audit.depth == 0, "their places given back"
+    assert await audit.emit(aggregate)
+    sink.release.set()
+    audit.close()
+    assert left(journal) == [], "the aggregate, once written, closes the streams it names"
