@@ -175,7 +175,7 @@ class H2Guard:
         record["streams_cut"] = streams = _take_pending(cut)
         # Journaled before their own intents close: a death before the write still records them.
         self.ctx.audit.cover(record, streams)
-        log.warning("h2.abuse", client=dctx.client, detail=detail, streams_cut=len(record["streams_cut"]))
+        log.warning("h2.abuse", client=dctx.client, detail=detail, streams_cut=len(streams))
         self._tasks.spawn(self.ctx.audit.emit(record), name="sandgate-h2-audit")
 
 

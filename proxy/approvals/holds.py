@@ -101,13 +101,17 @@ class Holds:
             held.discard(request)
             # A fault or a cancelled hook ends the hold undecided: never left open, never released.
             approvals.drop(request)
-        outcome = _ended(decision, request, ended)
-        if intent and not self.ctx.audit.hold_ended(dctx.decision_id, released=outcome.allowed):
-            # Released, but what goes upstream could not be journaled: refused (fail closed, in
-            # any mode), still tied to its hold.
-            failed = Decision.internal_error(self.ctx.policy.version, "audit journal failed")
-            outcome = replace(failed, rule_id=outcome.rule_id, approval=outcome.approval)
+        outcome = self._journal_end(dctx, _ended(decision, request, ended), journaled=intent)
         return outcome, replace(dctx, waited=request.waited)
+
+    def _journal_end(self, dctx: DecisionContext, outcome: Decision, *, journaled: bool) -> Decision:
+        """The hold's `outcome` once its journal says so (`AuditLog.hold_ended`: a released
+        body's reservation put back); a release whose reservation could not be journaled again
+        is refused (fail closed, in any mode), still tied to its hold."""
+        if not journaled or self.ctx.audit.hold_ended(dctx.decision_id, released=outcome.allowed):
+            return outcome
+        failed = Decision.internal_error(self.ctx.policy.version, "audit journal failed")
+        return replace(failed, rule_id=outcome.rule_id, approval=outcome.approval)
 
     async def _recorded(
         self,

@@ -56,13 +56,13 @@ class IntentJournal:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o600)
         self._size = 0
 
-    def add(self, decision_id: str, trail_line: str, *, reserved: bool) -> bool:
-        """Journal an intent, given as the record's trail line (JSON, ASCII, newline-terminated);
-        False when it could not be written (the caller fails closed). An intent open for that
-        id already is replaced."""
+    def add(self, decision_id: str, trail_line: str, *, reserved: bool) -> bytes | None:
+        """Journal an intent, given as the record's trail line (JSON, ASCII, newline-terminated):
+        the intent as journaled (for `restore`), or None when it could not be written (the
+        caller fails closed). An intent open for that id already is replaced."""
         line = (_RESERVED if reserved else _EMITTED) + trail_line.encode("ascii")
         with self._lock:
-            return self._append(decision_id, line)
+            return line if self._append(decision_id, line) else None
 
     def current(self, decision_id: str) -> bytes | None:
         """The open intent of `decision_id` as journaled (for `restore`), or None."""
@@ -106,11 +106,6 @@ class IntentJournal:
                 # The intents stay open on disk: a death now writes records twice at worst,
                 # and settle_leftovers skips those already in the trail.
                 log.warning("audit.intent_done_failed", error=e.strerror)
-
-    def is_open(self, decision_id: str) -> bool:
-        """Whether an intent for `decision_id` is open."""
-        with self._lock:
-            return decision_id in self._open
 
     @property
     def open_intents(self) -> int:

@@ -341,16 +341,18 @@ class AuditLog:
         log.warning("audit.queue_full", decision_id=decision_id, queue_size=self._capacity)
         return False
 
-    def _journaled(self, record: Record, *, reserved: bool) -> tuple[Record, str | None] | None:
-        """`record` as it will be written and its trail line, once journaled as an intent (without
-        a journal: the record unchanged, no line); None when the journal could not take it."""
+    def _journaled(self, record: Record, *, reserved: bool) -> tuple[Record, str | None, bytes | None] | None:
+        """`record` as it will be written, its trail line and its intent as journaled (without a
+        journal: the record unchanged, no line, no intent); None when the journal could not
+        take it."""
         if self._journal is None:
-            return record, None
+            return record, None, None
         final = _with_time(record, self._stamp)
         line = trail_line(final)
-        if not self._journal.add(str(final["decision_id"]), line, reserved=reserved):
+        intent = self._journal.add(str(final["decision_id"]), line, reserved=reserved)
+        if intent is None:
             return None
-        return final, line
+        return final, line, intent
 
     def intend(self, record: Record) -> bool | None:
         """Journal `record` as the one to write should this process die before the record its
@@ -364,9 +366,10 @@ class AuditLog:
             return None
         decision_id = str(record["decision_id"])
         displaced = self._journal.current(decision_id)
-        if self._journaled(record, reserved=True) is None:
+        journaled = self._journaled(record, reserved=True)
+        if journaled is None:
             return False
-        stand_in = self._journal.current(decision_id)
+        stand_in = journaled[2]
         if displaced is not None and stand_in is not None:
             self._displaced[decision_id] = (displaced, stand_in)
         return True
@@ -466,8 +469,7 @@ class AuditLog:
         journaled = self._journaled(record, reserved=False)
         if journaled is None:
             return None
-        final, line = journaled
-        mine = self._journal.current(str(final["decision_id"]))
+        final, line, mine = journaled
         return final, line, (mine, previous) if mine is not None else None
 
     def _take_back(self, decision_id: str, undo: _Undo | None) -> None:

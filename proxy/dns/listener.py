@@ -32,7 +32,7 @@ import dns.rrset
 import structlog
 
 from sandgate.policy.decide import decide_name, guard_answers
-from sandgate.policy.decision import Decision, Phase
+from sandgate.policy.decision import Decision, Identity, Phase
 from sandgate.policy.errors import HostError, ResolveError
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.reasons import Reason
@@ -156,6 +156,20 @@ class DnsListener:
             )
         if question.rdclass != dns.rdataclass.IN or question.rdtype not in _ANSWER_TYPES:
             return _reply(query, dns.rcode.NOERROR)  # no data for other types; nothing forwarded
+        assert identity is not None  # allowed: the policy knew the sandbox
+        return await self._resolved(query, dctx, decision, identity, name)
+
+    async def _resolved(
+        self,
+        query: dns.message.Message,
+        dctx: DecisionContext,
+        decision: Decision,
+        identity: Identity,
+        name: str,
+    ) -> bytes:
+        """The answer to a name `decision` allowed: resolved, its addresses guarded, recorded,
+        then answered."""
+        question = query.question[0]
         try:
             resolution = await self.ctx.resolver.resolve(name)
         except ResolveError as e:
@@ -165,7 +179,6 @@ class DnsListener:
             await self.ctx.audit.emit(decision_record(dctx, failed))
             return _reply(query, dns.rcode.SERVFAIL)
         family = _ANSWER_TYPES[question.rdtype]
-        assert identity is not None
         tenant = self.ctx.policy.tenant(identity.tenant)
         if tenant is None:  # the tenant went away in a reload while the name was resolved
             return _reply(query, dns.rcode.REFUSED)

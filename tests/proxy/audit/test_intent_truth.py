@@ -53,6 +53,14 @@ def left(journal: IntentJournal) -> list[tuple[Any, ...]]:
     return [(r["decision_id"], r["decision"], r.get("error")) for f in found for r in f.records]
 
 
+def written_out(audit: AuditLog, sink: HeldSink, journal: IntentJournal) -> list[tuple[Any, ...]]:
+    """The disk freed and the trail closed (everything queued written): what a death would
+    still write."""
+    sink.release.set()
+    audit.close()
+    return left(journal)
+
+
 def record(decision_id: str, decision: str, **extra: Any) -> dict[str, Any]:
     return {"event": "decision", "decision_id": decision_id, "decision": decision, **extra}
 
@@ -70,9 +78,7 @@ async def test_an_allow_that_finds_no_place_leaves_nothing_to_write(
     # The tunnel it stood for was refused: a death now must not record it as allowed, while
     # the allowed ones still waiting to be written are kept.
     assert [decision_id for decision_id, _, _ in left(journal)] == [f"t{i}" for i in range(int(refused[1:]))]
-    sink.release.set()
-    audit.close()
-    assert left(journal) == []
+    assert written_out(audit, sink, journal) == []
 
 
 async def test_a_reserved_request_refused_is_journaled_as_its_refusal(
@@ -84,9 +90,7 @@ async def test_a_reserved_request_refused_is_journaled_as_its_refusal(
     # Refused before anything went upstream (a limit, a body): queued, not yet written.
     assert await audit.emit(record("r1", "deny", reason="rate_limited"))
     assert left(journal) == [("r1", "deny", None)]
-    sink.release.set()
-    audit.close()
-    assert left(journal) == [] and len(sink.lines) == 1
+    assert written_out(audit, sink, journal) == [] and len(sink.lines) == 1
 
 
 async def test_a_refusal_queued_without_waiting_replaces_the_reservation_too(
@@ -96,9 +100,7 @@ async def test_a_refusal_queued_without_waiting_replaces_the_reservation_too(
     assert await audit.reserve("r2", record("r2", "allow"))
     audit.emit_nowait(record("r2", "deny", reason="body_too_large"))
     assert left(journal) == [("r2", "deny", None)]
-    sink.release.set()
-    audit.close()
-    assert left(journal) == []
+    assert written_out(audit, sink, journal) == []
 
 
 async def test_what_report_mode_lets_through_is_journaled_before_it_goes(
@@ -109,9 +111,7 @@ async def test_what_report_mode_lets_through_is_journaled_before_it_goes(
     assert left(journal) == [("w1", "would_deny", None)]
     assert await audit.emit(record("d2", "deny"))
     assert ("d2", "deny", None) not in left(journal), "a refusal on its own needs no intent"
-    sink.release.set()
-    audit.close()
-    assert left(journal) == []
+    assert written_out(audit, sink, journal) == []
 
 
 async def test_an_aggregate_is_journaled_before_the_requests_it_stands_for_let_go(
@@ -124,9 +124,7 @@ async def test_an_aggregate_is_journaled_before_the_requests_it_stands_for_let_g
     audit.cover(aggregate, ["s1", "s3"])
     assert left(journal) == [("abuse", "deny", None)], "the cut streams stay recorded, once"
     assert await audit.emit(aggregate)
-    sink.release.set()
-    audit.close()
-    assert left(journal) == [] and len(sink.lines) == 1
+    assert written_out(audit, sink, journal) == [] and len(sink.lines) == 1
 
 
 async def test_a_reservation_the_journal_refuses_keeps_the_held_requests_end(
@@ -135,13 +133,12 @@ async def test_a_reservation_the_journal_refuses_keeps_the_held_requests_end(
     audit = trail(sink, journal)
     assert audit.intend(record("h1", "deny", reason="internal_error")) is True
     # Released by an operator, its reservation cannot be journaled (a full disk under it).
-    monkeypatch.setattr(journal, "add", lambda *args, **kwargs: False)
+    monkeypatch.setattr(journal, "add", lambda *args, **kwargs: None)
     assert not await audit.reserve("h1", record("h1", "allow"))
     monkeypatch.undo()
     assert left(journal) == [("h1", "deny", CUT_BY_EXIT)], "the held request's end still stands"
     assert audit.depth == 0, "the place is given back"
-    sink.release.set()
-    audit.close()
+    written_out(audit, sink, journal)
 
 
 async def test_a_released_hold_never_reopens_a_reservation_whose_record_was_written(
@@ -155,9 +152,7 @@ async def test_a_released_hold_never_reopens_a_reservation_whose_record_was_writ
     assert left(journal) == [("x1", "deny", None)]
     assert audit.hold_ended("x1", released=True), "an approval already decided resumes"
     assert left(journal) == [("x1", "deny", None)], "the reservation is not put back"
-    sink.release.set()
-    audit.close()
-    assert left(journal) == [], "no intent left open for good"
+    assert written_out(audit, sink, journal) == [], "no intent left open for good"
 
 
 async def test_an_aggregate_the_journal_refuses_leaves_the_streams_until_it_is_written(
@@ -168,11 +163,9 @@ async def test_an_aggregate_the_journal_refuses_leaves_the_streams_until_it_is_w
         assert await audit.reserve(decision_id, record(decision_id, "allow"))
     aggregate = record("abuse", "deny", reason="protocol_abuse", streams_cut=["s1", "s2"])
     with monkeypatch.context() as patched:
-        patched.setattr(journal, "add", lambda *args, **kwargs: False)
+        patched.setattr(journal, "add", lambda *args, **kwargs: None)
         audit.cover(aggregate, ["s1", "s2"])
     assert [decision_id for decision_id, _, _ in left(journal)] == ["s1", "s2"], "still recorded"
     assert audit.depth == 0, "their places given back"
     assert await audit.emit(aggregate)
-    sink.release.set()
-    audit.close()
-    assert left(journal) == [], "the aggregate, once written, closes the streams it names"
+    assert written_out(audit, sink, journal) == [], "the aggregate, once written, closes the streams it names"
